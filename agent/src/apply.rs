@@ -1,0 +1,300 @@
+//! Applies a release's desired objects to the cluster, stage by stage: CRDs (then wait until Established and
+//! refresh discovery), Namespaces (then wait until Active), other cluster-scoped objects, namespaced objects;
+//! by wave within a stage; with bounded concurrency and per-object retries. One object's failure never
+//! blocks unrelated objects. Objects whose body is unchanged since their last successful apply, and whose
+//! live state is known to be intact, are not written at all.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::Value;
+use tracing::{Instrument, info, info_span, warn};
+use windvane_shared::desired::DesiredObject;
+use windvane_shared::digest::sha256_hex;
+
+use crate::allowlist::Allowlist;
+use crate::backoff::{full_jitter, random_unit};
+use crate::cluster::Cluster;
+use crate::health::{Health, assess};
+use crate::inventory::ObjectKey;
+use crate::plan::{self, Scope, Stage};
+
+/// Tuning of one apply.
+#[derive(Debug, Clone)]
+pub struct ApplyOptions {
+    /// Objects applied at once within a wave.
+    pub concurrency: usize,
+    /// Attempts per object for retriable failures (conflicts, throttling, server errors) within one apply.
+    pub attempts: u32,
+    /// How long to wait for CRDs to be Established and Namespaces to be Active.
+    pub settle_timeout: Duration,
+}
+
+impl Default for ApplyOptions {
+    fn default() -> Self {
+        Self {
+            concurrency: 16,
+            attempts: 4,
+            settle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What became of one desired object.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Written (or already as desired and left alone: `written` false).
+    Applied { written: bool },
+    /// The API server refused it, or it kept failing; the message is the API server's.
+    Failed(String),
+    /// Outside the operator's allowlist; never sent.
+    Refused(String),
+}
+
+/// One desired object and its outcome.
+#[derive(Debug, Clone)]
+pub struct ObjectResult {
+    pub object: DesiredObject,
+    /// SHA-256 of the body sent (after namespace defaulting).
+    pub body_hash: String,
+    pub outcome: Outcome,
+    /// The object as the API server returned it after the apply, when written.
+    pub live: Option<Value>,
+}
+
+impl ObjectResult {
+    /// The object's version-independent key.
+    pub fn key(&self) -> ObjectKey {
+        ObjectKey::of(&self.object.id)
+    }
+}
+
+/// All outcomes of one apply.
+#[derive(Debug, Clone, Default)]
+pub struct ApplyReport {
+    pub results: Vec<ObjectResult>,
+}
+
+impl ApplyReport {
+    /// True when every object applied.
+    pub fn complete(&self) -> bool {
+        self.results
+            .iter()
+            .all(|r| matches!(r.outcome, Outcome::Applied { .. }))
+    }
+
+    /// How many objects were actually written.
+    pub fn written(&self) -> usize {
+        self.results
+            .iter()
+            .filter(|r| matches!(r.outcome, Outcome::Applied { written: true }))
+            .count()
+    }
+}
+
+/// Applies `desired` in stages. `unchanged(key, hash)` says whether an object with this body hash was applied
+/// before and is known to be intact on the cluster, in which case it is not written again.
+pub async fn apply_all(
+    cluster: &Cluster,
+    desired: Vec<DesiredObject>,
+    allowlist: &Allowlist,
+    unchanged: &(dyn Fn(&ObjectKey, &str) -> bool + Sync),
+    options: &ApplyOptions,
+) -> ApplyReport {
+    let mut report = ApplyReport::default();
+    let mut by_stage: BTreeMap<Stage, Vec<DesiredObject>> = BTreeMap::new();
+    let mut later = Vec::new();
+    for object in desired {
+        if let Err(reason) = allowlist.check(&object.id) {
+            report
+                .results
+                .push(result(object, Outcome::Refused(reason), None));
+        } else if plan::is_crd(&object.id) {
+            by_stage
+                .entry(Stage::CustomResourceDefinitions)
+                .or_default()
+                .push(object);
+        } else if plan::is_namespace(&object.id) {
+            by_stage.entry(Stage::Namespaces).or_default().push(object);
+        } else {
+            later.push(object);
+        }
+    }
+
+    let crds = by_stage
+        .remove(&Stage::CustomResourceDefinitions)
+        .unwrap_or_default();
+    if !crds.is_empty() {
+        let results = apply_stage(
+            cluster,
+            Stage::CustomResourceDefinitions,
+            crds,
+            unchanged,
+            options,
+        )
+        .await;
+        settle(cluster, &results, options.settle_timeout).await;
+        cluster.refresh_discovery();
+        report.results.extend(results);
+    }
+    let namespaces = by_stage.remove(&Stage::Namespaces).unwrap_or_default();
+    if !namespaces.is_empty() {
+        let results = apply_stage(cluster, Stage::Namespaces, namespaces, unchanged, options).await;
+        settle(cluster, &results, options.settle_timeout).await;
+        report.results.extend(results);
+    }
+
+    // Scopes are known only now: the kinds may come from the CRDs just applied.
+    let mut cluster_scoped = Vec::new();
+    let mut namespaced = Vec::new();
+    for mut object in later {
+        match cluster
+            .resolve(&object.id.api_version, &object.id.kind)
+            .await
+        {
+            Ok(resolved) => match plan::normalize_namespace(&mut object, resolved.scope) {
+                Ok(()) if resolved.scope == Scope::Cluster => cluster_scoped.push(object),
+                Ok(()) => namespaced.push(object),
+                Err(message) => report
+                    .results
+                    .push(result(object, Outcome::Failed(message), None)),
+            },
+            Err(error) => {
+                report
+                    .results
+                    .push(result(object, Outcome::Failed(error.to_string()), None))
+            }
+        }
+    }
+    report.results.extend(
+        apply_stage(
+            cluster,
+            Stage::ClusterScoped,
+            cluster_scoped,
+            unchanged,
+            options,
+        )
+        .await,
+    );
+    report
+        .results
+        .extend(apply_stage(cluster, Stage::Namespaced, namespaced, unchanged, options).await);
+    report
+}
+
+fn result(object: DesiredObject, outcome: Outcome, live: Option<Value>) -> ObjectResult {
+    let body_hash = sha256_hex(&serde_json::to_vec(&object.body).unwrap_or_default());
+    ObjectResult {
+        object,
+        body_hash,
+        outcome,
+        live,
+    }
+}
+
+async fn apply_stage(
+    cluster: &Cluster,
+    stage: Stage,
+    objects: Vec<DesiredObject>,
+    unchanged: &(dyn Fn(&ObjectKey, &str) -> bool + Sync),
+    options: &ApplyOptions,
+) -> Vec<ObjectResult> {
+    let mut results = Vec::with_capacity(objects.len());
+    for (wave, objects) in plan::waves(objects) {
+        let started = Instant::now();
+        let count = objects.len();
+        let wave_results: Vec<ObjectResult> = futures::stream::iter(objects)
+            .map(|object| apply_one(cluster, object, unchanged, options))
+            .buffer_unordered(options.concurrency.max(1))
+            .collect()
+            .await;
+        let written = wave_results
+            .iter()
+            .filter(|r| matches!(r.outcome, Outcome::Applied { written: true }))
+            .count();
+        let failed = wave_results
+            .iter()
+            .filter(|r| matches!(r.outcome, Outcome::Failed(_)))
+            .count();
+        info!(
+            stage = stage.as_str(),
+            wave,
+            objects = count,
+            written,
+            failed,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "applied wave"
+        );
+        results.extend(wave_results);
+    }
+    results
+}
+
+async fn apply_one(
+    cluster: &Cluster,
+    object: DesiredObject,
+    unchanged: &(dyn Fn(&ObjectKey, &str) -> bool + Sync),
+    options: &ApplyOptions,
+) -> ObjectResult {
+    let span = info_span!("apply", object = %object.id, app = %object.app);
+    async move {
+        let resolved = match cluster.resolve(&object.id.api_version, &object.id.kind).await {
+            Ok(resolved) => resolved,
+            Err(error) => return result(object, Outcome::Failed(error.to_string()), None),
+        };
+        let hash = sha256_hex(&serde_json::to_vec(&object.body).unwrap_or_default());
+        if unchanged(&ObjectKey::of(&object.id), &hash) {
+            return ObjectResult { object, body_hash: hash, outcome: Outcome::Applied { written: false }, live: None };
+        }
+        let mut attempt = 0;
+        loop {
+            match cluster.apply(&object.id, &resolved, &object.body, false).await {
+                Ok(live) => {
+                    return ObjectResult { object, body_hash: hash, outcome: Outcome::Applied { written: true }, live: Some(live) };
+                }
+                Err(failure) if failure.retriable && attempt + 1 < options.attempts => {
+                    let wait = full_jitter(attempt, Duration::from_millis(200), Duration::from_secs(5), random_unit());
+                    warn!(attempt, error = %failure.message, wait_ms = wait.as_millis() as u64, "apply failed, retrying");
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
+                Err(failure) => {
+                    warn!(error = %failure.message, "apply failed");
+                    return ObjectResult { object, body_hash: hash, outcome: Outcome::Failed(failure.message), live: None };
+                }
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Waits (polling the objects, with a deadline) until applied CRDs are Established and Namespaces Active, so
+/// the next stage can use them. Objects that do not settle in time are left to report their health.
+async fn settle(cluster: &Cluster, results: &[ObjectResult], timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    for applied in results
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Applied { .. }))
+    {
+        let id = &applied.object.id;
+        let Ok(resolved) = cluster.resolve(&id.api_version, &id.kind).await else {
+            continue;
+        };
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match cluster.get(id, &resolved).await {
+                Ok(Some(live)) if assess(id.group(), &id.kind, &live) == Health::Healthy => break,
+                _ if Instant::now() >= deadline => {
+                    warn!(object = %id, "not settled before the deadline; continuing");
+                    break;
+                }
+                _ => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,577 @@
+//! The agent's loop, level-based: poll the channel pointer; verify a new one and its bundle and persist them
+//! as last known good; render this cluster's share; apply it in stages; prune what left the release; keep the
+//! status current from the watches. A refused release never stops enforcement: the last known good keeps
+//! being applied and healed, and the refusal is reported.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use tokio::sync::{mpsc, watch};
+use tracing::{Instrument, error, info, info_span, warn};
+use windvane_shared::bundle::{Bundle, BundleLimits};
+use windvane_shared::desired::{DesiredObject, desired_objects};
+use windvane_shared::keys::TrustedKeys;
+use windvane_shared::release::{self, AcceptedRelease, PointerExpectations};
+use windvane_shared::render::{ClusterIdentity, render_app, selected_apps};
+
+use crate::allowlist::Allowlist;
+use crate::apply::{ApplyOptions, Outcome, apply_all};
+use crate::backoff::{full_jitter, jittered, random_unit};
+use crate::cluster::Cluster;
+use crate::health::assess;
+use crate::inventory::{Inventory, InventoryEntry, ObjectKey, ReleaseOutcome, plan_prune};
+use crate::metrics::Metrics;
+use crate::report::{AgentStatus, ObjectStatus, object_state};
+use crate::source::{Poll, SourceClient, SourceLimits};
+use crate::state::{KnownGood, StateStore};
+use crate::watch::{Change, LiveCache};
+use crate::{Error, Result};
+
+/// Everything the engine needs to know, resolved from flags, environment and the config file.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub source_url: String,
+    pub channel: String,
+    pub fleet: String,
+    pub trusted: TrustedKeys,
+    pub identity: ClusterIdentity,
+    pub allowlist: Allowlist,
+    pub poll_interval: Duration,
+    /// Namespace of the agent's own state (Secrets, Lease).
+    pub namespace: String,
+    /// Fraction of the inventory one release may prune.
+    pub prune_budget: f64,
+    pub apply: ApplyOptions,
+    pub source_limits: SourceLimits,
+}
+
+/// The release being enforced.
+#[derive(Debug, Clone)]
+struct Enforced {
+    accepted: AcceptedRelease,
+    bundle: Bundle,
+}
+
+/// Shared, read-mostly view of the agent for the admin server and the heartbeat.
+pub type SharedStatus = Arc<RwLock<AgentStatus>>;
+
+/// The sync engine of one cluster.
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    cluster: Cluster,
+    state: StateStore,
+    source: SourceClient,
+    live: LiveCache,
+    changes: mpsc::UnboundedReceiver<Change>,
+    enforced: Option<Enforced>,
+    inventory: Inventory,
+    /// The last apply did not complete: apply again after a backoff even if the release is unchanged.
+    retry_attempt: Option<u32>,
+    status: SharedStatus,
+    metrics: Arc<Metrics>,
+}
+
+impl Engine {
+    /// Builds the engine and loads what the cluster remembers: the last known good release (re-verified) and
+    /// the inventory.
+    pub async fn start(
+        config: EngineConfig,
+        client: kube::Client,
+        status: SharedStatus,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self> {
+        let cluster = Cluster::new(client.clone());
+        let state = StateStore::new(client, &config.namespace, "windvane");
+        let source = SourceClient::new(
+            &config.source_url,
+            &config.channel,
+            config.source_limits.clone(),
+        )?;
+        let (live, changes) = LiveCache::new(&config.fleet);
+        let inventory = state.load_inventory().await?;
+        let mut engine = Self {
+            config,
+            cluster,
+            state,
+            source,
+            live,
+            changes,
+            enforced: None,
+            inventory,
+            retry_attempt: None,
+            status,
+            metrics,
+        };
+        match engine.state.load_known_good().await {
+            Ok(Some(known_good)) => match engine.verify_known_good(&known_good) {
+                Ok(enforced) => {
+                    info!(
+                        serial = enforced.accepted.pointer.serial,
+                        "loaded the last known good release from the cluster"
+                    );
+                    engine.enforced = Some(enforced);
+                }
+                Err(error) => {
+                    error!(%error, "the persisted last known good release does not verify; ignoring it")
+                }
+            },
+            Ok(None) => info!("no last known good release in the cluster yet"),
+            Err(error) => error!(%error, "cannot read the last known good release"),
+        }
+        Ok(engine)
+    }
+
+    /// Re-verifies a persisted release: signature, fleet, channel and digest. Expiry is not checked — an
+    /// expired release stays enforced until a newer one is accepted; self-healing never stops.
+    fn verify_known_good(&self, known_good: &KnownGood) -> Result<Enforced> {
+        let accepted = release::verify_known_good(
+            &known_good.pointer,
+            &self.config.trusted,
+            &self.config.fleet,
+            &self.config.channel,
+        )?;
+        let bundle = release::verify_bundle(
+            &known_good.bundle,
+            &accepted.pointer,
+            self.config.source_limits.max_bundle_bytes,
+            BundleLimits::default(),
+        )?;
+        Ok(Enforced { accepted, bundle })
+    }
+
+    /// Runs until `shutdown` turns true.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+        if self.enforced.is_some() {
+            // Enforce what the cluster remembers before the first poll: the source may be down.
+            self.reconcile().await;
+        }
+        let mut next_poll = Instant::now();
+        let mut next_retry: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            if now >= next_poll {
+                let wait = match self.poll().await {
+                    Ok(changed) => {
+                        if changed {
+                            self.retry_attempt = None;
+                            self.reconcile().await;
+                        }
+                        jittered(self.config.poll_interval, 0.2, random_unit())
+                    }
+                    Err(Error::SourceBusy { retry_after, .. }) => retry_after,
+                    Err(_) => jittered(self.config.poll_interval, 0.2, random_unit()),
+                };
+                next_poll = Instant::now() + wait;
+            }
+            if let Some(attempt) = self.retry_attempt {
+                let due = *next_retry.get_or_insert_with(|| {
+                    Instant::now()
+                        + full_jitter(
+                            attempt,
+                            Duration::from_secs(1),
+                            Duration::from_secs(300),
+                            random_unit(),
+                        )
+                });
+                if Instant::now() >= due {
+                    next_retry = None;
+                    self.reconcile().await;
+                }
+            } else {
+                next_retry = None;
+            }
+            let wake = next_retry.map_or(next_poll, |retry| retry.min(next_poll));
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake.into()) => {}
+                Some(change) = self.changes.recv() => self.on_change(change),
+                _ = shutdown.changed() => {
+                    if *shutdown.borrow() {
+                        info!("stopping the sync engine");
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Polls the source once. True when a new release was accepted and persisted.
+    async fn poll(&mut self) -> Result<bool> {
+        let span = info_span!("poll", url = %self.source.pointer_url());
+        async {
+            let bytes = match self.source.poll_pointer().await {
+                Ok(Poll::Unchanged) => {
+                    self.metrics.source_fetch("not_modified");
+                    self.mark_source_fresh();
+                    return Ok(false);
+                }
+                Ok(Poll::Changed(bytes)) => bytes,
+                Err(error) => {
+                    self.metrics.source_fetch(error.reason());
+                    warn!(%error, "source unavailable; enforcing the last known good release");
+                    self.mark_source_stale(&error);
+                    return Err(error);
+                }
+            };
+            match self.accept(&bytes).await {
+                Ok(changed) => {
+                    self.metrics.source_fetch("ok");
+                    self.mark_source_fresh();
+                    Ok(changed)
+                }
+                Err(error) => {
+                    self.metrics.source_fetch(error.reason());
+                    // Look at the pointer again next time even if the store serves it unchanged.
+                    self.source.forget_etag();
+                    if matches!(error, Error::Release(_)) {
+                        warn!(reason = error.reason(), %error, "refusing the release; enforcing the last known good one");
+                        self.status.write().expect("status lock").refuse(error.reason(), error.to_string(), Timestamp::now());
+                    } else {
+                        self.mark_source_stale(&error);
+                    }
+                    Err(error)
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Verifies a pointer (and fetches and verifies its bundle when it is new), persisting it as last known
+    /// good before anything is applied. True when the release changed.
+    async fn accept(&mut self, pointer_bytes: &[u8]) -> Result<bool> {
+        let highest = self.enforced.as_ref().map(|e| {
+            (
+                e.accepted.pointer.serial,
+                e.accepted.pointer.bundle.sha256.clone(),
+            )
+        });
+        let mut expectations = PointerExpectations::new(
+            &self.config.trusted,
+            &self.config.fleet,
+            &self.config.channel,
+            Timestamp::now(),
+        );
+        expectations.highest_accepted = highest
+            .as_ref()
+            .map(|(serial, sha)| (*serial, sha.as_str()));
+        expectations.max_pointer_bytes = self.config.source_limits.max_pointer_bytes;
+        let accepted = release::verify_pointer(pointer_bytes, &expectations)?;
+        // A new status clears any earlier refusal: the source is good again.
+        self.status
+            .write()
+            .expect("status lock")
+            .source
+            .last_refusal = None;
+        if highest.is_some_and(|(serial, _)| serial == accepted.pointer.serial) {
+            return Ok(false);
+        }
+        let bundle_bytes = self
+            .source
+            .fetch_bundle(&accepted.pointer.bundle.sha256)
+            .await?;
+        let bundle = release::verify_bundle(
+            &bundle_bytes,
+            &accepted.pointer,
+            self.config.source_limits.max_bundle_bytes,
+            BundleLimits::default(),
+        )?;
+        self.state
+            .save_known_good(&KnownGood {
+                pointer: pointer_bytes.to_vec(),
+                bundle: bundle_bytes,
+            })
+            .await?;
+        info!(serial = accepted.pointer.serial, sha256 = %accepted.pointer.bundle.sha256, keyid = %accepted.keyid, "accepted a new release");
+        self.metrics.set_release_serial(accepted.pointer.serial);
+        self.enforced = Some(Enforced { accepted, bundle });
+        Ok(true)
+    }
+
+    fn mark_source_fresh(&self) {
+        self.status.write().expect("status lock").source.stale_since = None;
+    }
+
+    fn mark_source_stale(&self, error: &Error) {
+        let mut status = self.status.write().expect("status lock");
+        status.source.stale_since.get_or_insert_with(Timestamp::now);
+        status.last_error = Some(error.to_string());
+    }
+
+    /// Renders and applies the enforced release, prunes, persists the inventory and refreshes the status.
+    async fn reconcile(&mut self) {
+        let Some(enforced) = self.enforced.clone() else {
+            return;
+        };
+        let serial = enforced.accepted.pointer.serial;
+        let span = info_span!("sync", serial, fleet = %self.config.fleet);
+        async {
+            let started = Instant::now();
+            let (desired, render_errors) = render(&enforced.bundle, &self.config.identity);
+            let release_empty = desired.is_empty() && render_errors.is_empty();
+            let desired_keys: BTreeSet<ObjectKey> =
+                desired.iter().map(|d| ObjectKey::of(&d.id)).collect();
+
+            let inventory = &self.inventory;
+            let live = &self.live;
+            let unchanged = |key: &ObjectKey, hash: &str| {
+                inventory
+                    .entries
+                    .get(key)
+                    .is_some_and(|e| !e.orphaned && e.applied_hash == hash)
+                    && live.get(key).is_some()
+            };
+            let report = apply_all(
+                &self.cluster,
+                desired,
+                &self.config.allowlist,
+                &unchanged,
+                &self.config.apply,
+            )
+            .await;
+
+            let mut next = Inventory {
+                complete_serial: self.inventory.complete_serial,
+                entries: Default::default(),
+            };
+            for result in &report.results {
+                if let Outcome::Applied { written } = result.outcome {
+                    self.metrics
+                        .apply(if written { "written" } else { "unchanged" });
+                    if let Some(live) = &result.live {
+                        self.live.observe(live);
+                    }
+                    if let Ok(resolved) = self
+                        .cluster
+                        .resolve(&result.object.id.api_version, &result.object.id.kind)
+                        .await
+                    {
+                        self.live.ensure_watch(&self.cluster, &resolved);
+                    }
+                    next.entries.insert(
+                        result.key(),
+                        InventoryEntry {
+                            app: result.object.app.clone(),
+                            api_version: result.object.id.api_version.clone(),
+                            kind: result.object.id.kind.clone(),
+                            namespace: result.object.id.namespace.clone(),
+                            name: result.object.id.name.clone(),
+                            prune: result.object.prune,
+                            applied_hash: result.body_hash.clone(),
+                            orphaned: false,
+                        },
+                    );
+                } else {
+                    self.metrics
+                        .apply(if matches!(result.outcome, Outcome::Refused(_)) {
+                            "refused"
+                        } else {
+                            "failed"
+                        });
+                    // Keep what we applied before: a failing object is still ours.
+                    if let Some(previous) = self.inventory.entries.get(&result.key()) {
+                        next.entries.insert(result.key(), previous.clone());
+                    }
+                }
+            }
+            let complete = report.complete() && render_errors.is_empty();
+
+            let outcome = ReleaseOutcome {
+                apply_complete: complete,
+                empty: release_empty,
+                allow_empty: enforced.accepted.pointer.allow_empty,
+            };
+            let prune = plan_prune(
+                &self.inventory,
+                &desired_keys,
+                outcome,
+                self.config.prune_budget,
+            );
+            let mut prune_errors = Vec::new();
+            for entry in &prune.delete {
+                let id = entry.object_ref();
+                let disabled = self.live.get(&entry.key()).is_some_and(|live| {
+                    live.pointer("/metadata/annotations/windvane.io~1prune")
+                        .and_then(|v| v.as_str())
+                        == Some("disabled")
+                });
+                if disabled {
+                    next.entries.insert(
+                        entry.key(),
+                        InventoryEntry {
+                            orphaned: true,
+                            ..entry.clone()
+                        },
+                    );
+                    continue;
+                }
+                let deleted = match self.cluster.resolve(&id.api_version, &id.kind).await {
+                    Ok(resolved) => self.cluster.delete(&id, &resolved).await,
+                    Err(error) => Err(error),
+                };
+                match deleted {
+                    Ok(()) => info!(object = %id, app = %entry.app, "pruned"),
+                    Err(error) => {
+                        warn!(object = %id, %error, "prune failed; will retry");
+                        prune_errors.push(error.to_string());
+                        next.entries.insert(entry.key(), entry.clone());
+                    }
+                }
+            }
+            for entry in prune.orphan.iter().cloned() {
+                next.entries.insert(
+                    entry.key(),
+                    InventoryEntry {
+                        orphaned: true,
+                        ..entry
+                    },
+                );
+            }
+            // Objects that stay out of the release only because pruning was held back remain managed.
+            if prune.held_back.is_some() {
+                for entry in self
+                    .inventory
+                    .managed()
+                    .filter(|e| !desired_keys.contains(&e.key()) && e.prune)
+                {
+                    next.entries
+                        .entry(entry.key())
+                        .or_insert_with(|| entry.clone());
+                }
+            }
+            // Orphans stay reported until their object is gone.
+            for entry in self
+                .inventory
+                .entries
+                .values()
+                .filter(|e| e.orphaned && !desired_keys.contains(&e.key()))
+            {
+                next.entries
+                    .entry(entry.key())
+                    .or_insert_with(|| entry.clone());
+            }
+            if complete && prune_errors.is_empty() && prune.held_back.is_none() {
+                next.complete_serial = Some(serial);
+            }
+            if let Err(error) = self.state.save_inventory(&next).await {
+                error!(%error, "cannot persist the inventory");
+            }
+            self.inventory = next;
+
+            let mut errors: Vec<String> = render_errors;
+            errors.extend(prune.held_back.clone());
+            errors.extend(prune_errors);
+            {
+                let mut status = self.status.write().expect("status lock");
+                status.source.applied_serial = Some(serial);
+                status.source.applied_sha256 =
+                    Some(enforced.accepted.pointer.bundle.sha256.clone());
+                status.enforced = true;
+                status.last_error = errors.first().cloned();
+                status.objects.clear();
+                for result in &report.results {
+                    let failure = match &result.outcome {
+                        Outcome::Applied { .. } => None,
+                        Outcome::Failed(message) | Outcome::Refused(message) => {
+                            Some(message.as_str())
+                        }
+                    };
+                    let health = self.live.get(&result.key()).map(|live| {
+                        assess(result.object.id.group(), &result.object.id.kind, &live)
+                    });
+                    let (state, message) = object_state(failure, health.as_ref());
+                    status.objects.insert(
+                        result.key(),
+                        ObjectStatus {
+                            app: result.object.app.clone(),
+                            display: result.object.id.to_string(),
+                            state,
+                            message,
+                        },
+                    );
+                }
+                status.orphans = self
+                    .inventory
+                    .entries
+                    .values()
+                    .filter(|e| e.orphaned)
+                    .map(|e| e.object_ref().to_string())
+                    .collect();
+                self.metrics.set_objects(&status.counts());
+            }
+            let elapsed = started.elapsed();
+            self.metrics.observe_sync(elapsed);
+            self.retry_attempt = if complete && errors.is_empty() {
+                None
+            } else {
+                Some(self.retry_attempt.map_or(0, |a| a + 1))
+            };
+            info!(
+                objects = report.results.len(),
+                written = report.written(),
+                failed = report
+                    .results
+                    .iter()
+                    .filter(|r| !matches!(r.outcome, Outcome::Applied { .. }))
+                    .count(),
+                pruned = prune.delete.len(),
+                complete,
+                elapsed_ms = elapsed.as_millis() as u64,
+                "sync finished"
+            );
+        }
+        .instrument(span)
+        .await;
+    }
+
+    /// A watch saw a change: refresh that object's health in the status.
+    fn on_change(&mut self, change: Change) {
+        let key = match &change {
+            Change::Updated(key) | Change::Deleted(key) => key,
+        };
+        let mut status = self.status.write().expect("status lock");
+        let Some(object) = status.objects.get_mut(key) else {
+            return;
+        };
+        if object.state == windvane_shared::status::SyncState::Failed {
+            return;
+        }
+        let health = self
+            .live
+            .get(key)
+            .map(|live| assess(&key.group, &key.kind, &live));
+        let (state, message) = match (&change, health) {
+            (Change::Deleted(_), _) => (
+                windvane_shared::status::SyncState::OutOfSync,
+                "deleted".to_owned(),
+            ),
+            (_, health) => object_state(None, health.as_ref()),
+        };
+        object.state = state;
+        object.message = message;
+        let counts = status.counts();
+        drop(status);
+        self.metrics.set_objects(&counts);
+    }
+}
+
+/// This cluster's desired objects: every selected app rendered, with Windvane's labels. An app that fails to
+/// render is reported and skipped; the others still apply.
+fn render(bundle: &Bundle, identity: &ClusterIdentity) -> (Vec<DesiredObject>, Vec<String>) {
+    let mut desired = Vec::new();
+    let mut errors = Vec::new();
+    for app in selected_apps(bundle, identity) {
+        match render_app(app, identity)
+            .and_then(|rendered| desired_objects(&bundle.fleet, &rendered))
+        {
+            Ok(objects) => desired.extend(objects),
+            Err(error) => {
+                error!(app = %app.name, %error, "cannot render app");
+                errors.push(format!("app {}: {error}", app.name));
+            }
+        }
+    }
+    (desired, errors)
+}

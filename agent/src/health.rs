@@ -1,0 +1,271 @@
+//! Health of live objects, from their status as the API server reports it (fed by the agent's watches).
+//! Built in: Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, PersistentVolumeClaim,
+//! CustomResourceDefinition, Namespace; any other kind is judged by `status.observedGeneration` and a
+//! `Ready` condition when it has them, and is healthy when it has neither (a ConfigMap has no rollout).
+
+use serde_json::Value;
+
+/// How a live object is doing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    Healthy,
+    /// Rolling out or settling; expected to become healthy.
+    Progressing(String),
+    /// Failed or stuck.
+    Degraded(String),
+}
+
+impl Health {
+    /// True for [`Health::Healthy`].
+    pub fn is_healthy(&self) -> bool {
+        matches!(self, Health::Healthy)
+    }
+}
+
+/// Assesses a live object of the given API group and kind.
+pub fn assess(group: &str, kind: &str, live: &Value) -> Health {
+    if let Some(health) = generation_lag(live) {
+        return health;
+    }
+    match (group, kind) {
+        ("apps", "Deployment") => deployment(live),
+        ("apps", "StatefulSet") => stateful_set(live),
+        ("apps", "DaemonSet") => daemon_set(live),
+        ("apps", "ReplicaSet") => replica_set(live),
+        ("batch", "Job") => job(live),
+        ("", "PersistentVolumeClaim") => pvc(live),
+        ("apiextensions.k8s.io", "CustomResourceDefinition") => crd(live),
+        ("", "Namespace") => namespace(live),
+        _ => generic(live),
+    }
+}
+
+fn int(live: &Value, pointer: &str) -> Option<i64> {
+    live.pointer(pointer).and_then(Value::as_i64)
+}
+
+fn text<'a>(live: &'a Value, pointer: &str) -> Option<&'a str> {
+    live.pointer(pointer).and_then(Value::as_str)
+}
+
+/// The condition of the given type: (status, reason, message).
+fn condition<'a>(live: &'a Value, kind: &str) -> Option<(&'a str, &'a str, &'a str)> {
+    live.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find_map(|c| {
+            (c.get("type")?.as_str()? == kind).then(|| {
+                let field = |name: &str| c.get(name).and_then(Value::as_str).unwrap_or("");
+                (field("status"), field("reason"), field("message"))
+            })
+        })
+}
+
+/// The controller has not yet seen the latest spec: whatever the status says is about an older one.
+fn generation_lag(live: &Value) -> Option<Health> {
+    let generation = int(live, "/metadata/generation")?;
+    let observed = int(live, "/status/observedGeneration")?;
+    (observed < generation).then(|| {
+        Health::Progressing(format!(
+            "waiting for the controller to observe generation {generation}"
+        ))
+    })
+}
+
+fn deployment(live: &Value) -> Health {
+    if let Some(("False", "ProgressDeadlineExceeded", message)) = condition(live, "Progressing") {
+        return Health::Degraded(format!("rollout stuck: {message}"));
+    }
+    if int(live, "/status/observedGeneration").is_none() {
+        return Health::Progressing("waiting for the deployment controller".to_owned());
+    }
+    let wanted = int(live, "/spec/replicas").unwrap_or(1);
+    let updated = int(live, "/status/updatedReplicas").unwrap_or(0);
+    let available = int(live, "/status/availableReplicas").unwrap_or(0);
+    let total = int(live, "/status/replicas").unwrap_or(0);
+    if updated < wanted {
+        Health::Progressing(format!("{updated} of {wanted} replicas updated"))
+    } else if total > updated {
+        Health::Progressing(format!(
+            "{} old replicas pending termination",
+            total - updated
+        ))
+    } else if available < wanted {
+        Health::Progressing(format!("{available} of {wanted} replicas available"))
+    } else {
+        Health::Healthy
+    }
+}
+
+fn stateful_set(live: &Value) -> Health {
+    if int(live, "/status/observedGeneration").is_none() {
+        return Health::Progressing("waiting for the statefulset controller".to_owned());
+    }
+    let wanted = int(live, "/spec/replicas").unwrap_or(1);
+    let ready = int(live, "/status/readyReplicas").unwrap_or(0);
+    let updated = int(live, "/status/updatedReplicas").unwrap_or(0);
+    let rolling =
+        text(live, "/spec/updateStrategy/type").unwrap_or("RollingUpdate") == "RollingUpdate";
+    if ready < wanted {
+        Health::Progressing(format!("{ready} of {wanted} replicas ready"))
+    } else if rolling && updated < wanted {
+        Health::Progressing(format!("{updated} of {wanted} replicas updated"))
+    } else {
+        Health::Healthy
+    }
+}
+
+fn daemon_set(live: &Value) -> Health {
+    if int(live, "/status/observedGeneration").is_none() {
+        return Health::Progressing("waiting for the daemonset controller".to_owned());
+    }
+    let desired = int(live, "/status/desiredNumberScheduled").unwrap_or(0);
+    let updated = int(live, "/status/updatedNumberScheduled").unwrap_or(0);
+    let available = int(live, "/status/numberAvailable").unwrap_or(0);
+    if updated < desired {
+        Health::Progressing(format!("{updated} of {desired} pods updated"))
+    } else if available < desired {
+        Health::Progressing(format!("{available} of {desired} pods available"))
+    } else {
+        Health::Healthy
+    }
+}
+
+fn replica_set(live: &Value) -> Health {
+    let wanted = int(live, "/spec/replicas").unwrap_or(1);
+    let available = int(live, "/status/availableReplicas").unwrap_or(0);
+    if available < wanted {
+        Health::Progressing(format!("{available} of {wanted} replicas available"))
+    } else {
+        Health::Healthy
+    }
+}
+
+fn job(live: &Value) -> Health {
+    if let Some(("True", reason, message)) = condition(live, "Failed") {
+        return Health::Degraded(format!("job failed ({reason}): {message}"));
+    }
+    match condition(live, "Complete") {
+        Some(("True", _, _)) => Health::Healthy,
+        _ => Health::Progressing("job running".to_owned()),
+    }
+}
+
+fn pvc(live: &Value) -> Health {
+    match text(live, "/status/phase") {
+        Some("Bound") => Health::Healthy,
+        Some("Lost") => Health::Degraded("claim lost its volume".to_owned()),
+        phase => Health::Progressing(format!(
+            "claim {}",
+            phase.unwrap_or("pending").to_lowercase()
+        )),
+    }
+}
+
+fn crd(live: &Value) -> Health {
+    if let Some(("False", reason, message)) = condition(live, "NamesAccepted") {
+        return Health::Degraded(format!("names not accepted ({reason}): {message}"));
+    }
+    match condition(live, "Established") {
+        Some(("True", _, _)) => Health::Healthy,
+        _ => Health::Progressing("waiting to be established".to_owned()),
+    }
+}
+
+fn namespace(live: &Value) -> Health {
+    match text(live, "/status/phase") {
+        Some("Active") | None => Health::Healthy,
+        Some(phase) => Health::Progressing(format!("namespace {}", phase.to_lowercase())),
+    }
+}
+
+fn generic(live: &Value) -> Health {
+    match condition(live, "Ready") {
+        Some(("False", reason, message)) => {
+            Health::Degraded(format!("not ready ({reason}): {message}"))
+        }
+        Some(("Unknown", reason, _)) => {
+            Health::Progressing(format!("readiness unknown ({reason})"))
+        }
+        _ => Health::Healthy,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn deployments_progress_until_every_replica_is_updated_and_available() {
+        let mut d = json!({"metadata": {"generation": 2}, "spec": {"replicas": 3},
+            "status": {"observedGeneration": 1}});
+        assert!(
+            matches!(assess("apps", "Deployment", &d), Health::Progressing(m) if m.contains("generation 2"))
+        );
+        d["status"] = json!({"observedGeneration": 2, "replicas": 3, "updatedReplicas": 3, "availableReplicas": 2});
+        assert!(
+            matches!(assess("apps", "Deployment", &d), Health::Progressing(m) if m.contains("2 of 3"))
+        );
+        d["status"]["availableReplicas"] = json!(3);
+        assert_eq!(assess("apps", "Deployment", &d), Health::Healthy);
+        d["status"]["conditions"] = json!([{"type": "Progressing", "status": "False",
+            "reason": "ProgressDeadlineExceeded", "message": "ReplicaSet \"x\" has timed out progressing."}]);
+        assert!(matches!(
+            assess("apps", "Deployment", &d),
+            Health::Degraded(_)
+        ));
+    }
+
+    #[test]
+    fn jobs_crds_pvcs_namespaces() {
+        let failed = json!({"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}});
+        assert!(matches!(
+            assess("batch", "Job", &failed),
+            Health::Degraded(_)
+        ));
+        let done = json!({"status": {"conditions": [{"type": "Complete", "status": "True"}]}});
+        assert!(assess("batch", "Job", &done).is_healthy());
+        let crd = json!({"status": {"conditions": [{"type": "Established", "status": "True"}]}});
+        assert!(assess("apiextensions.k8s.io", "CustomResourceDefinition", &crd).is_healthy());
+        assert!(
+            !assess(
+                "apiextensions.k8s.io",
+                "CustomResourceDefinition",
+                &json!({})
+            )
+            .is_healthy()
+        );
+        assert!(matches!(
+            assess(
+                "",
+                "PersistentVolumeClaim",
+                &json!({"status": {"phase": "Lost"}})
+            ),
+            Health::Degraded(_)
+        ));
+        assert!(matches!(
+            assess(
+                "",
+                "Namespace",
+                &json!({"status": {"phase": "Terminating"}})
+            ),
+            Health::Progressing(_)
+        ));
+    }
+
+    #[test]
+    fn other_kinds_use_ready_and_observed_generation() {
+        assert!(assess("", "ConfigMap", &json!({"data": {}})).is_healthy());
+        let not_ready = json!({"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Broken", "message": "no"}]}});
+        assert!(
+            matches!(assess("example.com", "Widget", &not_ready), Health::Degraded(m) if m.contains("Broken"))
+        );
+        let lagging = json!({"metadata": {"generation": 5}, "status": {"observedGeneration": 4}});
+        assert!(matches!(
+            assess("example.com", "Widget", &lagging),
+            Health::Progressing(_)
+        ));
+    }
+}

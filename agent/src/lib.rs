@@ -1,0 +1,25 @@
+//! The Windvane agent: one per cluster, autonomous. It polls a signed release from a static store, verifies
+//! it, renders this cluster's share, applies it with server-side apply and keeps it applied, reporting what it
+//! does. Pure decisions live in [`plan`], [`allowlist`], [`inventory`], [`health`], [`report`] and
+//! [`backoff`]; I/O lives in [`source`] (HTTP), [`cluster`], [`apply`], [`watch`], [`state`] and [`leader`]
+//! (Kubernetes) and [`admin`] (the admin server); [`engine`] runs the loop and [`config`] resolves settings.
+
+pub mod admin;
+pub mod allowlist;
+pub mod apply;
+pub mod backoff;
+pub mod cluster;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod health;
+pub mod inventory;
+pub mod leader;
+pub mod metrics;
+pub mod plan;
+pub mod report;
+pub mod source;
+pub mod state;
+pub mod watch;
+
+pub use error::{Error, Result};

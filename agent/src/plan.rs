@@ -1,0 +1,207 @@
+//! The apply plan: which desired objects go in which stage and wave, decided from the rendered release and
+//! what discovery says about each kind's scope. Stages follow the dependency order of Kubernetes objects —
+//! CRDs (then wait until Established), Namespaces (then wait until Active), other cluster-scoped objects,
+//! namespaced objects — and `windvane.io/wave` orders objects within a stage. Pure: the caller resolves
+//! scopes (discovery) and applies.
+
+use std::collections::BTreeMap;
+
+use windvane_shared::bundle::ObjectRef;
+use windvane_shared::desired::DesiredObject;
+
+/// The namespace given to a namespaced object that names none, as `kubectl apply` would with no context.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// Apply stages, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    CustomResourceDefinitions,
+    Namespaces,
+    ClusterScoped,
+    Namespaced,
+}
+
+impl Stage {
+    /// The name used in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::CustomResourceDefinitions => "crds",
+            Stage::Namespaces => "namespaces",
+            Stage::ClusterScoped => "cluster-scoped",
+            Stage::Namespaced => "namespaced",
+        }
+    }
+}
+
+/// Whether a kind's objects live in a namespace, as discovery reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Cluster,
+    Namespaced,
+}
+
+/// True for the kinds whose stage is known before discovery (they are needed to discover the rest).
+pub fn is_crd(id: &ObjectRef) -> bool {
+    id.kind == "CustomResourceDefinition" && id.group() == "apiextensions.k8s.io"
+}
+
+/// True for `v1 Namespace`.
+pub fn is_namespace(id: &ObjectRef) -> bool {
+    id.kind == "Namespace" && id.group().is_empty()
+}
+
+/// The stage of an object of the given scope.
+pub fn stage_of(id: &ObjectRef, scope: Scope) -> Stage {
+    if is_crd(id) {
+        Stage::CustomResourceDefinitions
+    } else if is_namespace(id) {
+        Stage::Namespaces
+    } else if scope == Scope::Cluster {
+        Stage::ClusterScoped
+    } else {
+        Stage::Namespaced
+    }
+}
+
+/// Makes an object's namespace agree with its kind's scope: namespaced objects without one get
+/// [`DEFAULT_NAMESPACE`]; a namespace on a cluster-scoped object is an error (the API server would ignore it,
+/// and the object's identity would be ambiguous).
+pub fn normalize_namespace(object: &mut DesiredObject, scope: Scope) -> Result<(), String> {
+    match (scope, object.id.namespace.is_some()) {
+        (Scope::Namespaced, false) => {
+            object.id.namespace = Some(DEFAULT_NAMESPACE.to_owned());
+            if let Some(metadata) = object
+                .body
+                .get_mut("metadata")
+                .and_then(|m| m.as_object_mut())
+            {
+                metadata.insert("namespace".to_owned(), DEFAULT_NAMESPACE.into());
+            }
+            Ok(())
+        }
+        (Scope::Cluster, true) => Err(format!(
+            "{} is cluster-scoped but names namespace {:?}; remove metadata.namespace",
+            object.id.kind,
+            object.id.namespace.as_deref().unwrap_or_default()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Groups the objects of one stage by wave, lowest wave first, keeping release order within a wave.
+pub fn waves(objects: Vec<DesiredObject>) -> Vec<(i64, Vec<DesiredObject>)> {
+    let mut by_wave: BTreeMap<i64, Vec<DesiredObject>> = BTreeMap::new();
+    for object in objects {
+        by_wave.entry(object.wave).or_default().push(object);
+    }
+    by_wave.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use windvane_shared::bundle::Policy;
+    use windvane_shared::render::RenderedObject;
+
+    use super::*;
+
+    pub(crate) fn desired(
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        wave: i64,
+    ) -> DesiredObject {
+        let mut metadata =
+            json!({"name": name, "annotations": {"windvane.io/wave": wave.to_string()}});
+        if let Some(ns) = namespace {
+            metadata["namespace"] = json!(ns);
+        }
+        let object = json!({"apiVersion": api_version, "kind": kind, "metadata": metadata});
+        let rendered = RenderedObject {
+            app: "app".into(),
+            file: "f.yaml".into(),
+            document: 0,
+            id: ObjectRef::of(&object).unwrap(),
+            object,
+        };
+        windvane_shared::desired::desired_object("fleet", "app", &Policy::default(), &rendered)
+            .unwrap()
+    }
+
+    #[test]
+    fn stages_follow_dependency_order() {
+        let crd = desired(
+            "apiextensions.k8s.io/v1",
+            "CustomResourceDefinition",
+            None,
+            "widgets.example.com",
+            0,
+        );
+        let ns = desired("v1", "Namespace", None, "team", 0);
+        let role = desired(
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRole",
+            None,
+            "reader",
+            0,
+        );
+        let cm = desired("v1", "ConfigMap", Some("team"), "cfg", 0);
+        assert_eq!(
+            stage_of(&crd.id, Scope::Cluster),
+            Stage::CustomResourceDefinitions
+        );
+        assert_eq!(stage_of(&ns.id, Scope::Cluster), Stage::Namespaces);
+        assert_eq!(stage_of(&role.id, Scope::Cluster), Stage::ClusterScoped);
+        assert_eq!(stage_of(&cm.id, Scope::Namespaced), Stage::Namespaced);
+        assert!(
+            Stage::CustomResourceDefinitions < Stage::Namespaces
+                && Stage::ClusterScoped < Stage::Namespaced
+        );
+    }
+
+    #[test]
+    fn waves_order_within_a_stage_and_keep_release_order() {
+        let objects = vec![
+            desired("v1", "ConfigMap", Some("a"), "late", 5),
+            desired("v1", "ConfigMap", Some("a"), "first", -1),
+            desired("v1", "ConfigMap", Some("a"), "default-1", 0),
+            desired("v1", "ConfigMap", Some("a"), "default-2", 0),
+        ];
+        let names: Vec<(i64, Vec<String>)> = waves(objects)
+            .into_iter()
+            .map(|(wave, objects)| (wave, objects.into_iter().map(|o| o.id.name).collect()))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                (-1, vec!["first".to_owned()]),
+                (0, vec!["default-1".to_owned(), "default-2".to_owned()]),
+                (5, vec!["late".to_owned()])
+            ]
+        );
+    }
+
+    #[test]
+    fn namespaces_follow_scope() {
+        let mut cm = desired("v1", "ConfigMap", None, "cfg", 0);
+        normalize_namespace(&mut cm, Scope::Namespaced).unwrap();
+        assert_eq!(cm.id.namespace.as_deref(), Some("default"));
+        assert_eq!(
+            cm.body.pointer("/metadata/namespace"),
+            Some(&json!("default"))
+        );
+        let mut role = desired(
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRole",
+            Some("x"),
+            "r",
+            0,
+        );
+        assert!(
+            normalize_namespace(&mut role, Scope::Cluster)
+                .unwrap_err()
+                .contains("cluster-scoped")
+        );
+    }
+}

@@ -1,0 +1,280 @@
+//! The agent's memory, kept in Secrets in its own namespace so that it survives restarts and moves with the
+//! leader: the last known good release (pointer and bundle, which is also the highest accepted serial) and
+//! the inventory. Each is one "blob": gzip-compressed, stored inline in one Secret when small, otherwise in
+//! chunk Secrets written first and switched to by rewriting the index Secret, so a crash mid-write leaves the
+//! previous blob readable. Readers check the blob's SHA-256 before using it.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+
+use flate2::Compression;
+use flate2::read::GzDecoder;
+use flate2::write::GzEncoder;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
+use serde::{Deserialize, Serialize};
+use windvane_shared::desired::FIELD_MANAGER;
+use windvane_shared::digest::sha256_hex;
+
+use crate::inventory::Inventory;
+use crate::{Error, Result};
+
+/// Largest piece stored in one Secret (Secrets are capped at 1 MiB in total).
+const CHUNK_BYTES: usize = 768 * 1024;
+/// Label on every state Secret, naming the blob it belongs to.
+const BLOB_LABEL: &str = "windvane.io/state";
+/// Most bytes a blob may decompress to (a bundle is capped at 64 MiB, plus its pointer).
+const MAX_BLOB_BYTES: u64 = 80 * 1024 * 1024;
+
+/// The last known good release: the signed pointer and the bundle it names, both as received.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KnownGood {
+    /// The DSSE envelope of the channel pointer, re-verified on every start.
+    #[serde(with = "base64_bytes")]
+    pub pointer: Vec<u8>,
+    /// The bundle bytes, re-checked against the pointer's digest on every start.
+    #[serde(with = "base64_bytes")]
+    pub bundle: Vec<u8>,
+}
+
+/// Reads and writes the agent's state Secrets in one namespace.
+#[derive(Clone)]
+pub struct StateStore {
+    secrets: Api<Secret>,
+    namespace: String,
+    prefix: String,
+}
+
+impl std::fmt::Debug for StateStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateStore")
+            .field("namespace", &self.namespace)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Index {
+    sha256: String,
+    /// Names of chunk Secrets, in order; empty when the blob is inline.
+    chunks: Vec<String>,
+}
+
+impl StateStore {
+    /// State Secrets named `<prefix>-…` in `namespace`.
+    pub fn new(client: kube::Client, namespace: &str, prefix: &str) -> Self {
+        Self {
+            secrets: Api::namespaced(client, namespace),
+            namespace: namespace.to_owned(),
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// The last known good release, if any.
+    pub async fn load_known_good(&self) -> Result<Option<KnownGood>> {
+        self.load("release").await
+    }
+
+    /// Persists a newly accepted release as last known good.
+    pub async fn save_known_good(&self, known_good: &KnownGood) -> Result<()> {
+        self.save("release", known_good).await
+    }
+
+    /// The inventory, empty when none was saved.
+    pub async fn load_inventory(&self) -> Result<Inventory> {
+        Ok(self.load("inventory").await?.unwrap_or_default())
+    }
+
+    /// Persists the inventory.
+    pub async fn save_inventory(&self, inventory: &Inventory) -> Result<()> {
+        self.save("inventory", inventory).await
+    }
+
+    fn index_name(&self, blob: &str) -> String {
+        format!("{}-{blob}", self.prefix)
+    }
+
+    async fn load<T: serde::de::DeserializeOwned>(&self, blob: &str) -> Result<Option<T>> {
+        let name = self.index_name(blob);
+        let object = self.object_name(&name);
+        let Some(secret) = self
+            .secrets
+            .get_opt(&name)
+            .await
+            .map_err(|e| self.state_error(&name, &e))?
+        else {
+            return Ok(None);
+        };
+        let data = secret.data.unwrap_or_default();
+        let corrupt = |detail: String| Error::StateCorrupt {
+            object: object.clone(),
+            detail,
+        };
+        let index: Index = data
+            .get("index")
+            .ok_or_else(|| corrupt("no index".to_owned()))
+            .and_then(|b| serde_json::from_slice(&b.0).map_err(|e| corrupt(e.to_string())))?;
+        let compressed = if index.chunks.is_empty() {
+            data.get("blob")
+                .map(|b| b.0.clone())
+                .ok_or_else(|| corrupt("no blob".to_owned()))?
+        } else {
+            let mut joined = Vec::new();
+            for chunk in &index.chunks {
+                let secret = self
+                    .secrets
+                    .get(chunk)
+                    .await
+                    .map_err(|e| self.state_error(chunk, &e))?;
+                let part = secret
+                    .data
+                    .and_then(|mut d| d.remove("chunk"))
+                    .ok_or_else(|| corrupt(format!("chunk {chunk} is empty")))?;
+                joined.extend_from_slice(&part.0);
+            }
+            joined
+        };
+        if sha256_hex(&compressed) != index.sha256 {
+            return Err(corrupt("digest mismatch".to_owned()));
+        }
+        let mut json = Vec::new();
+        GzDecoder::new(compressed.as_slice())
+            .take(MAX_BLOB_BYTES + 1)
+            .read_to_end(&mut json)
+            .map_err(|e| corrupt(format!("gzip: {e}")))?;
+        if json.len() as u64 > MAX_BLOB_BYTES {
+            return Err(corrupt("larger than the cap".to_owned()));
+        }
+        serde_json::from_slice(&json)
+            .map(Some)
+            .map_err(|e| corrupt(e.to_string()))
+    }
+
+    async fn save<T: Serialize>(&self, blob: &str, value: &T) -> Result<()> {
+        let name = self.index_name(blob);
+        let json = serde_json::to_vec(value).map_err(|e| Error::State {
+            object: self.object_name(&name),
+            detail: e.to_string(),
+        })?;
+        let mut encoder = GzEncoder::new(Vec::new(), Compression::default());
+        encoder
+            .write_all(&json)
+            .and_then(|()| encoder.flush())
+            .map_err(|e| Error::State {
+                object: self.object_name(&name),
+                detail: e.to_string(),
+            })?;
+        let compressed = encoder.finish().map_err(|e| Error::State {
+            object: self.object_name(&name),
+            detail: e.to_string(),
+        })?;
+        let sha256 = sha256_hex(&compressed);
+
+        let mut data = BTreeMap::new();
+        let chunks: Vec<String> = if compressed.len() <= CHUNK_BYTES {
+            data.insert("blob".to_owned(), ByteString(compressed));
+            Vec::new()
+        } else {
+            let mut names = Vec::new();
+            for (i, part) in compressed.chunks(CHUNK_BYTES).enumerate() {
+                let chunk_name = format!("{name}-{}-{i}", &sha256[..12]);
+                self.put(
+                    &chunk_name,
+                    blob,
+                    BTreeMap::from([("chunk".to_owned(), ByteString(part.to_vec()))]),
+                )
+                .await?;
+                names.push(chunk_name);
+            }
+            names
+        };
+        let index = Index {
+            sha256,
+            chunks: chunks.clone(),
+        };
+        data.insert(
+            "index".to_owned(),
+            ByteString(serde_json::to_vec(&index).unwrap_or_default()),
+        );
+        self.put(&name, blob, data).await?;
+        self.remove_stale_chunks(blob, &name, &chunks).await
+    }
+
+    async fn put(&self, name: &str, blob: &str, data: BTreeMap<String, ByteString>) -> Result<()> {
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(BTreeMap::from([
+                    (BLOB_LABEL.to_owned(), format!("{}-{blob}", self.prefix)),
+                    (
+                        "app.kubernetes.io/managed-by".to_owned(),
+                        "windvane-agent".to_owned(),
+                    ),
+                ])),
+                ..ObjectMeta::default()
+            },
+            data: Some(data),
+            type_: Some("Opaque".to_owned()),
+            ..Secret::default()
+        };
+        self.secrets
+            .patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&secret),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| self.state_error(name, &e))
+    }
+
+    async fn remove_stale_chunks(&self, blob: &str, index: &str, keep: &[String]) -> Result<()> {
+        let selector = format!("{BLOB_LABEL}={}-{blob}", self.prefix);
+        let list = self
+            .secrets
+            .list_metadata(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| self.state_error(index, &e))?;
+        for secret in list.items {
+            let Some(name) = secret.metadata.name else {
+                continue;
+            };
+            if name != index && !keep.contains(&name) {
+                self.secrets
+                    .delete(&name, &DeleteParams::default())
+                    .await
+                    .map_err(|e| self.state_error(&name, &e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn object_name(&self, name: &str) -> String {
+        format!("Secret {}/{name}", self.namespace)
+    }
+
+    fn state_error(&self, name: &str, error: &kube::Error) -> Error {
+        Error::State {
+            object: self.object_name(name),
+            detail: crate::cluster::api_message(error),
+        }
+    }
+}
+
+mod base64_bytes {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&STANDARD.encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        STANDARD.decode(text).map_err(serde::de::Error::custom)
+    }
+}

@@ -1,0 +1,358 @@
+//! The bundle: the unrendered desired state of a whole fleet, as `windvane build` writes it and agents read
+//! it (after [`crate::release`] has checked its digest against a signed pointer). It is plain JSON so that any
+//! static host can serve it; every agent renders its own share ([`crate::render`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::selector::LabelSelector;
+use crate::{Error, Result};
+
+/// The `apiVersion` written into every bundle, so that a future format can be told apart.
+pub const BUNDLE_API_VERSION: &str = "windvane.io/bundle/v1";
+
+/// Caps on what a bundle may hold, so that a hostile or mistaken bundle cannot exhaust an agent.
+#[derive(Debug, Clone, Copy)]
+pub struct BundleLimits {
+    pub max_apps: usize,
+    pub max_objects: usize,
+}
+
+impl Default for BundleLimits {
+    fn default() -> Self {
+        Self {
+            max_apps: 1_000,
+            max_objects: 20_000,
+        }
+    }
+}
+
+/// A fleet's whole desired state: its apps with their unrendered manifests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Bundle {
+    pub api_version: String,
+    pub fleet: String,
+    pub apps: Vec<App>,
+}
+
+/// One app of a fleet: which clusters get it, with which values, under which policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct App {
+    pub name: String,
+    /// Clusters whose labels match get this app. An empty selector matches every cluster.
+    #[serde(default)]
+    pub selector: LabelSelector,
+    #[serde(default)]
+    pub values: Map<String, Value>,
+    /// Applied in order over `values` for clusters that match their selector.
+    #[serde(default)]
+    pub customizations: Vec<Customization>,
+    #[serde(default)]
+    pub policy: Policy,
+    pub manifests: Vec<Manifest>,
+}
+
+/// Values that override an app's values for the clusters matching `selector`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Customization {
+    #[serde(default)]
+    pub selector: LabelSelector,
+    #[serde(default)]
+    pub values: Map<String, Value>,
+}
+
+/// How the agent treats an app's objects.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Policy {
+    /// Revert drift (true) or only report it (false).
+    #[serde(default = "default_true")]
+    pub self_heal: bool,
+    /// Delete objects that leave the release (opt-in).
+    #[serde(default)]
+    pub prune: bool,
+    /// Wait this long before reverting drift; `None` reverts at once.
+    #[serde(
+        default,
+        with = "crate::duration::serde_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub drift_grace_period: Option<Duration>,
+    /// Fields that belong to someone else (an HPA's `/spec/replicas`): never sent, so never owned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignore_differences: Vec<IgnoreDifference>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            self_heal: true,
+            prune: false,
+            drift_grace_period: None,
+            ignore_differences: Vec::new(),
+        }
+    }
+}
+
+/// Fields of matching objects that Windvane leaves to others.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IgnoreDifference {
+    /// API group; empty for the core group.
+    #[serde(default)]
+    pub group: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// RFC 6901 pointers into the object, e.g. `/spec/replicas`.
+    pub json_pointers: Vec<String>,
+}
+
+impl IgnoreDifference {
+    /// True when this entry applies to `object`.
+    pub fn matches(&self, object: &ObjectRef) -> bool {
+        self.group == object.group()
+            && self.kind == object.kind
+            && self.name.as_ref().is_none_or(|n| *n == object.name)
+            && self
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| Some(ns) == object.namespace.as_ref())
+    }
+}
+
+/// One object of an app as written in the source tree, before rendering.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Manifest {
+    /// Path of the source file, relative to the fleet root (`apps/api/deployment.yaml`).
+    pub file: String,
+    /// Index of the document within a multi-document file, from 0.
+    pub document: usize,
+    pub object: Value,
+}
+
+/// The identity of a Kubernetes object: `kind ns/name` in messages.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectRef {
+    pub api_version: String,
+    pub kind: String,
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl ObjectRef {
+    /// Reads apiVersion, kind, metadata.name and metadata.namespace; `None` when any required one is missing
+    /// or not a string.
+    pub fn of(object: &Value) -> Option<Self> {
+        let text = |v: Option<&Value>| {
+            v.and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+        };
+        let metadata = object.get("metadata");
+        Some(Self {
+            api_version: text(object.get("apiVersion"))?,
+            kind: text(object.get("kind"))?,
+            name: text(metadata.and_then(|m| m.get("name")))?,
+            namespace: text(metadata.and_then(|m| m.get("namespace"))),
+        })
+    }
+
+    /// The API group: the part of apiVersion before `/`, empty for the core group.
+    pub fn group(&self) -> &str {
+        self.api_version
+            .rsplit_once('/')
+            .map_or("", |(group, _)| group)
+    }
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {}/{}", self.kind, ns, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}
+
+/// Checks that a manifest document is a Kubernetes object: a mapping with string `apiVersion`, `kind` and
+/// `metadata.name`. Returns its identity.
+pub fn check_manifest_object(file: &str, document: usize, object: &Value) -> Result<ObjectRef> {
+    let fail = |detail: &str| Error::Manifest {
+        file: file.to_owned(),
+        document,
+        detail: detail.to_owned(),
+    };
+    let map = object
+        .as_object()
+        .ok_or_else(|| fail("not a mapping; a manifest must be a Kubernetes object"))?;
+    for field in ["apiVersion", "kind"] {
+        match map.get(field) {
+            Some(Value::String(s)) if !s.is_empty() => {}
+            Some(_) => return Err(fail(&format!("{field} must be a non-empty string"))),
+            None => return Err(fail(&format!("missing {field}"))),
+        }
+    }
+    let metadata = map
+        .get("metadata")
+        .ok_or_else(|| fail("missing metadata"))?;
+    let metadata = metadata
+        .as_object()
+        .ok_or_else(|| fail("metadata must be a mapping"))?;
+    match metadata.get("name") {
+        Some(Value::String(s)) if !s.is_empty() => {}
+        Some(_) => return Err(fail("metadata.name must be a non-empty string")),
+        None if metadata.contains_key("generateName") => {
+            return Err(fail(
+                "metadata.generateName is not supported: a declarative object needs metadata.name",
+            ));
+        }
+        None => return Err(fail("missing metadata.name")),
+    }
+    if let Some(ns) = metadata.get("namespace")
+        && !ns.is_string()
+    {
+        return Err(fail("metadata.namespace must be a string"));
+    }
+    ObjectRef::of(object)
+        .ok_or_else(|| fail("apiVersion, kind and metadata.name must be non-empty strings"))
+}
+
+/// Checks that `pointer` is an RFC 6901 JSON pointer: empty, or `/`-separated tokens where `~` is only
+/// followed by `0` or `1`.
+pub fn check_json_pointer(pointer: &str) -> std::result::Result<(), String> {
+    if pointer.is_empty() {
+        return Err(
+            "the whole object cannot be ignored; name a field such as /spec/replicas".to_owned(),
+        );
+    }
+    if !pointer.starts_with('/') {
+        return Err("must start with '/'".to_owned());
+    }
+    let mut chars = pointer.chars();
+    while let Some(c) = chars.next() {
+        if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
+            return Err("'~' must be followed by 0 or 1 (~0 is '~', ~1 is '/')".to_owned());
+        }
+    }
+    Ok(())
+}
+
+impl Bundle {
+    /// Parses and validates bundle JSON (its digest has already been checked by [`crate::release`]).
+    pub fn from_json_slice(bytes: &[u8], limits: BundleLimits) -> Result<Self> {
+        let bundle: Bundle = serde_json::from_slice(bytes).map_err(|e| Error::Malformed {
+            what: "bundle",
+            detail: e.to_string(),
+        })?;
+        bundle.validate(limits)?;
+        Ok(bundle)
+    }
+
+    /// The canonical bytes that are published and whose SHA-256 names the bundle.
+    pub fn to_json_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a bundle is always serializable")
+    }
+
+    /// Checks the invariants that `windvane build` guarantees, again, on the agent's side.
+    pub fn validate(&self, limits: BundleLimits) -> Result<()> {
+        if self.api_version != BUNDLE_API_VERSION {
+            return Err(Error::Malformed {
+                what: "bundle",
+                detail: format!(
+                    "apiVersion {:?}, expected {BUNDLE_API_VERSION:?}",
+                    self.api_version
+                ),
+            });
+        }
+        if self.apps.len() > limits.max_apps {
+            return Err(Error::TooMany {
+                what: "apps",
+                found: self.apps.len(),
+                limit: limits.max_apps,
+            });
+        }
+        let objects: usize = self.apps.iter().map(|a| a.manifests.len()).sum();
+        if objects > limits.max_objects {
+            return Err(Error::TooMany {
+                what: "objects",
+                found: objects,
+                limit: limits.max_objects,
+            });
+        }
+        let mut app_names = HashMap::new();
+        for app in &self.apps {
+            if app.name.is_empty() {
+                return Err(Error::Malformed {
+                    what: "bundle",
+                    detail: "an app has an empty name".to_owned(),
+                });
+            }
+            if app_names.insert(app.name.as_str(), ()).is_some() {
+                return Err(Error::Malformed {
+                    what: "bundle",
+                    detail: format!("app {:?} appears twice", app.name),
+                });
+            }
+            app.validate()?;
+        }
+        Ok(())
+    }
+}
+
+impl App {
+    /// Checks selectors, pointers and manifests, and that no object is defined twice.
+    pub fn validate(&self) -> Result<()> {
+        let context = format!("app {}", self.name);
+        self.selector.validate(&context)?;
+        for customization in &self.customizations {
+            customization
+                .selector
+                .validate(&format!("{context} customization"))?;
+        }
+        for ignore in &self.policy.ignore_differences {
+            for pointer in &ignore.json_pointers {
+                check_json_pointer(pointer).map_err(|detail| Error::InvalidPointer {
+                    app: self.name.clone(),
+                    pointer: pointer.clone(),
+                    detail,
+                })?;
+            }
+        }
+        let mut seen: BTreeMap<(String, String, Option<String>, String), String> = BTreeMap::new();
+        for manifest in &self.manifests {
+            let object =
+                check_manifest_object(&manifest.file, manifest.document, &manifest.object)?;
+            let location = format!("{} document {}", manifest.file, manifest.document);
+            let key = (
+                object.group().to_owned(),
+                object.kind.clone(),
+                object.namespace.clone(),
+                object.name.clone(),
+            );
+            if let Some(first) = seen.insert(key, location.clone()) {
+                return Err(Error::DuplicateObject {
+                    app: self.name.clone(),
+                    object: object.to_string(),
+                    first,
+                    second: location,
+                });
+            }
+        }
+        Ok(())
+    }
+}

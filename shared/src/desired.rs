@@ -1,0 +1,274 @@
+//! What Windvane sends for each object: the rendered object with Windvane's labels added and the fields that
+//! `ignoreDifferences` leaves to others removed, plus the per-object policy read from its annotations. One
+//! function for the agent's apply and for `windvane render`, so that what a release engineer previews is
+//! exactly what an agent applies.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use crate::bundle::{ObjectRef, Policy};
+use crate::render::{RenderedApp, RenderedObject};
+use crate::{Error, Result};
+
+/// The field manager of every server-side apply Windvane makes.
+pub const FIELD_MANAGER: &str = "windvane";
+/// Label on every applied object; with [`FLEET_LABEL`] it selects what the agent watches.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`].
+pub const MANAGED_BY_VALUE: &str = "windvane";
+/// Label naming the app an object belongs to.
+pub const APP_LABEL: &str = "windvane.io/app";
+/// Label naming the fleet an object belongs to.
+pub const FLEET_LABEL: &str = "windvane.io/fleet";
+/// `"false"` turns self-heal off for one object (drift is reported, not reverted).
+pub const SELF_HEAL_ANNOTATION: &str = "windvane.io/self-heal";
+/// `"disabled"` keeps one object from ever being pruned.
+pub const PRUNE_ANNOTATION: &str = "windvane.io/prune";
+/// An integer ordering objects within an apply stage (lower first; default 0).
+pub const WAVE_ANNOTATION: &str = "windvane.io/wave";
+/// Set by an operator on a live object: an RFC 3339 time until which drift on it is not reverted.
+pub const HOLD_UNTIL_ANNOTATION: &str = "windvane.io/hold-until";
+
+/// One object as Windvane applies it, with the policy that governs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DesiredObject {
+    pub app: String,
+    pub id: ObjectRef,
+    /// The body sent with server-side apply.
+    pub body: Value,
+    pub wave: i64,
+    pub self_heal: bool,
+    /// True when the app prunes and the object is not marked `windvane.io/prune: disabled`.
+    pub prune: bool,
+    pub drift_grace_period: Option<Duration>,
+    /// The pointers removed from the body because another manager owns them.
+    pub ignored_pointers: Vec<String>,
+    pub file: String,
+    pub document: usize,
+}
+
+/// The desired objects of one rendered app, in source order.
+pub fn desired_objects(fleet: &str, app: &RenderedApp) -> Result<Vec<DesiredObject>> {
+    app.objects
+        .iter()
+        .map(|object| desired_object(fleet, &app.name, &app.policy, object))
+        .collect()
+}
+
+/// One rendered object as Windvane applies it.
+pub fn desired_object(
+    fleet: &str,
+    app: &str,
+    policy: &Policy,
+    object: &RenderedObject,
+) -> Result<DesiredObject> {
+    let manifest_error = |detail: String| Error::Manifest {
+        file: object.file.clone(),
+        document: object.document,
+        detail,
+    };
+    let mut body = object.object.clone();
+    let id = object.id.clone();
+
+    let mut ignored_pointers = Vec::new();
+    for ignore in policy
+        .ignore_differences
+        .iter()
+        .filter(|ignore| ignore.matches(&id))
+    {
+        for pointer in &ignore.json_pointers {
+            if remove_pointer(&mut body, pointer) {
+                ignored_pointers.push(pointer.clone());
+            }
+        }
+    }
+
+    let annotations = body
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object);
+    let annotation = |key: &str| {
+        annotations
+            .and_then(|a| a.get(key))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let wave = match annotation(WAVE_ANNOTATION) {
+        Some(text) => text.trim().parse::<i64>().map_err(|_| {
+            manifest_error(format!(
+                "{id}: annotation {WAVE_ANNOTATION} must be an integer, got {text:?}"
+            ))
+        })?,
+        None => 0,
+    };
+    let self_heal = match annotation(SELF_HEAL_ANNOTATION).as_deref() {
+        None => policy.self_heal,
+        Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(manifest_error(format!(
+                "{id}: annotation {SELF_HEAL_ANNOTATION} must be \"true\" or \"false\", got {other:?}"
+            )));
+        }
+    };
+    let prune = match annotation(PRUNE_ANNOTATION).as_deref() {
+        None => policy.prune,
+        Some("disabled") => false,
+        Some(other) => {
+            return Err(manifest_error(format!(
+                "{id}: annotation {PRUNE_ANNOTATION} can only be \"disabled\", got {other:?}"
+            )));
+        }
+    };
+
+    let metadata = body
+        .get_mut("metadata")
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| manifest_error("metadata must be a mapping".to_owned()))?;
+    let labels = metadata
+        .entry("labels")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let labels = labels
+        .as_object_mut()
+        .ok_or_else(|| manifest_error(format!("{id}: metadata.labels must be a mapping")))?;
+    labels.insert(
+        MANAGED_BY_LABEL.to_owned(),
+        Value::String(MANAGED_BY_VALUE.to_owned()),
+    );
+    labels.insert(APP_LABEL.to_owned(), Value::String(app.to_owned()));
+    labels.insert(FLEET_LABEL.to_owned(), Value::String(fleet.to_owned()));
+
+    Ok(DesiredObject {
+        app: app.to_owned(),
+        id,
+        body,
+        wave,
+        self_heal,
+        prune,
+        drift_grace_period: policy.drift_grace_period,
+        ignored_pointers,
+        file: object.file.clone(),
+        document: object.document,
+    })
+}
+
+/// Removes the value at an RFC 6901 `pointer`; true when something was there.
+pub fn remove_pointer(value: &mut Value, pointer: &str) -> bool {
+    let tokens: Vec<String> = pointer
+        .split('/')
+        .skip(1)
+        .map(|t| t.replace("~1", "/").replace("~0", "~"))
+        .collect();
+    let Some((last, parents)) = tokens.split_last() else {
+        return false;
+    };
+    let mut current = value;
+    for token in parents {
+        current = match current {
+            Value::Object(map) => match map.get_mut(token) {
+                Some(next) => next,
+                None => return false,
+            },
+            Value::Array(items) => match token.parse::<usize>().ok().and_then(|i| items.get_mut(i))
+            {
+                Some(next) => next,
+                None => return false,
+            },
+            _ => return false,
+        };
+    }
+    match current {
+        Value::Object(map) => map.remove(last).is_some(),
+        Value::Array(items) => match last.parse::<usize>() {
+            Ok(i) if i < items.len() => {
+                items.remove(i);
+                true
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::bundle::IgnoreDifference;
+
+    fn rendered(object: Value) -> RenderedObject {
+        RenderedObject {
+            app: "api".into(),
+            file: "apps/api/d.yaml".into(),
+            document: 0,
+            id: ObjectRef::of(&object).unwrap(),
+            object,
+        }
+    }
+
+    fn deployment(annotations: Value) -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": "api", "namespace": "api", "annotations": annotations},
+               "spec": {"replicas": 3, "template": {"spec": {"containers": [{"name": "a"}]}}}})
+    }
+
+    #[test]
+    fn labels_are_added_and_ignored_fields_removed() {
+        let policy = Policy {
+            ignore_differences: vec![IgnoreDifference {
+                group: "apps".into(),
+                kind: "Deployment".into(),
+                name: None,
+                namespace: None,
+                json_pointers: vec!["/spec/replicas".into(), "/spec/absent".into()],
+            }],
+            ..Policy::default()
+        };
+        let desired =
+            desired_object("acme", "api", &policy, &rendered(deployment(json!({})))).unwrap();
+        assert_eq!(desired.body.pointer("/spec/replicas"), None);
+        assert_eq!(desired.ignored_pointers, vec!["/spec/replicas".to_owned()]);
+        assert_eq!(
+            desired.body.pointer("/metadata/labels/windvane.io~1app"),
+            Some(&json!("api"))
+        );
+        assert_eq!(
+            desired.body.pointer("/metadata/labels/windvane.io~1fleet"),
+            Some(&json!("acme"))
+        );
+        assert_eq!(
+            desired
+                .body
+                .pointer("/metadata/labels/app.kubernetes.io~1managed-by"),
+            Some(&json!("windvane"))
+        );
+        assert!(desired.self_heal && !desired.prune && desired.wave == 0);
+    }
+
+    #[test]
+    fn annotations_refine_policy() {
+        let policy = Policy {
+            prune: true,
+            ..Policy::default()
+        };
+        let object = deployment(
+            json!({SELF_HEAL_ANNOTATION: "false", PRUNE_ANNOTATION: "disabled", WAVE_ANNOTATION: "-2"}),
+        );
+        let desired = desired_object("acme", "api", &policy, &rendered(object)).unwrap();
+        assert!(!desired.self_heal && !desired.prune);
+        assert_eq!(desired.wave, -2);
+        let bad = deployment(json!({WAVE_ANNOTATION: "first"}));
+        let err = desired_object("acme", "api", &policy, &rendered(bad)).unwrap_err();
+        assert!(err.to_string().contains("windvane.io/wave"), "{err}");
+    }
+
+    #[test]
+    fn pointers_unescape_and_index_arrays() {
+        let mut value = json!({"a/b": {"~c": 1}, "list": [1, 2, 3]});
+        assert!(remove_pointer(&mut value, "/a~1b/~0c"));
+        assert!(remove_pointer(&mut value, "/list/1"));
+        assert!(!remove_pointer(&mut value, "/list/9"));
+        assert_eq!(value, json!({"a/b": {}, "list": [1, 3]}));
+    }
+}

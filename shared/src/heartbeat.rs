@@ -1,0 +1,164 @@
+//! The heartbeat and enrolment wire formats between an agent and the source server. An agent builds a
+//! [`Heartbeat`] from its status, signs it as a DSSE envelope with its cluster identity key
+//! ([`HEARTBEAT_PAYLOAD_TYPE`]) and POSTs it; the server verifies it against the key bound at enrolment
+//! ([`EnrollRequest`]), checks sequence and clock skew, stores it and answers a [`HeartbeatReply`].
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use crate::status::SyncState;
+
+/// DSSE payload type of a signed heartbeat.
+pub const HEARTBEAT_PAYLOAD_TYPE: &str = "application/vnd.windvane.heartbeat.v1+json";
+/// Largest heartbeat body (the envelope) a server reads.
+pub const MAX_HEARTBEAT_BYTES: u64 = 256 * 1024;
+/// Most drift records one heartbeat carries; the rest wait for the next.
+pub const MAX_DRIFT_RECORDS_PER_HEARTBEAT: usize = 200;
+/// Most per-object problems one heartbeat lists.
+pub const MAX_PROBLEMS_PER_HEARTBEAT: usize = 100;
+
+/// `POST /api/v1/clusters/{name}/enroll` body: binds the cluster's public key on first contact.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnrollRequest {
+    /// The fleet registration token (a secret: never logged).
+    pub token: String,
+    pub fleet: String,
+    /// The cluster's Ed25519 identity public key, SPKI PEM.
+    pub public_key: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What an agent says about its cluster, signed with the cluster's identity key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Heartbeat {
+    pub cluster: String,
+    pub fleet: String,
+    /// Strictly increasing per cluster: the server refuses a sequence at or below the last it stored.
+    pub sequence: u64,
+    pub sent_at: Timestamp,
+    /// The agent's heartbeat interval: the server's grace period before Unknown is a multiple of it.
+    pub interval_seconds: u64,
+    pub agent_version: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The cluster's overall state (worst of its apps, or Failed when it refuses the source).
+    pub state: SyncState,
+    pub source: SourceReport,
+    #[serde(default)]
+    pub counts: BTreeMap<SyncState, u64>,
+    #[serde(default)]
+    pub apps: Vec<AppReport>,
+    /// Objects that are not Synced, worst first, at most [`MAX_PROBLEMS_PER_HEARTBEAT`].
+    #[serde(default)]
+    pub problems: Vec<ObjectReport>,
+    /// Drift seen since the last heartbeat the server acknowledged.
+    #[serde(default)]
+    pub drift: Vec<DriftRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// The agent's view of its source: what it applies, what it last saw, and why it refused anything.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SourceReport {
+    pub channel: String,
+    /// Serial and bundle digest being enforced (the last known good release).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_serial: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_sha256: Option<String>,
+    /// Since when the source could not be reached or gave nothing acceptable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_since: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_refusal: Option<Refusal>,
+}
+
+/// Why the agent refused a release: a stable reason code (`rollback`, `expired`, …) and the message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Refusal {
+    pub reason: String,
+    pub message: String,
+    pub at: Timestamp,
+}
+
+/// One app's state on the cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AppReport {
+    pub name: String,
+    pub state: SyncState,
+    pub objects: u64,
+}
+
+/// One object that is not Synced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectReport {
+    pub app: String,
+    /// `kind ns/name` (or `kind name` when cluster-scoped).
+    pub object: String,
+    /// API group of the object, empty for the core group (the server grades RBAC and the like by it).
+    #[serde(default)]
+    pub group: String,
+    pub kind: String,
+    pub state: SyncState,
+    pub message: String,
+}
+
+/// What happened about one drift.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DriftAction {
+    /// Windvane put the fields back.
+    Reverted,
+    /// Only reported (selfHeal false, or within the grace period).
+    Reported,
+    /// Held by an operator's `windvane.io/hold-until`.
+    Held,
+    /// Windvane stopped fighting another manager for now.
+    Contested,
+}
+
+/// Who changed what on a managed object, and when it was noticed and repaired.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DriftRecord {
+    pub app: String,
+    pub group: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+    /// RFC 6901 pointers of the fields that changed; empty when the object was deleted.
+    #[serde(default)]
+    pub fields: Vec<String>,
+    pub deleted: bool,
+    /// The other field manager, e.g. `kubectl-scale`, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manager: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed_at: Option<Timestamp>,
+    pub detected_at: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reverted_at: Option<Timestamp>,
+    pub action: DriftAction,
+}
+
+/// The server's answer to an accepted heartbeat.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HeartbeatReply {
+    /// The sequence stored: drift records up to it need not be sent again.
+    pub acknowledged_sequence: u64,
+    /// The interval the server wants next (it may stretch it under load).
+    pub next_interval_seconds: u64,
+}

@@ -1,0 +1,656 @@
+//! Pull-mode composition: what one cluster gets from a bundle.
+//!
+//! Where the data comes from: a verified [`Bundle`] (the agent's last known good one, or one that `windvane
+//! render` built from a source tree) and the cluster's identity (its name and labels, set by its operator).
+//! Where it goes: the agent applies the [`RenderedApp`]s in order; `windvane render` prints them.
+//!
+//! Each app whose selector matches the cluster's labels is rendered: its values are the app's `values` with
+//! every matching customization merged over them in order ([`effective_values`]), and every string value of
+//! every manifest (keys are left alone) is interpolated:
+//!
+//! - `${cluster.name}`; `${cluster.labels.KEY}`, where KEY is everything after `cluster.labels.`, dots and
+//!   slashes included (`${cluster.labels.topology.kubernetes.io/region}`); `${values.a.b}`, a path through
+//!   nested mappings of the values.
+//! - A string that is exactly one `${...}` takes the value's JSON type, so `replicas: ${values.replicas}` is a
+//!   number and `${values.resources}` can be a whole mapping. Inside a longer string, strings, numbers and
+//!   booleans are inserted as text; a mapping, list or null there is an error.
+//! - `$${` is a literal `${`. Inserted values are not interpolated again.
+//! - A variable that is not defined is an error, never an empty string: a cluster missing a label must not
+//!   get a half-configured object.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
+
+use crate::bundle::{App, Bundle, Manifest, ObjectRef, Policy, check_manifest_object};
+use crate::selector::Labels;
+use crate::{Error, Result};
+
+/// Who a cluster is, as its agent was told by its operator: the names `${cluster.*}` refers to, and the labels
+/// that selectors match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterIdentity {
+    /// The cluster's name, `${cluster.name}`.
+    pub name: String,
+    /// The cluster's labels, matched by selectors and read as `${cluster.labels.KEY}`.
+    pub labels: Labels,
+}
+
+/// One object, rendered for one cluster, with where it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RenderedObject {
+    /// The app the object belongs to.
+    pub app: String,
+    /// Its source file, relative to the fleet root.
+    pub file: String,
+    /// Its document index within that file.
+    pub document: usize,
+    /// The rendered object, ready to apply.
+    pub object: Value,
+    /// The rendered object's identity.
+    pub id: ObjectRef,
+}
+
+/// One app, rendered for one cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RenderedApp {
+    /// The app's name.
+    pub name: String,
+    /// The app's policy, unchanged by rendering.
+    pub policy: Policy,
+    /// In bundle order (sorted by file, then document).
+    pub objects: Vec<RenderedObject>,
+}
+
+/// The apps of `bundle` whose selector matches the cluster's labels, in bundle order.
+pub fn selected_apps<'b>(bundle: &'b Bundle, cluster: &ClusterIdentity) -> Vec<&'b App> {
+    bundle
+        .apps
+        .iter()
+        .filter(|app| app.selector.matches(&cluster.labels))
+        .collect()
+}
+
+/// The app's values for this cluster: `app.values`, then each customization whose selector matches, in order,
+/// deep-merged over them (mappings merge key by key, recursively; anything else replaces).
+pub fn effective_values(app: &App, cluster: &ClusterIdentity) -> Map<String, Value> {
+    let mut values = app.values.clone();
+    for customization in &app.customizations {
+        if customization.selector.matches(&cluster.labels) {
+            merge(&mut values, &customization.values);
+        }
+    }
+    values
+}
+
+fn merge(base: &mut Map<String, Value>, overlay: &Map<String, Value>) {
+    for (key, value) in overlay {
+        match (base.get_mut(key), value) {
+            (Some(Value::Object(base_map)), Value::Object(overlay_map)) => {
+                merge(base_map, overlay_map)
+            }
+            _ => {
+                base.insert(key.clone(), value.clone());
+            }
+        }
+    }
+}
+
+/// Renders every manifest of `app` for the cluster (whether or not its selector matches: the caller chooses),
+/// and checks the rendered objects: still Kubernetes objects (a name may come from a variable), and none
+/// defined twice.
+pub fn render_app(app: &App, cluster: &ClusterIdentity) -> Result<RenderedApp> {
+    let values = effective_values(app, cluster);
+    let context = Variables {
+        cluster,
+        values: &values,
+    };
+    let mut objects = Vec::with_capacity(app.manifests.len());
+    let mut seen: HashMap<(String, String, Option<String>, String), String> = HashMap::new();
+    for manifest in &app.manifests {
+        let site = Site::new(app, manifest);
+        let object = render_value(&manifest.object, &context, &site, &mut String::new())?;
+        let id = check_manifest_object(&manifest.file, manifest.document, &object)?;
+        let location = format!("{} document {}", manifest.file, manifest.document);
+        if let Some(first) = seen.insert(identity_key(&id), location.clone()) {
+            return Err(Error::DuplicateObject {
+                app: app.name.clone(),
+                object: id.to_string(),
+                first,
+                second: location,
+            });
+        }
+        objects.push(RenderedObject {
+            app: app.name.clone(),
+            file: manifest.file.clone(),
+            document: manifest.document,
+            object,
+            id,
+        });
+    }
+    Ok(RenderedApp {
+        name: app.name.clone(),
+        policy: app.policy.clone(),
+        objects,
+    })
+}
+
+/// Renders every app selected for the cluster, in bundle order: what `windvane render` shows and what the
+/// agent applies.
+pub fn render_for_cluster(bundle: &Bundle, cluster: &ClusterIdentity) -> Result<Vec<RenderedApp>> {
+    selected_apps(bundle, cluster)
+        .into_iter()
+        .map(|app| render_app(app, cluster))
+        .collect()
+}
+
+/// What makes two objects the same object in a cluster (the version does not).
+fn identity_key(id: &ObjectRef) -> (String, String, Option<String>, String) {
+    (
+        id.group().to_owned(),
+        id.kind.clone(),
+        id.namespace.clone(),
+        id.name.clone(),
+    )
+}
+
+struct Variables<'a> {
+    cluster: &'a ClusterIdentity,
+    values: &'a Map<String, Value>,
+}
+
+impl Variables<'_> {
+    /// `Ok(None)` for a well-formed but undefined variable; `Err` with a message for a malformed one.
+    fn lookup(&self, expression: &str) -> std::result::Result<Option<Value>, String> {
+        if expression == "cluster.name" {
+            return Ok(Some(Value::String(self.cluster.name.clone())));
+        }
+        if let Some(key) = expression.strip_prefix("cluster.labels.") {
+            if key.is_empty() {
+                return Err(
+                    "${cluster.labels.} names no label; write ${cluster.labels.KEY}".to_owned(),
+                );
+            }
+            return Ok(self
+                .cluster
+                .labels
+                .get(key)
+                .map(|v| Value::String(v.clone())));
+        }
+        if expression == "cluster.labels" {
+            return Err("${cluster.labels} names no label; write ${cluster.labels.KEY}".to_owned());
+        }
+        if let Some(path) = expression.strip_prefix("values.") {
+            let mut parts = path.split('.');
+            if parts.clone().any(str::is_empty) {
+                return Err(format!("${{{expression}}} has an empty name between dots"));
+            }
+            let Some(first) = parts.next() else {
+                return Ok(None);
+            };
+            let mut current = self.values.get(first);
+            for part in parts {
+                current = current
+                    .and_then(|value| value.as_object())
+                    .and_then(|map| map.get(part));
+            }
+            return Ok(current.cloned());
+        }
+        if expression.is_empty() {
+            return Err(
+                "empty ${}; write ${cluster.name}, ${cluster.labels.KEY} or ${values.NAME}"
+                    .to_owned(),
+            );
+        }
+        Err(format!(
+            "unknown variable ${{{expression}}}: variables are ${{cluster.name}}, ${{cluster.labels.KEY}} and \
+             ${{values.NAME}}; write $${{ for a literal ${{"
+        ))
+    }
+}
+
+/// Where a string being rendered sits, for errors.
+struct Site<'a> {
+    app: &'a str,
+    file: &'a str,
+    document: usize,
+    /// The object as written (`Deployment ns/${values.name}`), since the rendered one may not exist yet.
+    object: String,
+}
+
+impl<'a> Site<'a> {
+    fn new(app: &'a App, manifest: &'a Manifest) -> Self {
+        let object = ObjectRef::of(&manifest.object)
+            .map_or_else(|| "unidentified object".to_owned(), |id| id.to_string());
+        Self {
+            app: &app.name,
+            file: &manifest.file,
+            document: manifest.document,
+            object,
+        }
+    }
+
+    fn template_error(&self, pointer: &str, detail: String) -> Error {
+        Error::Template {
+            app: self.app.to_owned(),
+            file: self.file.to_owned(),
+            document: self.document,
+            object: self.object.clone(),
+            pointer: pointer.to_owned(),
+            detail,
+        }
+    }
+
+    fn undefined(&self, pointer: &str, variable: &str) -> Error {
+        Error::UndefinedVariable {
+            app: self.app.to_owned(),
+            file: self.file.to_owned(),
+            document: self.document,
+            object: self.object.clone(),
+            pointer: pointer.to_owned(),
+            variable: variable.to_owned(),
+        }
+    }
+}
+
+/// Renders `value`, whose RFC 6901 pointer is `pointer` (extended in place while walking, to avoid building a
+/// string per node).
+fn render_value(
+    value: &Value,
+    context: &Variables<'_>,
+    site: &Site<'_>,
+    pointer: &mut String,
+) -> Result<Value> {
+    match value {
+        Value::String(text) => render_string(text, context, site, pointer),
+        Value::Array(items) => {
+            let mut out = Vec::with_capacity(items.len());
+            for (index, item) in items.iter().enumerate() {
+                let len = pointer.len();
+                pointer.push('/');
+                pointer.push_str(&index.to_string());
+                out.push(render_value(item, context, site, pointer)?);
+                pointer.truncate(len);
+            }
+            Ok(Value::Array(out))
+        }
+        Value::Object(map) => {
+            let mut out = Map::with_capacity(map.len());
+            for (key, item) in map {
+                let len = pointer.len();
+                pointer.push('/');
+                pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
+                out.insert(key.clone(), render_value(item, context, site, pointer)?);
+                pointer.truncate(len);
+            }
+            Ok(Value::Object(out))
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => Ok(value.clone()),
+    }
+}
+
+/// One piece of a string: literal text, or a `${...}` expression.
+enum Piece<'t> {
+    Text(String),
+    Variable(&'t str),
+}
+
+/// Splits a string into literal text and `${...}` expressions (trimmed), turning `$${` into `${`.
+fn split_template(text: &str) -> std::result::Result<Vec<Piece<'_>>, String> {
+    let mut pieces = Vec::new();
+    let mut literal = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find('$') {
+        let after = &rest[at..];
+        if let Some(escaped) = after.strip_prefix("$${") {
+            literal.push_str(&rest[..at]);
+            literal.push_str("${");
+            rest = escaped;
+        } else if let Some(inner) = after.strip_prefix("${") {
+            literal.push_str(&rest[..at]);
+            let Some(end) = inner.find('}') else {
+                return Err(format!(
+                    "unterminated ${{ in {text:?}; close it with }} or write $${{ for a literal ${{"
+                ));
+            };
+            if !literal.is_empty() {
+                pieces.push(Piece::Text(std::mem::take(&mut literal)));
+            }
+            pieces.push(Piece::Variable(inner[..end].trim()));
+            rest = &inner[end + 1..];
+        } else {
+            literal.push_str(&rest[..=at]);
+            rest = &after[1..];
+        }
+    }
+    literal.push_str(rest);
+    if !literal.is_empty() {
+        pieces.push(Piece::Text(literal));
+    }
+    Ok(pieces)
+}
+
+fn render_string(
+    text: &str,
+    context: &Variables<'_>,
+    site: &Site<'_>,
+    pointer: &str,
+) -> Result<Value> {
+    if !text.contains('$') {
+        return Ok(Value::String(text.to_owned()));
+    }
+    let pieces = split_template(text).map_err(|detail| site.template_error(pointer, detail))?;
+    let resolve = |expression: &str| -> Result<Value> {
+        match context.lookup(expression) {
+            Ok(Some(value)) => Ok(value),
+            Ok(None) => Err(site.undefined(pointer, expression)),
+            Err(detail) => Err(site.template_error(pointer, detail)),
+        }
+    };
+    // Exactly one `${...}` and nothing else: the value keeps its type.
+    if let [Piece::Variable(expression)] = pieces.as_slice() {
+        return resolve(expression);
+    }
+    let mut out = String::with_capacity(text.len());
+    for piece in &pieces {
+        match piece {
+            Piece::Text(literal) => out.push_str(literal),
+            Piece::Variable(expression) => match resolve(expression)? {
+                Value::String(s) => out.push_str(&s),
+                Value::Number(n) => out.push_str(&n.to_string()),
+                Value::Bool(b) => out.push_str(if b { "true" } else { "false" }),
+                other => {
+                    let what = match other {
+                        Value::Null => "null",
+                        Value::Array(_) => "a list",
+                        _ => "a mapping",
+                    };
+                    return Err(site.template_error(
+                        pointer,
+                        format!(
+                            "${{{expression}}} is {what}, which cannot be part of a longer string; use it as the \
+                             whole value"
+                        ),
+                    ));
+                }
+            },
+        }
+    }
+    Ok(Value::String(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::bundle::{BUNDLE_API_VERSION, Customization};
+    use crate::selector::LabelSelector;
+
+    fn cluster() -> ClusterIdentity {
+        ClusterIdentity {
+            name: "eu-1".to_owned(),
+            labels: [
+                ("env", "prod"),
+                ("topology.kubernetes.io/region", "eu-west-1"),
+                ("tier", "gold"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        }
+    }
+
+    fn app(values: Value, objects: Vec<Value>) -> App {
+        App {
+            name: "web".to_owned(),
+            selector: LabelSelector::default(),
+            values: values.as_object().cloned().unwrap_or_default(),
+            customizations: Vec::new(),
+            policy: Policy::default(),
+            manifests: objects
+                .into_iter()
+                .enumerate()
+                .map(|(document, object)| Manifest {
+                    file: "apps/web/all.yaml".to_owned(),
+                    document,
+                    object,
+                })
+                .collect(),
+        }
+    }
+
+    fn deployment(spec: Value) -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "api", "namespace": "web"}, "spec": spec})
+    }
+
+    fn render_one(values: Value, spec: Value) -> Result<Value> {
+        let rendered = render_app(&app(values, vec![deployment(spec)]), &cluster())?;
+        Ok(rendered.objects[0].object["spec"].clone())
+    }
+
+    #[test]
+    fn whole_scalar_keeps_the_type() {
+        let spec = render_one(
+            json!({"replicas": 3, "debug": true, "resources": {"cpu": "1"}, "tags": ["a"], "none": null, "ratio": 0.5}),
+            json!({"replicas": "${values.replicas}", "debug": "${values.debug}", "resources": "${values.resources}",
+                   "tags": "${values.tags}", "none": "${ values.none }", "ratio": "${values.ratio}"}),
+        )
+        .unwrap();
+        assert_eq!(
+            spec,
+            json!({"replicas": 3, "debug": true, "resources": {"cpu": "1"}, "tags": ["a"], "none": null, "ratio": 0.5})
+        );
+    }
+
+    #[test]
+    fn inside_a_longer_string_scalars_become_text() {
+        let spec = render_one(
+            json!({"image": {"tag": "1.2"}, "port": 8080, "tls": false}),
+            json!({"a": "nginx:${values.image.tag}", "b": "${cluster.name}-${values.port}-${values.tls}",
+                   "c": "  ${values.port}", "d": "no variables $ here $", "e": "${values.port}x"}),
+        )
+        .unwrap();
+        assert_eq!(
+            spec,
+            json!({"a": "nginx:1.2", "b": "eu-1-8080-false", "c": "  8080", "d": "no variables $ here $", "e": "8080x"})
+        );
+    }
+
+    #[test]
+    fn labels_with_dots_and_slashes() {
+        let spec =
+            render_one(json!({}), json!({"region": "${cluster.labels.topology.kubernetes.io/region}", "env": "${cluster.labels.env}"}))
+                .unwrap();
+        assert_eq!(spec, json!({"region": "eu-west-1", "env": "prod"}));
+    }
+
+    #[test]
+    fn escape_is_a_literal() {
+        let spec = render_one(
+            json!({"x": 1}),
+            json!({"a": "$${values.x}", "b": "$${HOME} and ${values.x}", "c": "$$ $"}),
+        )
+        .unwrap();
+        assert_eq!(
+            spec,
+            json!({"a": "${values.x}", "b": "${HOME} and 1", "c": "$$ $"})
+        );
+    }
+
+    #[test]
+    fn keys_are_not_interpolated_and_results_not_rescanned() {
+        let spec = render_one(
+            json!({"x": "${values.y}", "y": 1}),
+            json!({"${values.x}": "${values.x}"}),
+        )
+        .unwrap();
+        assert_eq!(spec, json!({"${values.x}": "${values.y}"}));
+    }
+
+    #[test]
+    fn customizations_apply_in_order_and_merge_deeply() {
+        let mut web = app(
+            json!({"retention": "15d", "limits": {"cpu": "1", "memory": "1Gi"}, "zones": ["a", "b"]}),
+            vec![],
+        );
+        let custom = |selector: &str, values: Value| Customization {
+            selector: LabelSelector::parse(selector).unwrap(),
+            values: values.as_object().cloned().unwrap_or_default(),
+        };
+        web.customizations = vec![
+            custom(
+                "env=prod",
+                json!({"retention": "30d", "limits": {"cpu": "2"}, "zones": ["c"]}),
+            ),
+            custom("env=dev", json!({"retention": "1d"})),
+            custom(
+                "tier=gold",
+                json!({"retention": "90d", "limits": {"memory": "4Gi"}}),
+            ),
+        ];
+        assert_eq!(
+            json!(effective_values(&web, &cluster())),
+            json!({"retention": "90d", "limits": {"cpu": "2", "memory": "4Gi"}, "zones": ["c"]})
+        );
+        let bare = ClusterIdentity {
+            name: "x".to_owned(),
+            labels: Labels::new(),
+        };
+        assert_eq!(
+            json!(effective_values(&web, &bare))["retention"],
+            json!("15d")
+        );
+    }
+
+    #[test]
+    fn undefined_variables_name_everything() {
+        let err = render_one(
+            json!({"a": {}}),
+            json!({"template": {"spec": {"containers": [{"image": "x:${values.a.tag}"}]}}}),
+        )
+        .unwrap_err();
+        match err {
+            Error::UndefinedVariable {
+                app,
+                file,
+                document,
+                object,
+                pointer,
+                variable,
+            } => {
+                assert_eq!(app, "web");
+                assert_eq!(file, "apps/web/all.yaml");
+                assert_eq!(document, 0);
+                assert_eq!(object, "Deployment web/api");
+                assert_eq!(pointer, "/spec/template/spec/containers/0/image");
+                assert_eq!(variable, "values.a.tag");
+            }
+            other => panic!("{other}"),
+        }
+        assert!(matches!(
+            render_one(json!({}), json!({"r": "${cluster.labels.missing}"})),
+            Err(Error::UndefinedVariable { .. })
+        ));
+        assert!(matches!(
+            render_one(json!({"a": 1}), json!({"r": "${values.a.b}"})),
+            Err(Error::UndefinedVariable { .. })
+        ));
+        // The object in the message is the one as written, with the unrendered name.
+        let object = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "${values.name}"}, "data": {"a/b": "${values.x}"}});
+        let err = render_app(&app(json!({"name": "cm"}), vec![object]), &cluster()).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("ConfigMap ${values.name}") && message.contains("/data/a~1b"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn template_errors() {
+        let detail =
+            |spec: Value| match render_one(json!({"m": {"a": 1}, "l": [1], "n": null}), spec) {
+                Err(Error::Template {
+                    detail, pointer, ..
+                }) => {
+                    assert_eq!(pointer, "/spec/x");
+                    detail
+                }
+                other => panic!("{other:?}"),
+            };
+        assert!(detail(json!({"x": "a ${values.m}"})).contains("a mapping"));
+        assert!(detail(json!({"x": "a ${values.l}"})).contains("a list"));
+        assert!(detail(json!({"x": "a ${values.n}"})).contains("null"));
+        assert!(detail(json!({"x": "${values.m"})).contains("unterminated"));
+        assert!(detail(json!({"x": "${}"})).contains("empty"));
+        assert!(detail(json!({"x": "${env.HOME}"})).contains("unknown variable"));
+        assert!(detail(json!({"x": "${cluster.labels}"})).contains("names no label"));
+        assert!(detail(json!({"x": "${cluster.labels.}"})).contains("names no label"));
+        assert!(detail(json!({"x": "${values}"})).contains("unknown variable"));
+        assert!(detail(json!({"x": "${values..a}"})).contains("empty name"));
+    }
+
+    #[test]
+    fn names_from_variables_are_checked_after_rendering() {
+        let object = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "${values.name}"}});
+        let rendered = render_app(
+            &app(json!({"name": "cm-${x}"}), vec![object.clone()]),
+            &cluster(),
+        )
+        .unwrap();
+        assert_eq!(rendered.objects[0].id.name, "cm-${x}");
+        let rendered = render_app(
+            &app(json!({"name": "cm"}), vec![object.clone()]),
+            &cluster(),
+        )
+        .unwrap();
+        assert_eq!(rendered.objects[0].id.to_string(), "ConfigMap cm");
+        assert!(matches!(
+            render_app(&app(json!({"name": 5}), vec![object.clone()]), &cluster()),
+            Err(Error::Manifest { .. })
+        ));
+        let twice = render_app(
+            &app(
+                json!({"name": "cm"}),
+                vec![
+                    object,
+                    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}}),
+                ],
+            ),
+            &cluster(),
+        );
+        assert!(matches!(twice, Err(Error::DuplicateObject { .. })));
+    }
+
+    #[test]
+    fn selection_and_order() {
+        let mut a = app(
+            json!({}),
+            vec![json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}})],
+        );
+        a.name = "a".to_owned();
+        let mut b = a.clone();
+        b.name = "b".to_owned();
+        b.selector = LabelSelector::parse("env=dev").unwrap();
+        let mut c = app(
+            json!({}),
+            vec![json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}})],
+        );
+        c.name = "c".to_owned();
+        c.selector = LabelSelector::parse("tier in (gold)").unwrap();
+        let bundle = Bundle {
+            api_version: BUNDLE_API_VERSION.to_owned(),
+            fleet: "f".to_owned(),
+            apps: vec![c, b, a],
+        };
+        let names: Vec<&str> = selected_apps(&bundle, &cluster())
+            .iter()
+            .map(|app| app.name.as_str())
+            .collect();
+        assert_eq!(names, vec!["c", "a"]);
+        let rendered = render_for_cluster(&bundle, &cluster()).unwrap();
+        let names: Vec<&str> = rendered.iter().map(|app| app.name.as_str()).collect();
+        assert_eq!(names, vec!["c", "a"]);
+        assert_eq!(rendered[1].objects[0].app, "a");
+    }
+}

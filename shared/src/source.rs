@@ -1,0 +1,943 @@
+//! The fleet source tree, as a release engineer writes it, read into a [`Bundle`].
+//!
+//! Where the data comes from: a directory on disk (a git checkout) that `windvane build`, `publish` and
+//! `render` are pointed at. Where it goes: the [`Bundle`] is written as JSON, signed and published; agents
+//! render it per cluster ([`crate::render`]).
+//!
+//! The tree is a `fleet.yaml` at its root and, for each app, a directory of Kubernetes manifests:
+//!
+//! ```yaml
+//! fleet: acme                      # required: lower-case letters, digits and '-', at most 63 characters
+//! apps:
+//!   - name: monitoring             # required, unique, same form as the fleet name
+//!     path: apps/monitoring        # required: a directory inside the root (no '..', not absolute,
+//!                                  # no symbolic link out of the root)
+//!     selector:                    # optional; absent = every cluster
+//!       matchLabels: {env: prod}
+//!       matchExpressions: [{key: region, operator: In, values: [eu, us]}]
+//!     values: {retention: 15d, replicas: 2}   # optional mapping, used as ${values.retention}
+//!     customizations:              # optional; applied in order for the clusters their selector matches
+//!       - selector: {matchLabels: {region: eu}}
+//!         values: {retention: 30d}
+//!     policy:                      # optional; these are the defaults except driftGracePeriod
+//!       selfHeal: true             # revert drift (false: only report it)
+//!       prune: false               # delete objects that leave the release
+//!       driftGracePeriod: 30s      # wait before reverting drift; absent = at once
+//!       ignoreDifferences:         # fields owned by someone else, never sent
+//!         - {group: apps, kind: Deployment, name: api, jsonPointers: [/spec/replicas]}
+//! ```
+//!
+//! Every `*.yaml`, `*.yml` and `*.json` file under an app's path is part of the app, recursively, in sorted
+//! path order, so that the same tree always gives the same bundle (and the same digest). Hidden files and
+//! directories (`.git`) are skipped; other files (`README.md`) are ignored; a `kustomization.yaml` is refused,
+//! because the bundle would silently lack what kustomize would have generated. YAML files may hold several
+//! documents; empty ones are skipped; a `kind: List` document is expanded into its items. Both `fleet.yaml` and
+//! the manifests are read by [`crate::yaml`], so YAML that kubectl would read differently is refused.
+//!
+//! ```no_run
+//! use windvane_shared::bundle::BundleLimits;
+//! use windvane_shared::source::load_fleet_dir;
+//!
+//! let bundle = load_fleet_dir(std::path::Path::new("fleet"), BundleLimits::default())?;
+//! println!("{} apps", bundle.apps.len());
+//! # Ok::<(), windvane_shared::Error>(())
+//! ```
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::bundle::{
+    App, BUNDLE_API_VERSION, Bundle, BundleLimits, Customization, IgnoreDifference, Manifest,
+    Policy, check_manifest_object,
+};
+use crate::duration::parse_duration;
+use crate::selector::{LabelSelector, Operator, Requirement};
+use crate::yaml::{self, YamlLimits};
+use crate::{Error, Result};
+
+/// The name of the fleet configuration file at the root of a fleet source tree.
+pub const FLEET_FILE: &str = "fleet.yaml";
+
+/// Largest single file read from a fleet tree.
+pub const MAX_FILE_BYTES: u64 = 8 << 20;
+
+/// Most bytes read from a whole fleet tree, all files together.
+pub const MAX_TREE_BYTES: u64 = 256 << 20;
+
+/// Reads the fleet source tree at `root` into a validated [`Bundle`]: `fleet.yaml`, then every manifest of
+/// every app. Errors name the file (relative to the root) and, for `fleet.yaml`, the field
+/// (`apps[1].policy.driftGracePeriod`).
+pub fn load_fleet_dir(root: &Path, limits: BundleLimits) -> Result<Bundle> {
+    let canonical_root = fs::canonicalize(root).map_err(|e| Error::io(root, e))?;
+    let mut reader = TreeReader {
+        root: canonical_root,
+        total: 0,
+    };
+
+    let fleet_path = root.join(FLEET_FILE);
+    reader.check_inside(&fleet_path, || {
+        Error::io(
+            &fleet_path,
+            std::io::Error::other("a symbolic link out of the fleet root"),
+        )
+    })?;
+    // The full path, so that "not found" says where it looked.
+    let text = reader.read(&fleet_path, &fleet_path.display().to_string())?;
+    let mut documents = yaml::documents_to_json(&text, FLEET_FILE, YamlLimits::default())?;
+    if documents.len() > 1 {
+        return Err(Error::Parse {
+            file: FLEET_FILE.to_owned(),
+            detail: format!(
+                "holds {} YAML documents; write the whole fleet in one",
+                documents.len()
+            ),
+        });
+    }
+    let config = match documents.pop() {
+        Some((_, value)) => value,
+        None => Value::Object(Map::new()),
+    };
+    let config = read_fleet_config(&config, limits)?;
+
+    let mut apps = Vec::with_capacity(config.apps.len());
+    let mut objects = 0usize;
+    for (index, mut app) in config.apps.into_iter().enumerate() {
+        // Selectors and pointers are checked before any manifest is read, so that a typo there is the first
+        // thing reported.
+        app.app.validate()?;
+        let field = format!("apps[{index}].path");
+        let files = reader.app_files(root, &app.path, &field)?;
+        for (relative, absolute) in files {
+            let text = reader.read(&absolute, &relative)?;
+            for manifest in manifests_of(&relative, &text)? {
+                objects += 1;
+                if objects > limits.max_objects {
+                    return Err(Error::TooMany {
+                        what: "objects",
+                        found: objects,
+                        limit: limits.max_objects,
+                    });
+                }
+                app.app.manifests.push(manifest);
+            }
+        }
+        apps.push(app.app);
+    }
+    let bundle = Bundle {
+        api_version: BUNDLE_API_VERSION.to_owned(),
+        fleet: config.fleet,
+        apps,
+    };
+    bundle.validate(limits)?;
+    Ok(bundle)
+}
+
+/// The manifests of one file: every non-empty document, `kind: List` documents expanded into their items,
+/// each checked to be a Kubernetes object.
+fn manifests_of(file: &str, text: &str) -> Result<Vec<Manifest>> {
+    let documents = if file.ends_with(".json") {
+        vec![(0, yaml::json_to_value(text, file)?)]
+    } else {
+        yaml::documents_to_json(text, file, YamlLimits::default())?
+    };
+    let mut manifests = Vec::new();
+    for (document, object) in documents {
+        if object.get("kind").and_then(Value::as_str) == Some("List") {
+            let Some(items) = object.get("items").and_then(Value::as_array) else {
+                return Err(Error::Manifest {
+                    file: file.to_owned(),
+                    document,
+                    detail: "a List must have items (a list of objects)".to_owned(),
+                });
+            };
+            for item in items {
+                check_manifest_object(file, document, item)?;
+                manifests.push(Manifest {
+                    file: file.to_owned(),
+                    document,
+                    object: item.clone(),
+                });
+            }
+        } else {
+            check_manifest_object(file, document, &object)?;
+            manifests.push(Manifest {
+                file: file.to_owned(),
+                document,
+                object,
+            });
+        }
+    }
+    Ok(manifests)
+}
+
+/// Reads files under the fleet root, keeping the running total under [`MAX_TREE_BYTES`].
+struct TreeReader {
+    /// The canonical (symlink-free, absolute) root, against which every resolved path is checked.
+    root: PathBuf,
+    total: u64,
+}
+
+impl TreeReader {
+    /// Fails with `escape()` when `path` exists and resolves (through symbolic links) outside the root.
+    fn check_inside(&self, path: &Path, escape: impl FnOnce() -> Error) -> Result<()> {
+        match fs::canonicalize(path) {
+            Ok(resolved) if !resolved.starts_with(&self.root) => Err(escape()),
+            // A missing file is reported by whoever reads it, with its own message.
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads one file as UTF-8 text, at most [`MAX_FILE_BYTES`], counting toward [`MAX_TREE_BYTES`]. `shown`
+    /// is the path as errors show it.
+    fn read(&mut self, path: &Path, shown: &str) -> Result<String> {
+        let too_big = |detail: String| {
+            Error::io(
+                shown,
+                std::io::Error::new(std::io::ErrorKind::InvalidData, detail),
+            )
+        };
+        let file = fs::File::open(path).map_err(|e| Error::io(shown, e))?;
+        let mut bytes = Vec::new();
+        // Read one byte past the cap, so that a file exactly at the cap passes and a larger one is caught
+        // without reading all of it.
+        file.take(MAX_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| Error::io(shown, e))?;
+        let len = bytes.len() as u64;
+        if len > MAX_FILE_BYTES {
+            return Err(too_big(format!(
+                "larger than the cap of {} MiB for one file",
+                MAX_FILE_BYTES >> 20
+            )));
+        }
+        self.total += len;
+        if self.total > MAX_TREE_BYTES {
+            return Err(too_big(format!(
+                "the fleet tree is larger than the cap of {} MiB for all files together",
+                MAX_TREE_BYTES >> 20
+            )));
+        }
+        String::from_utf8(bytes).map_err(|e| Error::Parse {
+            file: shown.to_owned(),
+            detail: format!("not UTF-8 text: {e}"),
+        })
+    }
+
+    /// The manifest files of an app, as (path relative to the root with `/`, path to open), sorted by the
+    /// relative path. `field` names the app's `path` in `fleet.yaml`, for errors.
+    fn app_files(
+        &self,
+        root: &Path,
+        app_path: &str,
+        field: &str,
+    ) -> Result<Vec<(String, PathBuf)>> {
+        let mut relative = Vec::new();
+        for component in Path::new(app_path).components() {
+            match component {
+                Component::Normal(part) => match part.to_str() {
+                    Some(part) => relative.push(part.to_owned()),
+                    None => return Err(config_error(field, "not UTF-8")),
+                },
+                Component::CurDir => {}
+                Component::ParentDir => {
+                    return Err(config_error(
+                        field,
+                        format!(
+                            "{app_path:?} must not contain '..'; it must stay inside the fleet root"
+                        ),
+                    ));
+                }
+                Component::RootDir | Component::Prefix(_) => {
+                    return Err(config_error(
+                        field,
+                        format!("{app_path:?} must be relative to the fleet root, not absolute"),
+                    ));
+                }
+            }
+        }
+        let directory = relative
+            .iter()
+            .fold(root.to_path_buf(), |path, part| path.join(part));
+        let resolved = match fs::canonicalize(&directory) {
+            Ok(resolved) => resolved,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(config_error(
+                    field,
+                    format!("{app_path:?}: no such directory in the fleet root"),
+                ));
+            }
+            Err(e) => return Err(Error::io(directory, e)),
+        };
+        if !resolved.starts_with(&self.root) {
+            return Err(config_error(
+                field,
+                format!("{app_path:?} leads outside the fleet root (through a symbolic link)"),
+            ));
+        }
+        if !resolved.is_dir() {
+            return Err(config_error(
+                field,
+                format!("{app_path:?} is not a directory"),
+            ));
+        }
+        let mut files = Vec::new();
+        let mut visited = HashSet::new();
+        visited.insert(resolved);
+        self.walk(
+            &directory,
+            &relative.join("/"),
+            field,
+            &mut visited,
+            &mut files,
+        )?;
+        files.sort();
+        Ok(files)
+    }
+
+    fn walk(
+        &self,
+        directory: &Path,
+        relative: &str,
+        field: &str,
+        visited: &mut HashSet<PathBuf>,
+        files: &mut Vec<(String, PathBuf)>,
+    ) -> Result<()> {
+        let entries = fs::read_dir(directory).map_err(|e| Error::io(directory, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(directory, e))?;
+            let path = entry.path();
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                return Err(Error::io(
+                    &path,
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, "file name is not UTF-8"),
+                ));
+            };
+            if name.starts_with('.') {
+                continue;
+            }
+            let shown = if relative.is_empty() {
+                name.clone()
+            } else {
+                format!("{relative}/{name}")
+            };
+            if shown == FLEET_FILE {
+                // An app at the root (`path: .`) must not read the fleet configuration as a manifest.
+                continue;
+            }
+            let kind = entry.file_type().map_err(|e| Error::io(&path, e))?;
+            let target = if kind.is_symlink() {
+                let resolved = fs::canonicalize(&path).map_err(|e| Error::io(&path, e))?;
+                if !resolved.starts_with(&self.root) {
+                    return Err(config_error(
+                        field,
+                        format!("{shown} is a symbolic link out of the fleet root"),
+                    ));
+                }
+                resolved
+            } else {
+                path.clone()
+            };
+            let metadata = fs::metadata(&target).map_err(|e| Error::io(&path, e))?;
+            if metadata.is_dir() {
+                // A link back up the tree would otherwise be walked forever.
+                let canonical = fs::canonicalize(&target).map_err(|e| Error::io(&path, e))?;
+                if visited.insert(canonical) {
+                    self.walk(&path, &shown, field, visited, files)?;
+                }
+            } else if metadata.is_file() {
+                if is_kustomization(&name) {
+                    return Err(config_error(
+                        field,
+                        format!(
+                            "{shown}: kustomize is not supported; render it first (kustomize build DIR > \
+                             DIR/rendered.yaml) and keep the kustomization out of the app's directory"
+                        ),
+                    ));
+                }
+                if [".yaml", ".yml", ".json"]
+                    .iter()
+                    .any(|ext| name.ends_with(ext))
+                {
+                    files.push((shown, path));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_kustomization(name: &str) -> bool {
+    matches!(
+        name,
+        "kustomization.yaml" | "kustomization.yml" | "Kustomization"
+    )
+}
+
+fn config_error(field: &str, detail: impl Into<String>) -> Error {
+    Error::FleetConfig {
+        file: FLEET_FILE.to_owned(),
+        field: field.to_owned(),
+        detail: detail.into(),
+    }
+}
+
+/// `fleet.yaml`, read: the fleet name and the apps (without manifests yet) with their paths.
+struct FleetConfig {
+    fleet: String,
+    apps: Vec<AppConfig>,
+}
+
+struct AppConfig {
+    app: App,
+    path: String,
+}
+
+fn read_fleet_config(value: &Value, limits: BundleLimits) -> Result<FleetConfig> {
+    let top = Object::new(value, "")?;
+    top.only(&["fleet", "apps"])?;
+    let fleet = top.required_str("fleet")?;
+    check_name(&fleet).map_err(|detail| config_error("fleet", detail))?;
+    let mut apps = Vec::new();
+    let mut names: HashMap<String, usize> = HashMap::new();
+    let items = top.optional_list("apps")?;
+    if items.len() > limits.max_apps {
+        return Err(Error::TooMany {
+            what: "apps",
+            found: items.len(),
+            limit: limits.max_apps,
+        });
+    }
+    for (index, item) in items.iter().enumerate() {
+        let at = format!("apps[{index}]");
+        let app = read_app(item, &at)?;
+        if let Some(first) = names.insert(app.app.name.clone(), index) {
+            return Err(config_error(
+                &format!("{at}.name"),
+                format!("app {:?} is already defined as apps[{first}]", app.app.name),
+            ));
+        }
+        apps.push(app);
+    }
+    Ok(FleetConfig { fleet, apps })
+}
+
+fn read_app(value: &Value, at: &str) -> Result<AppConfig> {
+    let fields = Object::new(value, at)?;
+    fields.only(&[
+        "name",
+        "path",
+        "selector",
+        "values",
+        "customizations",
+        "policy",
+    ])?;
+    let name = fields.required_str("name")?;
+    check_name(&name).map_err(|detail| config_error(&fields.path("name"), detail))?;
+    let path = fields.required_str("path")?;
+    if path.is_empty() {
+        return Err(config_error(
+            &fields.path("path"),
+            "empty; name a directory such as apps/monitoring",
+        ));
+    }
+    let selector = match fields.get("selector") {
+        Some(v) => read_selector(v, &fields.path("selector"))?,
+        None => LabelSelector::default(),
+    };
+    let values = fields.optional_map("values")?;
+    let mut customizations = Vec::new();
+    for (index, item) in fields.optional_list("customizations")?.iter().enumerate() {
+        let custom = Object::new(item, &format!("{}[{index}]", fields.path("customizations")))?;
+        custom.only(&["selector", "values"])?;
+        let selector = match custom.get("selector") {
+            Some(v) => read_selector(v, &custom.path("selector"))?,
+            None => LabelSelector::default(),
+        };
+        customizations.push(Customization {
+            selector,
+            values: custom.optional_map("values")?,
+        });
+    }
+    let policy = match fields.get("policy") {
+        Some(v) => read_policy(v, &fields.path("policy"))?,
+        None => Policy::default(),
+    };
+    let app = App {
+        name,
+        selector,
+        values,
+        customizations,
+        policy,
+        manifests: Vec::new(),
+    };
+    Ok(AppConfig { app, path })
+}
+
+fn read_selector(value: &Value, at: &str) -> Result<LabelSelector> {
+    let fields = Object::new(value, at)?;
+    fields.only(&["matchLabels", "matchExpressions"])?;
+    let mut selector = LabelSelector::default();
+    for (key, value) in fields.optional_map("matchLabels")? {
+        let field = format!("{}.{key}", fields.path("matchLabels"));
+        let value = as_str(&value, &field)?;
+        selector.match_labels.insert(key, value.to_owned());
+    }
+    for (index, item) in fields.optional_list("matchExpressions")?.iter().enumerate() {
+        let expression = Object::new(
+            item,
+            &format!("{}[{index}]", fields.path("matchExpressions")),
+        )?;
+        expression.only(&["key", "operator", "values"])?;
+        let key = expression.required_str("key")?;
+        let operator = match expression.required_str("operator")?.as_str() {
+            "In" => Operator::In,
+            "NotIn" => Operator::NotIn,
+            "Exists" => Operator::Exists,
+            "DoesNotExist" => Operator::DoesNotExist,
+            other => {
+                return Err(config_error(
+                    &expression.path("operator"),
+                    format!("{other:?} is not an operator; use In, NotIn, Exists or DoesNotExist"),
+                ));
+            }
+        };
+        let values = expression.optional_strings("values")?;
+        selector.match_expressions.push(Requirement {
+            key,
+            operator,
+            values,
+        });
+    }
+    Ok(selector)
+}
+
+fn read_policy(value: &Value, at: &str) -> Result<Policy> {
+    let fields = Object::new(value, at)?;
+    fields.only(&["selfHeal", "prune", "driftGracePeriod", "ignoreDifferences"])?;
+    let defaults = Policy::default();
+    let self_heal = fields
+        .optional_bool("selfHeal")?
+        .unwrap_or(defaults.self_heal);
+    let prune = fields.optional_bool("prune")?.unwrap_or(defaults.prune);
+    let drift_grace_period = match fields.get("driftGracePeriod") {
+        None => None,
+        Some(value) => {
+            let field = fields.path("driftGracePeriod");
+            // A bare number gets the duration parser's own "missing unit" message rather than a type error.
+            let text = match value {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                other => return Err(wrong_type(&field, "a duration such as 30s", other)),
+            };
+            Some(parse_duration(&text).map_err(|e| config_error(&field, e.to_string()))?)
+        }
+    };
+    let mut ignore_differences = Vec::new();
+    for (index, item) in fields
+        .optional_list("ignoreDifferences")?
+        .iter()
+        .enumerate()
+    {
+        let entry = Object::new(
+            item,
+            &format!("{}[{index}]", fields.path("ignoreDifferences")),
+        )?;
+        entry.only(&["group", "kind", "name", "namespace", "jsonPointers"])?;
+        let json_pointers = entry.optional_strings("jsonPointers")?;
+        if json_pointers.is_empty() {
+            return Err(config_error(
+                &entry.path("jsonPointers"),
+                "missing: name the fields to leave alone, such as [/spec/replicas]",
+            ));
+        }
+        ignore_differences.push(IgnoreDifference {
+            group: entry.optional_str("group")?.unwrap_or_default(),
+            kind: entry.required_str("kind")?,
+            name: entry.optional_str("name")?,
+            namespace: entry.optional_str("namespace")?,
+            json_pointers,
+        });
+    }
+    Ok(Policy {
+        self_heal,
+        prune,
+        drift_grace_period,
+        ignore_differences,
+    })
+}
+
+/// The fleet and app names: a DNS label (lower-case letters, digits and '-', at most 63 characters, starting
+/// and ending with a letter or digit), since they end up in object names, labels and URLs.
+fn check_name(name: &str) -> std::result::Result<(), String> {
+    let valid = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a valid name: use at most 63 lower-case letters, digits and '-', starting and ending \
+             with a letter or digit"
+        ))
+    }
+}
+
+/// A mapping of `fleet.yaml` at a known field path, read field by field so that every error names its field.
+struct Object<'v> {
+    map: &'v Map<String, Value>,
+    at: String,
+}
+
+impl<'v> Object<'v> {
+    fn new(value: &'v Value, at: &str) -> Result<Self> {
+        match value {
+            Value::Object(map) => Ok(Self {
+                map,
+                at: at.to_owned(),
+            }),
+            other => Err(wrong_type(
+                if at.is_empty() { "(top level)" } else { at },
+                "a mapping",
+                other,
+            )),
+        }
+    }
+
+    fn path(&self, key: &str) -> String {
+        if self.at.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{}.{key}", self.at)
+        }
+    }
+
+    /// Refuses any field not in `allowed`, suggesting the closest allowed one.
+    fn only(&self, allowed: &[&str]) -> Result<()> {
+        for key in self.map.keys() {
+            if !allowed.contains(&key.as_str()) {
+                let hint = allowed
+                    .iter()
+                    .map(|candidate| {
+                        (
+                            edit_distance(
+                                &key.to_ascii_lowercase(),
+                                &candidate.to_ascii_lowercase(),
+                            ),
+                            candidate,
+                        )
+                    })
+                    .filter(|(distance, _)| *distance <= 2)
+                    .min()
+                    .map(|(_, candidate)| format!("did you mean {candidate}? "))
+                    .unwrap_or_default();
+                return Err(config_error(
+                    &self.path(key),
+                    format!(
+                        "unknown field; {hint}expected one of: {}",
+                        allowed.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The field's value; an explicit `null` (`selector:` with nothing after it) counts as absent.
+    fn get(&self, key: &str) -> Option<&'v Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn required_str(&self, key: &str) -> Result<String> {
+        match self.get(key) {
+            Some(value) => as_str(value, &self.path(key)).map(str::to_owned),
+            None => Err(config_error(&self.path(key), "missing")),
+        }
+    }
+
+    fn optional_str(&self, key: &str) -> Result<Option<String>> {
+        self.get(key)
+            .map(|value| as_str(value, &self.path(key)).map(str::to_owned))
+            .transpose()
+    }
+
+    fn optional_bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(other) => Err(wrong_type(&self.path(key), "true or false", other)),
+        }
+    }
+
+    fn optional_map(&self, key: &str) -> Result<Map<String, Value>> {
+        match self.get(key) {
+            None => Ok(Map::new()),
+            Some(Value::Object(map)) => Ok(map.clone()),
+            Some(other) => Err(wrong_type(&self.path(key), "a mapping", other)),
+        }
+    }
+
+    fn optional_list(&self, key: &str) -> Result<&'v [Value]> {
+        match self.get(key) {
+            None => Ok(&[]),
+            Some(Value::Array(items)) => Ok(items),
+            Some(other) => Err(wrong_type(&self.path(key), "a list", other)),
+        }
+    }
+
+    fn optional_strings(&self, key: &str) -> Result<Vec<String>> {
+        let field = self.path(key);
+        self.optional_list(key)?
+            .iter()
+            .enumerate()
+            .map(|(index, value)| as_str(value, &format!("{field}[{index}]")).map(str::to_owned))
+            .collect()
+    }
+}
+
+fn as_str<'v>(value: &'v Value, field: &str) -> Result<&'v str> {
+    match value {
+        Value::String(s) => Ok(s),
+        other => Err(wrong_type(field, "a string", other)),
+    }
+}
+
+fn wrong_type(field: &str, expected: &str, found: &Value) -> Error {
+    // `tier: 1` or `enabled: true` where a string is needed is almost always a missing pair of quotes.
+    let hint = if expected == "a string" && (found.is_number() || found.is_boolean()) {
+        " (quote it to make it a string)"
+    } else {
+        ""
+    };
+    let found = match found {
+        Value::Null => "nothing".to_owned(),
+        Value::Bool(b) => format!("the boolean {b}"),
+        Value::Number(n) => format!("the number {n}"),
+        Value::String(s) => format!("the string {s:?}"),
+        Value::Array(_) => "a list".to_owned(),
+        Value::Object(_) => "a mapping".to_owned(),
+    };
+    config_error(field, format!("expected {expected}, found {found}{hint}"))
+}
+
+/// Levenshtein distance, for "did you mean" hints on short field names.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut current = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(ca != *cb);
+            current.push(substitution.min(previous[j + 1] + 1).min(current[j] + 1));
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn config(yaml_text: &str) -> Result<FleetConfig> {
+        let docs = yaml::documents_to_json(yaml_text, FLEET_FILE, YamlLimits::default())?;
+        let value = docs
+            .into_iter()
+            .next()
+            .map_or(Value::Object(Map::new()), |(_, v)| v);
+        read_fleet_config(&value, BundleLimits::default())
+    }
+
+    fn field_error(yaml_text: &str) -> (String, String) {
+        match config(yaml_text) {
+            Err(Error::FleetConfig {
+                file,
+                field,
+                detail,
+            }) => {
+                assert_eq!(file, FLEET_FILE);
+                (field, detail)
+            }
+            Err(other) => panic!("expected FleetConfig, got {other}"),
+            Ok(_) => panic!("expected FleetConfig, got Ok"),
+        }
+    }
+
+    #[test]
+    fn reads_every_field() {
+        let c = config(
+            "fleet: acme\napps:\n  - name: mon\n    path: apps/mon\n    selector:\n      matchLabels: {env: prod}\n      \
+             matchExpressions: [{key: region, operator: NotIn, values: [cn]}, {key: gpu, operator: Exists}]\n    \
+             values: {retention: 15d, replicas: 2}\n    customizations:\n      - selector: {matchLabels: {region: eu}}\n        \
+             values: {retention: 30d}\n    policy: {selfHeal: false, prune: true, driftGracePeriod: 30s, ignoreDifferences: \
+             [{group: apps, kind: Deployment, name: api, jsonPointers: [/spec/replicas]}]}\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.fleet, "acme");
+        let app = &c.apps[0].app;
+        assert_eq!(c.apps[0].path, "apps/mon");
+        assert_eq!(app.selector.to_string(), "env=prod,region!=cn,gpu");
+        assert_eq!(
+            json!(app.values),
+            json!({"retention": "15d", "replicas": 2})
+        );
+        assert_eq!(app.customizations[0].selector.to_string(), "region=eu");
+        assert!(!app.policy.self_heal && app.policy.prune);
+        assert_eq!(
+            app.policy.drift_grace_period,
+            Some(std::time::Duration::from_secs(30))
+        );
+        assert_eq!(
+            app.policy.ignore_differences[0].json_pointers,
+            vec!["/spec/replicas"]
+        );
+        assert_eq!(
+            app.policy.ignore_differences[0].name.as_deref(),
+            Some("api")
+        );
+    }
+
+    #[test]
+    fn defaults() {
+        let c = config("fleet: acme\napps:\n  - {name: a, path: a, selector: }\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.apps[0].app.policy, Policy::default());
+        assert!(c.apps[0].app.selector.is_empty());
+        assert!(
+            config("fleet: acme\n")
+                .unwrap_or_else(|e| panic!("{e}"))
+                .apps
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn field_errors_name_the_field() {
+        let app = "fleet: acme\napps:\n  - {name: a, path: a}\n  - name: b\n    path: b\n";
+        assert_eq!(field_error("apps: []\n").0, "fleet");
+        assert_eq!(field_error("fleet: Acme\n").0, "fleet");
+        assert_eq!(field_error("fleet: acme\nfleets: x\n").0, "fleets");
+        assert_eq!(
+            field_error(&format!("{app}    policy: {{driftGracePeriod: 30}}\n")).0,
+            "apps[1].policy.driftGracePeriod"
+        );
+        let (field, detail) =
+            field_error(&format!("{app}    policy: {{driftGracePeriod: soon}}\n"));
+        assert_eq!(field, "apps[1].policy.driftGracePeriod");
+        assert!(detail.contains("invalid duration"), "{detail}");
+        let (field, detail) = field_error(&format!("{app}    polcy: {{}}\n"));
+        assert_eq!(field, "apps[1].polcy");
+        assert!(detail.contains("did you mean policy?"), "{detail}");
+        let (field, detail) = field_error(&format!("{app}    policy: {{selfHeal: \"no\"}}\n"));
+        assert_eq!(field, "apps[1].policy.selfHeal");
+        assert!(detail.contains("expected true or false"), "{detail}");
+        let (field, detail) = field_error(&format!(
+            "{app}    selector: {{matchLabels: {{tier: 1}}}}\n"
+        ));
+        assert_eq!(field, "apps[1].selector.matchLabels.tier");
+        assert!(detail.contains("quote it"), "{detail}");
+        assert_eq!(
+            field_error(&format!(
+                "{app}    selector: {{matchExpressions: [{{key: a, operator: in, values: [x]}}]}}\n"
+            ))
+            .0,
+            "apps[1].selector.matchExpressions[0].operator"
+        );
+        assert_eq!(
+            field_error(&format!("{app}    values: [1]\n")).0,
+            "apps[1].values"
+        );
+        assert_eq!(
+            field_error(&format!(
+                "{app}    customizations: [{{values: {{}}, selecter: {{}}}}]\n"
+            ))
+            .0,
+            "apps[1].customizations[0].selecter"
+        );
+        assert_eq!(
+            field_error("fleet: acme\napps:\n  - {path: a}\n").0,
+            "apps[0].name"
+        );
+        assert_eq!(
+            field_error("fleet: acme\napps:\n  - {name: a}\n").0,
+            "apps[0].path"
+        );
+        assert_eq!(
+            field_error("fleet: acme\napps:\n  - {name: a, path: \"\"}\n").0,
+            "apps[0].path"
+        );
+        assert_eq!(
+            field_error("fleet: acme\napps:\n  - {name: a_b, path: a}\n").0,
+            "apps[0].name"
+        );
+        let (field, detail) =
+            field_error("fleet: acme\napps:\n  - {name: a, path: a}\n  - {name: a, path: b}\n");
+        assert_eq!(field, "apps[1].name");
+        assert!(detail.contains("apps[0]"), "{detail}");
+        assert_eq!(
+            field_error(&format!(
+                "{app}    policy: {{ignoreDifferences: [{{kind: Deployment}}]}}\n"
+            ))
+            .0,
+            "apps[1].policy.ignoreDifferences[0].jsonPointers"
+        );
+        assert_eq!(
+            field_error(&format!(
+                "{app}    policy: {{ignoreDifferences: [{{jsonPointers: [/a]}}]}}\n"
+            ))
+            .0,
+            "apps[1].policy.ignoreDifferences[0].kind"
+        );
+        assert_eq!(field_error("- a\n").0, "(top level)");
+    }
+
+    #[test]
+    fn names() {
+        for good in ["a", "acme", "team-1", &"x".repeat(63)] {
+            check_name(good).unwrap();
+        }
+        for bad in ["", "-a", "a-", "A", "a.b", "a_b", &"x".repeat(64)] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn lists_expand_and_json_files_are_one_document() {
+        let list = "apiVersion: v1\nkind: List\nitems:\n  - {apiVersion: v1, kind: ConfigMap, metadata: {name: a}}\n  \
+                    - {apiVersion: v1, kind: ConfigMap, metadata: {name: b}}\n";
+        let manifests =
+            manifests_of("x.yaml", &format!("---\n{list}")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(manifests.len(), 2);
+        assert!(
+            manifests
+                .iter()
+                .all(|m| m.document == 0 && m.file == "x.yaml")
+        );
+        assert!(matches!(
+            manifests_of("x.yaml", "apiVersion: v1\nkind: List\n"),
+            Err(Error::Manifest { .. })
+        ));
+        let json_manifest = manifests_of(
+            "x.json",
+            r#"{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(json_manifest[0].document, 0);
+    }
+
+    #[test]
+    fn edit_distances() {
+        assert_eq!(edit_distance("polcy", "policy"), 1);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("same", "same"), 0);
+    }
+}

@@ -1,0 +1,66 @@
+//! `windvane`: the release engineer's and SRE's command line. Parses arguments, sets up logging, and hands
+//! each subcommand to its module; every failure ends as one line on stderr and a non-zero exit.
+
+mod keygen;
+mod release;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Windvane: pull-mode GitOps for Kubernetes fleets — sign, publish, verify and preview releases.
+#[derive(Debug, Parser)]
+#[command(name = "windvane", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Generate an Ed25519 release key pair: PREFIX.key (private, mode 0600) and PREFIX.pub.
+    Keygen(keygen::KeygenArgs),
+    /// Validate a fleet source tree and write an unsigned bundle (the CI lint step).
+    Build(release::BuildArgs),
+    /// Sign and publish a fleet tree or built bundle on a channel of a static store.
+    Publish(release::PublishArgs),
+    /// Verify a channel's signed pointer and its bundle, as an agent would, and describe the release.
+    Verify(release::VerifyArgs),
+    /// Print exactly what one cluster would get (rendered, as applied) as a YAML stream.
+    Render(release::RenderArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WINDVANE_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Keygen(args) => keygen::run(args),
+        Command::Build(args) => release::build(args),
+        Command::Publish(args) => release::publish(args),
+        Command::Verify(args) => release::verify(args),
+        Command::Render(args) => release::render(args),
+    }
+    .map(|()| ExitCode::SUCCESS)
+}
+
+/// Reads a file that must exist, naming it in the error.
+fn read_text(path: &PathBuf) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}

@@ -1,0 +1,422 @@
+//! The server's database behind one trait ([`Database`]): enrolled clusters and their keys, the last
+//! heartbeat of each, a log of accepted heartbeats, the drift audit log, and the notification dedup keys.
+//! [`sqlite::SqliteDb`] is the embedded default (one file under `--data`); [`postgres::PostgresDb`] serves
+//! several replicas (`--database-url`); [`Db`] is whichever was configured.
+//!
+//! Data comes from the enrolment and heartbeat handlers (already verified: this layer checks only what needs
+//! the stored state — key binding and sequence order — with the pure [`decide_enroll`] and
+//! [`check_sequence`]) and goes to the page, the API, `/metrics` and the notifier. Heartbeats are written in
+//! batches ([`Database::ingest`]): one transaction per batch, and each heartbeat is answered only after the
+//! transaction that holds it has committed, so every 2xx survives a crash.
+
+pub mod postgres;
+pub mod sqlite;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use jiff::Timestamp;
+use serde::Serialize;
+use windvane_shared::heartbeat::{DriftRecord, Heartbeat};
+use windvane_shared::status::SyncState;
+
+use crate::Result;
+
+/// How long the heartbeat log keeps rows (the latest heartbeat of each cluster is kept for ever).
+pub const HEARTBEAT_LOG_RETENTION: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// An enrolment, checked by the handler (token, names, key), to be bound.
+#[derive(Debug, Clone)]
+pub struct Enrollment {
+    pub cluster: String,
+    pub fleet: String,
+    pub keyid: String,
+    pub public_key_pem: String,
+    pub labels: BTreeMap<String, String>,
+    pub at: Timestamp,
+}
+
+/// What is stored about an enrolled cluster's binding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    pub fleet: String,
+    pub keyid: String,
+    pub rekey_allowed: bool,
+}
+
+/// What enrolling decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum EnrollOutcome {
+    /// First enrolment: the key is bound.
+    Enrolled,
+    /// Same key again (an agent restarting): nothing changes but the labels.
+    AlreadyEnrolled,
+    /// An admin allowed a new key and this is it: bound, sequence reset.
+    Rekeyed,
+    /// Another key is bound and no admin allowed a change.
+    KeyConflict,
+    /// The cluster is enrolled in another fleet.
+    FleetConflict,
+}
+
+/// Decides an enrolment from the stored binding (pure).
+pub fn decide_enroll(existing: Option<&Binding>, fleet: &str, keyid: &str) -> EnrollOutcome {
+    match existing {
+        None => EnrollOutcome::Enrolled,
+        Some(b) if b.fleet != fleet && !b.rekey_allowed => EnrollOutcome::FleetConflict,
+        Some(b) if b.keyid == keyid && b.fleet == fleet => EnrollOutcome::AlreadyEnrolled,
+        Some(b) if b.rekey_allowed => EnrollOutcome::Rekeyed,
+        Some(_) => EnrollOutcome::KeyConflict,
+    }
+}
+
+/// A heartbeat whose signature, names and clock have been checked, waiting for its batch.
+#[derive(Debug, Clone)]
+pub struct VerifiedHeartbeat {
+    /// The key id that signed it (the bound key when verification happened).
+    pub keyid: String,
+    pub received_at: Timestamp,
+    pub heartbeat: Heartbeat,
+    /// The payload exactly as signed (JSON), stored as the cluster's latest report.
+    pub payload: String,
+}
+
+/// What the stored state says about one heartbeat of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IngestOutcome {
+    /// Stored; `previous` is the state reported before it.
+    Accepted { previous: Option<SyncState> },
+    /// The cluster is not (or no longer) enrolled.
+    UnknownCluster,
+    /// The cluster's key changed since the signature was checked (rekeyed or forgotten meanwhile).
+    KeyChanged,
+    /// The sequence is not above the last one stored.
+    Replay { last: u64 },
+}
+
+/// What the stored row needs to judge a heartbeat's order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceState {
+    pub keyid: String,
+    pub last_sequence: u64,
+}
+
+/// Decides whether a verified heartbeat may be stored over the current row (pure).
+pub fn check_sequence(
+    current: Option<&SequenceState>,
+    keyid: &str,
+    sequence: u64,
+) -> Option<IngestOutcome> {
+    match current {
+        None => Some(IngestOutcome::UnknownCluster),
+        Some(c) if c.keyid != keyid => Some(IngestOutcome::KeyChanged),
+        Some(c) if sequence <= c.last_sequence => Some(IngestOutcome::Replay {
+            last: c.last_sequence,
+        }),
+        Some(_) => None,
+    }
+}
+
+/// One row of the fleet table: what is known about an enrolled cluster, without its full report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterSummary {
+    pub name: String,
+    pub fleet: String,
+    pub keyid: String,
+    pub labels: BTreeMap<String, String>,
+    pub enrolled_at: Timestamp,
+    pub rekey_allowed: bool,
+    pub last_sequence: u64,
+    pub last_seen: Option<Timestamp>,
+    pub interval_seconds: Option<u64>,
+    pub state: Option<SyncState>,
+    pub channel: Option<String>,
+    pub applied_serial: Option<u64>,
+    pub last_error: Option<String>,
+    pub drift_total: u64,
+}
+
+/// One drift audit log entry.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DriftEntry {
+    pub cluster: String,
+    pub sequence: u64,
+    pub received_at: Timestamp,
+    pub record: DriftRecord,
+}
+
+/// The database operations the server needs, on any backend. Every method is one transaction.
+pub trait Database: Send + Sync + 'static {
+    /// Binds (or re-binds, or refuses) a cluster's key per [`decide_enroll`].
+    fn enroll(&self, enrollment: Enrollment) -> impl Future<Output = Result<EnrollOutcome>> + Send;
+    /// The bound key of a cluster: `(fleet, keyid, public key PEM)`.
+    fn cluster_key(
+        &self,
+        cluster: &str,
+    ) -> impl Future<Output = Result<Option<(String, String, String)>>> + Send;
+    /// Stores a batch of verified heartbeats in one transaction, each judged by [`check_sequence`] in order;
+    /// returns one outcome per heartbeat. Only committed heartbeats are `Accepted`.
+    fn ingest(
+        &self,
+        batch: Vec<VerifiedHeartbeat>,
+    ) -> impl Future<Output = Result<Vec<IngestOutcome>>> + Send;
+    /// Every enrolled cluster, by name.
+    fn list_clusters(&self) -> impl Future<Output = Result<Vec<ClusterSummary>>> + Send;
+    /// One cluster and its latest report (the signed payload as stored).
+    fn get_cluster(
+        &self,
+        cluster: &str,
+    ) -> impl Future<Output = Result<Option<(ClusterSummary, Option<String>)>>> + Send;
+    /// Drift entries, newest first, optionally for one cluster and detected at or after `since`.
+    fn drift(
+        &self,
+        cluster: Option<&str>,
+        since: Option<Timestamp>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<DriftEntry>>> + Send;
+    /// Lets the next enrolment of `cluster` bind a new key. False when the cluster is not enrolled.
+    fn allow_rekey(&self, cluster: &str) -> impl Future<Output = Result<bool>> + Send;
+    /// Removes a cluster and everything stored about it. False when it was not enrolled.
+    fn forget(&self, cluster: &str) -> impl Future<Output = Result<bool>> + Send;
+    /// Claims the notification `(cluster, trigger, serial)`: true the first time only (across restarts and
+    /// replicas), so each is sent once.
+    fn claim_notification(
+        &self,
+        cluster: &str,
+        trigger: &str,
+        serial: u64,
+        at: Timestamp,
+    ) -> impl Future<Output = Result<bool>> + Send;
+    /// Heartbeats in the log, for one cluster or all.
+    fn heartbeat_count(&self, cluster: Option<&str>) -> impl Future<Output = Result<u64>> + Send;
+    /// Deletes heartbeat log rows received before `before`.
+    fn prune(&self, before: Timestamp) -> impl Future<Output = Result<u64>> + Send;
+    /// A trivial query: whether the database answers (`/readyz`).
+    fn ping(&self) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// The configured backend.
+#[derive(Debug)]
+pub enum Db {
+    Sqlite(sqlite::SqliteDb),
+    Postgres(postgres::PostgresDb),
+}
+
+macro_rules! delegate {
+    ($self:ident, $db:ident => $call:expr) => {
+        match $self {
+            Db::Sqlite($db) => $call.await,
+            Db::Postgres($db) => $call.await,
+        }
+    };
+}
+
+impl Database for Db {
+    async fn enroll(&self, enrollment: Enrollment) -> Result<EnrollOutcome> {
+        delegate!(self, db => db.enroll(enrollment))
+    }
+    async fn cluster_key(&self, cluster: &str) -> Result<Option<(String, String, String)>> {
+        delegate!(self, db => db.cluster_key(cluster))
+    }
+    async fn ingest(&self, batch: Vec<VerifiedHeartbeat>) -> Result<Vec<IngestOutcome>> {
+        delegate!(self, db => db.ingest(batch))
+    }
+    async fn list_clusters(&self) -> Result<Vec<ClusterSummary>> {
+        delegate!(self, db => db.list_clusters())
+    }
+    async fn get_cluster(&self, cluster: &str) -> Result<Option<(ClusterSummary, Option<String>)>> {
+        delegate!(self, db => db.get_cluster(cluster))
+    }
+    async fn drift(
+        &self,
+        cluster: Option<&str>,
+        since: Option<Timestamp>,
+        limit: u32,
+    ) -> Result<Vec<DriftEntry>> {
+        delegate!(self, db => db.drift(cluster, since, limit))
+    }
+    async fn allow_rekey(&self, cluster: &str) -> Result<bool> {
+        delegate!(self, db => db.allow_rekey(cluster))
+    }
+    async fn forget(&self, cluster: &str) -> Result<bool> {
+        delegate!(self, db => db.forget(cluster))
+    }
+    async fn claim_notification(
+        &self,
+        cluster: &str,
+        trigger: &str,
+        serial: u64,
+        at: Timestamp,
+    ) -> Result<bool> {
+        delegate!(self, db => db.claim_notification(cluster, trigger, serial, at))
+    }
+    async fn heartbeat_count(&self, cluster: Option<&str>) -> Result<u64> {
+        delegate!(self, db => db.heartbeat_count(cluster))
+    }
+    async fn prune(&self, before: Timestamp) -> Result<u64> {
+        delegate!(self, db => db.prune(before))
+    }
+    async fn ping(&self) -> Result<()> {
+        delegate!(self, db => db.ping())
+    }
+}
+
+/// The summary columns a heartbeat sets on its cluster's row.
+#[derive(Debug, Clone)]
+pub(crate) struct RowUpdate {
+    pub labels_json: String,
+    pub state: &'static str,
+    pub interval_seconds: i64,
+    pub channel: String,
+    pub applied_serial: Option<i64>,
+    pub last_error: Option<String>,
+    pub drift_count: i64,
+    pub received_ms: i64,
+    pub sequence: i64,
+}
+
+impl RowUpdate {
+    pub(crate) fn of(hb: &VerifiedHeartbeat) -> RowUpdate {
+        let h = &hb.heartbeat;
+        RowUpdate {
+            labels_json: serde_json::to_string(&h.labels).unwrap_or_else(|_| "{}".to_owned()),
+            state: h.state.as_str(),
+            interval_seconds: to_i64(h.interval_seconds),
+            channel: h.source.channel.clone(),
+            applied_serial: h.source.applied_serial.map(to_i64),
+            last_error: h.last_error.clone(),
+            drift_count: to_i64(h.drift.len() as u64),
+            received_ms: hb.received_at.as_millisecond(),
+            sequence: to_i64(h.sequence),
+        }
+    }
+}
+
+pub(crate) fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn to_u64(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+pub(crate) fn from_ms(ms: i64) -> Timestamp {
+    Timestamp::from_millisecond(ms).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+pub(crate) fn labels_from_json(text: &str) -> BTreeMap<String, String> {
+    serde_json::from_str(text).unwrap_or_default()
+}
+
+/// The schema, in SQL both backends accept (`{serial}` is the auto-increment key type, `{bool}` a boolean).
+pub(crate) fn schema(serial: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS clusters (
+            name TEXT PRIMARY KEY,
+            fleet TEXT NOT NULL,
+            keyid TEXT NOT NULL,
+            public_key TEXT NOT NULL,
+            labels TEXT NOT NULL,
+            enrolled_ms BIGINT NOT NULL,
+            rekey_allowed BIGINT NOT NULL DEFAULT 0,
+            last_sequence BIGINT NOT NULL DEFAULT 0,
+            last_seen_ms BIGINT,
+            interval_seconds BIGINT,
+            state TEXT,
+            channel TEXT,
+            applied_serial BIGINT,
+            last_error TEXT,
+            drift_total BIGINT NOT NULL DEFAULT 0,
+            heartbeat TEXT
+        );
+        CREATE TABLE IF NOT EXISTS heartbeats (
+            cluster TEXT NOT NULL,
+            sequence BIGINT NOT NULL,
+            received_ms BIGINT NOT NULL,
+            state TEXT NOT NULL,
+            PRIMARY KEY (cluster, sequence)
+        );
+        CREATE INDEX IF NOT EXISTS heartbeats_received ON heartbeats (received_ms);
+        CREATE TABLE IF NOT EXISTS drift (
+            id {serial},
+            cluster TEXT NOT NULL,
+            sequence BIGINT NOT NULL,
+            received_ms BIGINT NOT NULL,
+            detected_ms BIGINT NOT NULL,
+            record TEXT NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS drift_cluster_detected ON drift (cluster, detected_ms);
+        CREATE INDEX IF NOT EXISTS drift_detected ON drift (detected_ms);
+        CREATE TABLE IF NOT EXISTS notifications (
+            cluster TEXT NOT NULL,
+            trigger_key TEXT NOT NULL,
+            serial BIGINT NOT NULL,
+            sent_ms BIGINT NOT NULL,
+            PRIMARY KEY (cluster, trigger_key, serial)
+        );"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn binding(fleet: &str, keyid: &str, rekey_allowed: bool) -> Binding {
+        Binding {
+            fleet: fleet.into(),
+            keyid: keyid.into(),
+            rekey_allowed,
+        }
+    }
+
+    #[test]
+    fn enrolment_binds_once_and_rebinds_only_when_allowed() {
+        assert_eq!(decide_enroll(None, "acme", "k1"), EnrollOutcome::Enrolled);
+        assert_eq!(
+            decide_enroll(Some(&binding("acme", "k1", false)), "acme", "k1"),
+            EnrollOutcome::AlreadyEnrolled
+        );
+        assert_eq!(
+            decide_enroll(Some(&binding("acme", "k1", false)), "acme", "k2"),
+            EnrollOutcome::KeyConflict
+        );
+        assert_eq!(
+            decide_enroll(Some(&binding("acme", "k1", true)), "acme", "k2"),
+            EnrollOutcome::Rekeyed
+        );
+        assert_eq!(
+            decide_enroll(Some(&binding("acme", "k1", false)), "other", "k1"),
+            EnrollOutcome::FleetConflict
+        );
+        assert_eq!(
+            decide_enroll(Some(&binding("acme", "k1", true)), "other", "k2"),
+            EnrollOutcome::Rekeyed
+        );
+    }
+
+    #[test]
+    fn sequence_must_rise_and_key_must_still_be_bound() {
+        let current = SequenceState {
+            keyid: "k1".into(),
+            last_sequence: 5,
+        };
+        assert_eq!(
+            check_sequence(None, "k1", 1),
+            Some(IngestOutcome::UnknownCluster)
+        );
+        assert_eq!(
+            check_sequence(Some(&current), "k2", 6),
+            Some(IngestOutcome::KeyChanged)
+        );
+        assert_eq!(
+            check_sequence(Some(&current), "k1", 5),
+            Some(IngestOutcome::Replay { last: 5 })
+        );
+        assert_eq!(
+            check_sequence(Some(&current), "k1", 4),
+            Some(IngestOutcome::Replay { last: 5 })
+        );
+        assert_eq!(check_sequence(Some(&current), "k1", 6), None);
+    }
+}

@@ -1,0 +1,433 @@
+//! PostgreSQL behind the [`Database`] trait, for several server replicas behind a load balancer
+//! (`--database-url postgres://…`). Same schema and the same decisions as SQLite; per-cluster rows are locked
+//! (`SELECT … FOR UPDATE`) while a batch is judged, so two replicas never store out-of-order sequences.
+//!
+//! One connection runs transactions (behind an async mutex), another serves reads; both reconnect when
+//! PostgreSQL closes them. TLS is not built in: run it over loopback, a private network or a TLS proxy.
+
+use jiff::Timestamp;
+use tokio::sync::Mutex;
+use tokio_postgres::{Client, NoTls, Row};
+
+use super::{
+    Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, IngestOutcome,
+    RowUpdate, SequenceState, VerifiedHeartbeat, check_sequence, decide_enroll, from_ms,
+    labels_from_json, schema, to_i64, to_u64,
+};
+use crate::server::status::parse_sync_state;
+use crate::{Error, Result};
+
+/// PostgreSQL behind the [`Database`] trait.
+pub struct PostgresDb {
+    url: String,
+    writer: Mutex<Client>,
+    reader: Mutex<Client>,
+}
+
+impl std::fmt::Debug for PostgresDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may hold a password.
+        f.debug_struct("PostgresDb").finish_non_exhaustive()
+    }
+}
+
+fn db_err(operation: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Error {
+    let operation = operation.into();
+    move |e| Error::Database {
+        operation,
+        detail: e.to_string(),
+    }
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+async fn connect(url: &str) -> std::result::Result<Client, tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(error = %e, "PostgreSQL connection closed");
+        }
+    });
+    Ok(client)
+}
+
+impl PostgresDb {
+    /// Connects and creates the schema if needed.
+    pub async fn open(url: &str) -> Result<PostgresDb> {
+        let open_err = |detail: String| Error::DatabaseOpen {
+            location: redact(url),
+            detail,
+        };
+        let writer = connect(url).await.map_err(|e| open_err(e.to_string()))?;
+        writer
+            .batch_execute(&schema("BIGSERIAL PRIMARY KEY"))
+            .await
+            .map_err(|e| open_err(format!("create schema: {e}")))?;
+        let reader = connect(url).await.map_err(|e| open_err(e.to_string()))?;
+        Ok(PostgresDb {
+            url: url.to_owned(),
+            writer: Mutex::new(writer),
+            reader: Mutex::new(reader),
+        })
+    }
+
+    /// A live client from `slot`, reconnecting when the old one was closed.
+    async fn client<'a>(
+        &self,
+        slot: &'a Mutex<Client>,
+    ) -> Result<tokio::sync::MutexGuard<'a, Client>> {
+        let mut guard = slot.lock().await;
+        if guard.is_closed() {
+            *guard = connect(&self.url).await.map_err(db_err("reconnect"))?;
+        }
+        Ok(guard)
+    }
+}
+
+const SUMMARY_COLUMNS: &str = "name, fleet, keyid, labels, enrolled_ms, rekey_allowed, last_sequence, last_seen_ms, \
+     interval_seconds, state, channel, applied_serial, last_error, drift_total";
+
+fn summary_from_row(row: &Row) -> ClusterSummary {
+    ClusterSummary {
+        name: row.get(0),
+        fleet: row.get(1),
+        keyid: row.get(2),
+        labels: labels_from_json(row.get::<_, &str>(3)),
+        enrolled_at: from_ms(row.get(4)),
+        rekey_allowed: row.get::<_, i64>(5) != 0,
+        last_sequence: to_u64(row.get(6)),
+        last_seen: row.get::<_, Option<i64>>(7).map(from_ms),
+        interval_seconds: row.get::<_, Option<i64>>(8).map(to_u64),
+        state: row.get::<_, Option<&str>>(9).and_then(parse_sync_state),
+        channel: row.get(10),
+        applied_serial: row.get::<_, Option<i64>>(11).map(to_u64),
+        last_error: row.get(12),
+        drift_total: to_u64(row.get(13)),
+    }
+}
+
+async fn ingest_batch(
+    client: &mut Client,
+    batch: &[VerifiedHeartbeat],
+) -> std::result::Result<Vec<IngestOutcome>, tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    let select = tx
+        .prepare("SELECT keyid, last_sequence, state FROM clusters WHERE name = $1 FOR UPDATE")
+        .await?;
+    let update = tx
+        .prepare(
+            "UPDATE clusters SET last_sequence = $2, last_seen_ms = $3, interval_seconds = $4, state = $5, \
+             channel = $6, applied_serial = $7, last_error = $8, \
+             labels = CASE WHEN $9 = '{}' THEN labels ELSE $9 END, \
+             drift_total = drift_total + $10, heartbeat = $11 WHERE name = $1",
+        )
+        .await?;
+    let log = tx
+        .prepare(
+            "INSERT INTO heartbeats (cluster, sequence, received_ms, state) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (cluster, sequence) DO UPDATE SET received_ms = excluded.received_ms, state = excluded.state",
+        )
+        .await?;
+    let drift = tx
+        .prepare("INSERT INTO drift (cluster, sequence, received_ms, detected_ms, record) VALUES ($1, $2, $3, $4, $5)")
+        .await?;
+    let mut outcomes = Vec::with_capacity(batch.len());
+    for hb in batch {
+        let name = &hb.heartbeat.cluster;
+        let current = tx.query_opt(&select, &[name]).await?;
+        let sequence_state = current.as_ref().map(|r| SequenceState {
+            keyid: r.get(0),
+            last_sequence: to_u64(r.get(1)),
+        });
+        if let Some(refusal) =
+            check_sequence(sequence_state.as_ref(), &hb.keyid, hb.heartbeat.sequence)
+        {
+            outcomes.push(refusal);
+            continue;
+        }
+        let previous = current
+            .as_ref()
+            .and_then(|r| r.get::<_, Option<&str>>(2))
+            .and_then(parse_sync_state);
+        let row = RowUpdate::of(hb);
+        tx.execute(
+            &update,
+            &[
+                name,
+                &row.sequence,
+                &row.received_ms,
+                &row.interval_seconds,
+                &row.state,
+                &row.channel,
+                &row.applied_serial,
+                &row.last_error,
+                &row.labels_json,
+                &row.drift_count,
+                &hb.payload,
+            ],
+        )
+        .await?;
+        tx.execute(&log, &[name, &row.sequence, &row.received_ms, &row.state])
+            .await?;
+        for record in &hb.heartbeat.drift {
+            let json = serde_json::to_string(record).unwrap_or_default();
+            tx.execute(
+                &drift,
+                &[
+                    name,
+                    &row.sequence,
+                    &row.received_ms,
+                    &record.detected_at.as_millisecond(),
+                    &json,
+                ],
+            )
+            .await?;
+        }
+        outcomes.push(IngestOutcome::Accepted { previous });
+    }
+    tx.commit().await?;
+    Ok(outcomes)
+}
+
+async fn enroll_tx(
+    client: &mut Client,
+    e: &Enrollment,
+) -> std::result::Result<EnrollOutcome, tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    // Serialise enrolments of the same name even when the row does not exist yet.
+    tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&e.cluster])
+        .await?;
+    let existing = tx
+        .query_opt(
+            "SELECT fleet, keyid, rekey_allowed FROM clusters WHERE name = $1 FOR UPDATE",
+            &[&e.cluster],
+        )
+        .await?
+        .map(|r| Binding {
+            fleet: r.get(0),
+            keyid: r.get(1),
+            rekey_allowed: r.get::<_, i64>(2) != 0,
+        });
+    let outcome = decide_enroll(existing.as_ref(), &e.fleet, &e.keyid);
+    let labels = serde_json::to_string(&e.labels).unwrap_or_else(|_| "{}".into());
+    let at = e.at.as_millisecond();
+    match outcome {
+        EnrollOutcome::Enrolled => {
+            tx.execute(
+                "INSERT INTO clusters (name, fleet, keyid, public_key, labels, enrolled_ms) VALUES ($1, $2, $3, $4, $5, $6)",
+                &[&e.cluster, &e.fleet, &e.keyid, &e.public_key_pem, &labels, &at],
+            )
+            .await?;
+        }
+        EnrollOutcome::AlreadyEnrolled => {
+            tx.execute(
+                "UPDATE clusters SET labels = $2 WHERE name = $1",
+                &[&e.cluster, &labels],
+            )
+            .await?;
+        }
+        EnrollOutcome::Rekeyed => {
+            tx.execute(
+                "UPDATE clusters SET fleet = $2, keyid = $3, public_key = $4, labels = $5, enrolled_ms = $6, \
+                 rekey_allowed = 0, last_sequence = 0 WHERE name = $1",
+                &[&e.cluster, &e.fleet, &e.keyid, &e.public_key_pem, &labels, &at],
+            )
+            .await?;
+        }
+        EnrollOutcome::KeyConflict | EnrollOutcome::FleetConflict => {}
+    }
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+impl Database for PostgresDb {
+    async fn enroll(&self, e: Enrollment) -> Result<EnrollOutcome> {
+        let mut client = self.client(&self.writer).await?;
+        enroll_tx(&mut client, &e)
+            .await
+            .map_err(db_err(format!("enroll cluster {}", e.cluster)))
+    }
+
+    async fn cluster_key(&self, cluster: &str) -> Result<Option<(String, String, String)>> {
+        let client = self.client(&self.reader).await?;
+        let row = client
+            .query_opt(
+                "SELECT fleet, keyid, public_key FROM clusters WHERE name = $1",
+                &[&cluster],
+            )
+            .await
+            .map_err(db_err(format!("read key of cluster {cluster}")))?;
+        Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
+    }
+
+    async fn ingest(&self, batch: Vec<VerifiedHeartbeat>) -> Result<Vec<IngestOutcome>> {
+        let mut client = self.client(&self.writer).await?;
+        ingest_batch(&mut client, &batch)
+            .await
+            .map_err(db_err(format!(
+                "store a batch of {} heartbeats",
+                batch.len()
+            )))
+    }
+
+    async fn list_clusters(&self) -> Result<Vec<ClusterSummary>> {
+        let client = self.client(&self.reader).await?;
+        let rows = client
+            .query(
+                &format!("SELECT {SUMMARY_COLUMNS} FROM clusters ORDER BY name"),
+                &[],
+            )
+            .await
+            .map_err(db_err("list clusters"))?;
+        Ok(rows.iter().map(summary_from_row).collect())
+    }
+
+    async fn get_cluster(&self, cluster: &str) -> Result<Option<(ClusterSummary, Option<String>)>> {
+        let client = self.client(&self.reader).await?;
+        let row = client
+            .query_opt(
+                &format!("SELECT {SUMMARY_COLUMNS}, heartbeat FROM clusters WHERE name = $1"),
+                &[&cluster],
+            )
+            .await
+            .map_err(db_err(format!("read cluster {cluster}")))?;
+        Ok(row.map(|r| (summary_from_row(&r), r.get(14))))
+    }
+
+    async fn drift(
+        &self,
+        cluster: Option<&str>,
+        since: Option<Timestamp>,
+        limit: u32,
+    ) -> Result<Vec<DriftEntry>> {
+        let client = self.client(&self.reader).await?;
+        let since_ms = since.map_or(i64::MIN, |t| t.as_millisecond());
+        let rows = client
+            .query(
+                "SELECT cluster, sequence, received_ms, record FROM drift \
+                 WHERE ($1::TEXT IS NULL OR cluster = $1) AND detected_ms >= $2 \
+                 ORDER BY detected_ms DESC, id DESC LIMIT $3",
+                &[&cluster, &since_ms, &i64::from(limit)],
+            )
+            .await
+            .map_err(db_err("read drift log"))?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let record = serde_json::from_str(r.get::<_, &str>(3)).ok()?;
+                Some(DriftEntry {
+                    cluster: r.get(0),
+                    sequence: to_u64(r.get(1)),
+                    received_at: from_ms(r.get(2)),
+                    record,
+                })
+            })
+            .collect())
+    }
+
+    async fn allow_rekey(&self, cluster: &str) -> Result<bool> {
+        let client = self.client(&self.writer).await?;
+        let n = client
+            .execute(
+                "UPDATE clusters SET rekey_allowed = 1 WHERE name = $1",
+                &[&cluster],
+            )
+            .await
+            .map_err(db_err(format!("allow rekey of cluster {cluster}")))?;
+        Ok(n > 0)
+    }
+
+    async fn forget(&self, cluster: &str) -> Result<bool> {
+        let mut client = self.client(&self.writer).await?;
+        let run = async {
+            let tx = client.transaction().await?;
+            let n = tx
+                .execute("DELETE FROM clusters WHERE name = $1", &[&cluster])
+                .await?;
+            for table in ["heartbeats", "drift", "notifications"] {
+                tx.execute(
+                    &format!("DELETE FROM {table} WHERE cluster = $1"),
+                    &[&cluster],
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            Ok(n > 0)
+        };
+        run.await
+            .map_err(db_err(format!("forget cluster {cluster}")))
+    }
+
+    async fn claim_notification(
+        &self,
+        cluster: &str,
+        trigger: &str,
+        serial: u64,
+        at: Timestamp,
+    ) -> Result<bool> {
+        let client = self.client(&self.writer).await?;
+        let n = client
+            .execute(
+                "INSERT INTO notifications (cluster, trigger_key, serial, sent_ms) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT DO NOTHING",
+                &[&cluster, &trigger, &to_i64(serial), &at.as_millisecond()],
+            )
+            .await
+            .map_err(db_err(format!("claim notification {trigger} for cluster {cluster}")))?;
+        Ok(n > 0)
+    }
+
+    async fn heartbeat_count(&self, cluster: Option<&str>) -> Result<u64> {
+        let client = self.client(&self.reader).await?;
+        let row = client
+            .query_one(
+                "SELECT COUNT(*) FROM heartbeats WHERE ($1::TEXT IS NULL OR cluster = $1)",
+                &[&cluster],
+            )
+            .await
+            .map_err(db_err("count heartbeats"))?;
+        Ok(to_u64(row.get(0)))
+    }
+
+    async fn prune(&self, before: Timestamp) -> Result<u64> {
+        let client = self.client(&self.writer).await?;
+        client
+            .execute(
+                "DELETE FROM heartbeats WHERE received_ms < $1",
+                &[&before.as_millisecond()],
+            )
+            .await
+            .map_err(db_err("prune heartbeat log"))
+    }
+
+    async fn ping(&self) -> Result<()> {
+        let client = self.client(&self.reader).await?;
+        client
+            .simple_query("SELECT 1")
+            .await
+            .map_err(db_err("ping"))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(
+            super::redact("postgres://u:secret@h:5/db"),
+            "postgres://u:***@h:5/db"
+        );
+        assert_eq!(super::redact("host=/tmp port=5"), "host=/tmp port=5");
+    }
+}

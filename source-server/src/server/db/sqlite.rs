@@ -1,0 +1,421 @@
+//! The embedded database: one SQLite file (`windvane.db` under `--data`) in WAL mode with
+//! `synchronous=FULL`, so that a committed transaction survives `kill -9` and power loss. Throughput comes
+//! from group commit, not from weaker syncing: the ingest task hands over a whole batch of heartbeats, they
+//! go into one transaction with one fsync, and only then are their 2xx answers sent.
+//!
+//! One connection writes (behind a mutex, used from blocking threads); another reads, so the page and API
+//! never wait for a commit (WAL lets readers run beside the writer).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use jiff::Timestamp;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::{
+    Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, IngestOutcome,
+    RowUpdate, SequenceState, VerifiedHeartbeat, check_sequence, decide_enroll, from_ms,
+    labels_from_json, schema, to_i64, to_u64,
+};
+use crate::server::status::parse_sync_state;
+use crate::{Error, Result};
+
+/// The database file's name under `--data`.
+pub const FILE_NAME: &str = "windvane.db";
+
+/// SQLite behind the [`Database`] trait.
+#[derive(Debug, Clone)]
+pub struct SqliteDb {
+    path: PathBuf,
+    writer: Arc<Mutex<Connection>>,
+    reader: Arc<Mutex<Connection>>,
+}
+
+fn db_err(operation: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> Error {
+    let operation = operation.into();
+    move |e| Error::Database {
+        operation,
+        detail: e.to_string(),
+    }
+}
+
+fn open_connection(path: &Path) -> std::result::Result<Connection, rusqlite::Error> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    // FULL: the WAL is fsynced at every commit, so an answered heartbeat is on disk.
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+impl SqliteDb {
+    /// Opens (creating if needed) `dir/windvane.db` and its schema.
+    pub fn open(dir: &Path) -> Result<SqliteDb> {
+        let path = dir.join(FILE_NAME);
+        let open_err = |detail: String| Error::DatabaseOpen {
+            location: path.display().to_string(),
+            detail,
+        };
+        std::fs::create_dir_all(dir)
+            .map_err(|e| open_err(format!("create {}: {e}", dir.display())))?;
+        let writer = open_connection(&path).map_err(|e| open_err(e.to_string()))?;
+        writer
+            .execute_batch(&schema("INTEGER PRIMARY KEY AUTOINCREMENT"))
+            .map_err(|e| open_err(format!("create schema: {e}")))?;
+        let reader = open_connection(&path).map_err(|e| open_err(e.to_string()))?;
+        Ok(SqliteDb {
+            path,
+            writer: Arc::new(Mutex::new(writer)),
+            reader: Arc::new(Mutex::new(reader)),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    async fn with_writer<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let conn = Arc::clone(&self.writer);
+        blocking(move || f(&mut conn.lock().unwrap_or_else(|p| p.into_inner()))).await
+    }
+
+    async fn with_reader<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let conn = Arc::clone(&self.reader);
+        blocking(move || f(&conn.lock().unwrap_or_else(|p| p.into_inner()))).await
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Database {
+            operation: "run blocking task".into(),
+            detail: e.to_string(),
+        })?
+}
+
+const SUMMARY_COLUMNS: &str = "name, fleet, keyid, labels, enrolled_ms, rekey_allowed, last_sequence, last_seen_ms, \
+     interval_seconds, state, channel, applied_serial, last_error, drift_total";
+
+fn summary_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ClusterSummary> {
+    Ok(ClusterSummary {
+        name: row.get(0)?,
+        fleet: row.get(1)?,
+        keyid: row.get(2)?,
+        labels: labels_from_json(&row.get::<_, String>(3)?),
+        enrolled_at: from_ms(row.get(4)?),
+        rekey_allowed: row.get::<_, i64>(5)? != 0,
+        last_sequence: to_u64(row.get(6)?),
+        last_seen: row.get::<_, Option<i64>>(7)?.map(from_ms),
+        interval_seconds: row.get::<_, Option<i64>>(8)?.map(to_u64),
+        state: row
+            .get::<_, Option<String>>(9)?
+            .and_then(|s| parse_sync_state(&s)),
+        channel: row.get(10)?,
+        applied_serial: row.get::<_, Option<i64>>(11)?.map(to_u64),
+        last_error: row.get(12)?,
+        drift_total: to_u64(row.get(13)?),
+    })
+}
+
+fn ingest_batch(
+    conn: &mut Connection,
+    batch: &[VerifiedHeartbeat],
+) -> rusqlite::Result<Vec<IngestOutcome>> {
+    let tx = conn.transaction()?;
+    let mut outcomes = Vec::with_capacity(batch.len());
+    {
+        let mut select =
+            tx.prepare_cached("SELECT keyid, last_sequence, state FROM clusters WHERE name = ?1")?;
+        let mut update = tx.prepare_cached(
+            "UPDATE clusters SET last_sequence = ?2, last_seen_ms = ?3, interval_seconds = ?4, state = ?5, \
+             channel = ?6, applied_serial = ?7, last_error = ?8, \
+             labels = CASE WHEN ?9 = '{}' THEN labels ELSE ?9 END, \
+             drift_total = drift_total + ?10, heartbeat = ?11 WHERE name = ?1",
+        )?;
+        let mut log = tx.prepare_cached(
+            "INSERT INTO heartbeats (cluster, sequence, received_ms, state) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT (cluster, sequence) DO UPDATE SET received_ms = excluded.received_ms, state = excluded.state",
+        )?;
+        let mut drift = tx.prepare_cached(
+            "INSERT INTO drift (cluster, sequence, received_ms, detected_ms, record) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?;
+        for hb in batch {
+            let name = &hb.heartbeat.cluster;
+            let current: Option<(String, i64, Option<String>)> = select
+                .query_row([name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .optional()?;
+            let sequence_state = current.as_ref().map(|(keyid, last, _)| SequenceState {
+                keyid: keyid.clone(),
+                last_sequence: to_u64(*last),
+            });
+            if let Some(refusal) =
+                check_sequence(sequence_state.as_ref(), &hb.keyid, hb.heartbeat.sequence)
+            {
+                outcomes.push(refusal);
+                continue;
+            }
+            let previous = current
+                .and_then(|(_, _, state)| state)
+                .and_then(|s| parse_sync_state(&s));
+            let row = RowUpdate::of(hb);
+            update.execute(params![
+                name,
+                row.sequence,
+                row.received_ms,
+                row.interval_seconds,
+                row.state,
+                row.channel,
+                row.applied_serial,
+                row.last_error,
+                row.labels_json,
+                row.drift_count,
+                hb.payload,
+            ])?;
+            log.execute(params![name, row.sequence, row.received_ms, row.state])?;
+            for record in &hb.heartbeat.drift {
+                let json = serde_json::to_string(record).unwrap_or_default();
+                drift.execute(params![
+                    name,
+                    row.sequence,
+                    row.received_ms,
+                    record.detected_at.as_millisecond(),
+                    json
+                ])?;
+            }
+            outcomes.push(IngestOutcome::Accepted { previous });
+        }
+    }
+    tx.commit()?;
+    Ok(outcomes)
+}
+
+impl Database for SqliteDb {
+    async fn enroll(&self, e: Enrollment) -> Result<EnrollOutcome> {
+        let operation = format!("enroll cluster {}", e.cluster);
+        self.with_writer(move |conn| {
+            let run = |conn: &mut Connection| -> rusqlite::Result<EnrollOutcome> {
+                let tx = conn.transaction()?;
+                let existing: Option<Binding> = tx
+                    .query_row("SELECT fleet, keyid, rekey_allowed FROM clusters WHERE name = ?1", [&e.cluster], |r| {
+                        Ok(Binding { fleet: r.get(0)?, keyid: r.get(1)?, rekey_allowed: r.get::<_, i64>(2)? != 0 })
+                    })
+                    .optional()?;
+                let outcome = decide_enroll(existing.as_ref(), &e.fleet, &e.keyid);
+                let labels = serde_json::to_string(&e.labels).unwrap_or_else(|_| "{}".into());
+                match outcome {
+                    EnrollOutcome::Enrolled => {
+                        tx.execute(
+                            "INSERT INTO clusters (name, fleet, keyid, public_key, labels, enrolled_ms) \
+                             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                            params![e.cluster, e.fleet, e.keyid, e.public_key_pem, labels, e.at.as_millisecond()],
+                        )?;
+                    }
+                    EnrollOutcome::AlreadyEnrolled => {
+                        tx.execute("UPDATE clusters SET labels = ?2 WHERE name = ?1", params![e.cluster, labels])?;
+                    }
+                    EnrollOutcome::Rekeyed => {
+                        tx.execute(
+                            "UPDATE clusters SET fleet = ?2, keyid = ?3, public_key = ?4, labels = ?5, enrolled_ms = ?6, \
+                             rekey_allowed = 0, last_sequence = 0 WHERE name = ?1",
+                            params![e.cluster, e.fleet, e.keyid, e.public_key_pem, labels, e.at.as_millisecond()],
+                        )?;
+                    }
+                    EnrollOutcome::KeyConflict | EnrollOutcome::FleetConflict => {}
+                }
+                tx.commit()?;
+                Ok(outcome)
+            };
+            run(conn).map_err(db_err(operation))
+        })
+        .await
+    }
+
+    async fn cluster_key(&self, cluster: &str) -> Result<Option<(String, String, String)>> {
+        let cluster = cluster.to_owned();
+        self.with_reader(move |conn| {
+            conn.prepare_cached("SELECT fleet, keyid, public_key FROM clusters WHERE name = ?1")
+                .and_then(|mut s| {
+                    s.query_row([&cluster], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                        .optional()
+                })
+                .map_err(db_err(format!("read key of cluster {cluster}")))
+        })
+        .await
+    }
+
+    async fn ingest(&self, batch: Vec<VerifiedHeartbeat>) -> Result<Vec<IngestOutcome>> {
+        let size = batch.len();
+        self.with_writer(move |conn| {
+            ingest_batch(conn, &batch)
+                .map_err(db_err(format!("store a batch of {size} heartbeats")))
+        })
+        .await
+    }
+
+    async fn list_clusters(&self) -> Result<Vec<ClusterSummary>> {
+        self.with_reader(|conn| {
+            let run = || -> rusqlite::Result<Vec<ClusterSummary>> {
+                let mut stmt = conn.prepare_cached(&format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM clusters ORDER BY name"
+                ))?;
+                let rows = stmt.query_map([], summary_from_row)?;
+                rows.collect()
+            };
+            run().map_err(db_err("list clusters"))
+        })
+        .await
+    }
+
+    async fn get_cluster(&self, cluster: &str) -> Result<Option<(ClusterSummary, Option<String>)>> {
+        let cluster = cluster.to_owned();
+        self.with_reader(move |conn| {
+            conn.prepare_cached(&format!(
+                "SELECT {SUMMARY_COLUMNS}, heartbeat FROM clusters WHERE name = ?1"
+            ))
+            .and_then(|mut s| {
+                s.query_row([&cluster], |r| Ok((summary_from_row(r)?, r.get(14)?)))
+                    .optional()
+            })
+            .map_err(db_err(format!("read cluster {cluster}")))
+        })
+        .await
+    }
+
+    async fn drift(
+        &self,
+        cluster: Option<&str>,
+        since: Option<Timestamp>,
+        limit: u32,
+    ) -> Result<Vec<DriftEntry>> {
+        let cluster = cluster.map(str::to_owned);
+        let since_ms = since.map_or(i64::MIN, |t| t.as_millisecond());
+        self.with_reader(move |conn| {
+            let run = || -> rusqlite::Result<Vec<DriftEntry>> {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT cluster, sequence, received_ms, record FROM drift \
+                     WHERE (?1 IS NULL OR cluster = ?1) AND detected_ms >= ?2 \
+                     ORDER BY detected_ms DESC, id DESC LIMIT ?3",
+                )?;
+                let rows = stmt.query_map(params![cluster, since_ms, i64::from(limit)], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, String>(3)?,
+                    ))
+                })?;
+                let mut out = Vec::new();
+                for row in rows {
+                    let (cluster, sequence, received_ms, record) = row?;
+                    if let Ok(record) = serde_json::from_str(&record) {
+                        out.push(DriftEntry {
+                            cluster,
+                            sequence: to_u64(sequence),
+                            received_at: from_ms(received_ms),
+                            record,
+                        });
+                    }
+                }
+                Ok(out)
+            };
+            run().map_err(db_err("read drift log"))
+        })
+        .await
+    }
+
+    async fn allow_rekey(&self, cluster: &str) -> Result<bool> {
+        let cluster = cluster.to_owned();
+        self.with_writer(move |conn| {
+            conn.execute(
+                "UPDATE clusters SET rekey_allowed = 1 WHERE name = ?1",
+                [&cluster],
+            )
+            .map(|n| n > 0)
+            .map_err(db_err(format!("allow rekey of cluster {cluster}")))
+        })
+        .await
+    }
+
+    async fn forget(&self, cluster: &str) -> Result<bool> {
+        let cluster = cluster.to_owned();
+        self.with_writer(move |conn| {
+            let run = |conn: &mut Connection| -> rusqlite::Result<bool> {
+                let tx = conn.transaction()?;
+                let n = tx.execute("DELETE FROM clusters WHERE name = ?1", [&cluster])?;
+                for table in ["heartbeats", "drift", "notifications"] {
+                    tx.execute(
+                        &format!("DELETE FROM {table} WHERE cluster = ?1"),
+                        [&cluster],
+                    )?;
+                }
+                tx.commit()?;
+                Ok(n > 0)
+            };
+            run(conn).map_err(db_err(format!("forget cluster {cluster}")))
+        })
+        .await
+    }
+
+    async fn claim_notification(
+        &self,
+        cluster: &str,
+        trigger: &str,
+        serial: u64,
+        at: Timestamp,
+    ) -> Result<bool> {
+        let (cluster, trigger) = (cluster.to_owned(), trigger.to_owned());
+        self.with_writer(move |conn| {
+            conn.execute(
+                "INSERT INTO notifications (cluster, trigger_key, serial, sent_ms) VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT DO NOTHING",
+                params![cluster, trigger, to_i64(serial), at.as_millisecond()],
+            )
+            .map(|n| n > 0)
+            .map_err(db_err(format!("claim notification {trigger} for cluster {cluster}")))
+        })
+        .await
+    }
+
+    async fn heartbeat_count(&self, cluster: Option<&str>) -> Result<u64> {
+        let cluster = cluster.map(str::to_owned);
+        self.with_reader(move |conn| {
+            conn.query_row(
+                "SELECT COUNT(*) FROM heartbeats WHERE (?1 IS NULL OR cluster = ?1)",
+                [&cluster],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(to_u64)
+            .map_err(db_err("count heartbeats"))
+        })
+        .await
+    }
+
+    async fn prune(&self, before: Timestamp) -> Result<u64> {
+        self.with_writer(move |conn| {
+            conn.execute(
+                "DELETE FROM heartbeats WHERE received_ms < ?1",
+                [before.as_millisecond()],
+            )
+            .map(|n| n as u64)
+            .map_err(db_err("prune heartbeat log"))
+        })
+        .await
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.with_reader(|conn| {
+            conn.query_row("SELECT 1", [], |_| Ok(()))
+                .map_err(db_err("ping"))
+        })
+        .await
+    }
+}

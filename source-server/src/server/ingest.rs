@@ -1,0 +1,585 @@
+//! Enrolment and heartbeat intake. The checks are pure functions ([`check_enroll`], [`check_heartbeat`]):
+//! bytes and the bound key in, a verified heartbeat or a [`Refusal`] (with its HTTP status and a clear
+//! message) out, nothing stored. Accepted heartbeats go through a bounded queue to one writer task
+//! ([`run_writer`]) that stores them in batches, one transaction each (group commit), and answers each
+//! request only after its batch committed. When the queue is full the handler answers 429 with
+//! `Retry-After` at once: a slow disk sheds load instead of growing memory or latency.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use hyper::StatusCode;
+use jiff::Timestamp;
+use tokio::sync::{mpsc, oneshot};
+use windvane_shared::dsse::{self, Envelope};
+use windvane_shared::heartbeat::{
+    EnrollRequest, HEARTBEAT_PAYLOAD_TYPE, Heartbeat, MAX_DRIFT_RECORDS_PER_HEARTBEAT,
+    MAX_PROBLEMS_PER_HEARTBEAT,
+};
+use windvane_shared::keys::{self, TrustedKeys};
+
+use super::db::{Database, Db, IngestOutcome, VerifiedHeartbeat};
+use super::metrics::{HeartbeatResult, Metrics};
+use super::notify;
+
+/// Longest interval an agent may announce (the grace period is a multiple of it).
+pub const MAX_INTERVAL_SECONDS: u64 = 24 * 3600;
+/// Most labels a cluster may carry, and the longest key or value.
+const MAX_LABELS: usize = 64;
+const MAX_LABEL_LEN: usize = 317;
+
+/// Why a request was refused: each maps to a 4xx (or 429/503) and a stable `reason` code in the JSON error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    Malformed(String),
+    TooLarge {
+        limit: u64,
+    },
+    UnknownCluster(String),
+    BadSignature(String),
+    ClusterMismatch {
+        url: String,
+        signed: String,
+    },
+    FleetMismatch {
+        enrolled: String,
+        signed: String,
+    },
+    ClockSkew {
+        sent_at: Timestamp,
+        now: Timestamp,
+        max_skew: Duration,
+    },
+    Replay {
+        sequence: u64,
+        last: u64,
+    },
+    KeyConflict(String),
+    Overloaded {
+        retry_after: u64,
+    },
+    Unavailable(String),
+}
+
+impl Refusal {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Refusal::Malformed(_) | Refusal::ClockSkew { .. } => StatusCode::BAD_REQUEST,
+            Refusal::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::UnknownCluster(_) => StatusCode::NOT_FOUND,
+            Refusal::BadSignature(_) => StatusCode::UNAUTHORIZED,
+            Refusal::ClusterMismatch { .. } | Refusal::FleetMismatch { .. } => {
+                StatusCode::FORBIDDEN
+            }
+            Refusal::Replay { .. } | Refusal::KeyConflict(_) => StatusCode::CONFLICT,
+            Refusal::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The stable code in the JSON error's `reason`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::KeyConflict(_) => "key_conflict",
+            other => other.metric().as_str(),
+        }
+    }
+
+    pub fn metric(&self) -> HeartbeatResult {
+        match self {
+            Refusal::Malformed(_) => HeartbeatResult::Malformed,
+            Refusal::TooLarge { .. } => HeartbeatResult::TooLarge,
+            Refusal::UnknownCluster(_) => HeartbeatResult::UnknownCluster,
+            Refusal::BadSignature(_) | Refusal::KeyConflict(_) => HeartbeatResult::BadSignature,
+            Refusal::ClusterMismatch { .. } | Refusal::FleetMismatch { .. } => {
+                HeartbeatResult::ClusterMismatch
+            }
+            Refusal::ClockSkew { .. } => HeartbeatResult::ClockSkew,
+            Refusal::Replay { .. } => HeartbeatResult::Replay,
+            Refusal::Overloaded { .. } => HeartbeatResult::Overloaded,
+            Refusal::Unavailable(_) => HeartbeatResult::Error,
+        }
+    }
+
+    pub fn message(&self) -> String {
+        match self {
+            Refusal::Malformed(detail) => format!("malformed request: {detail}"),
+            Refusal::TooLarge { limit } => format!("body larger than {limit} bytes"),
+            Refusal::UnknownCluster(name) => {
+                format!("cluster {name} is not enrolled: enrol it first")
+            }
+            Refusal::BadSignature(detail) => format!("signature refused: {detail}"),
+            Refusal::ClusterMismatch { url, signed } => {
+                format!(
+                    "heartbeat is signed for cluster {signed:?} but was sent for cluster {url:?}"
+                )
+            }
+            Refusal::FleetMismatch { enrolled, signed } => {
+                format!(
+                    "heartbeat is for fleet {signed:?} but the cluster is enrolled in fleet {enrolled:?}"
+                )
+            }
+            Refusal::ClockSkew {
+                sent_at,
+                now,
+                max_skew,
+            } => format!(
+                "sent_at {sent_at} is more than {} away from the server's clock ({now}): check the cluster's clock",
+                windvane_shared::duration::format_duration(*max_skew)
+            ),
+            Refusal::Replay { sequence, last } => {
+                format!(
+                    "sequence {sequence} is not above the last stored sequence {last} (replay or restarted counter)"
+                )
+            }
+            Refusal::KeyConflict(name) => format!(
+                "cluster {name} is enrolled with another key; an admin must run `windvane cluster rekey {name}` (or \
+                 `forget`) first"
+            ),
+            Refusal::Overloaded { retry_after } => {
+                format!("server busy; retry after {retry_after} s")
+            }
+            Refusal::Unavailable(detail) => format!("cannot store now: {detail}"),
+        }
+    }
+}
+
+/// The key a cluster enrolled with, ready for checking its signatures.
+#[derive(Debug, Clone)]
+pub struct ClusterKey {
+    pub fleet: String,
+    pub keyid: String,
+    pub trusted: TrustedKeys,
+}
+
+impl ClusterKey {
+    /// From the stored `(fleet, keyid, PEM)`; `None` if the stored PEM no longer reads (never expected).
+    pub fn from_stored(cluster: &str, fleet: String, pem: &str) -> Option<ClusterKey> {
+        let key = keys::verifying_key_from_pem(pem, cluster).ok()?;
+        let mut trusted = TrustedKeys::new();
+        let keyid = trusted.insert(key).ok()?;
+        Some(ClusterKey {
+            fleet,
+            keyid,
+            trusted,
+        })
+    }
+}
+
+/// A checked enrolment: the key's id and its normalised PEM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedEnroll {
+    pub keyid: String,
+    pub public_key_pem: String,
+}
+
+/// Checks an enrolment body (the token is checked by the caller, before this): names, labels, and a strong
+/// Ed25519 public key.
+pub fn check_enroll(url_cluster: &str, request: &EnrollRequest) -> Result<CheckedEnroll, Refusal> {
+    check_fleet_name(&request.fleet)?;
+    check_labels(&request.labels)?;
+    let key = keys::verifying_key_from_pem(
+        &request.public_key,
+        &format!("public key of cluster {url_cluster}"),
+    )
+    .map_err(|e| Refusal::Malformed(e.to_string()))?;
+    Ok(CheckedEnroll {
+        keyid: keys::keyid(&key),
+        public_key_pem: keys::verifying_key_to_pem(&key),
+    })
+}
+
+fn check_fleet_name(fleet: &str) -> Result<(), Refusal> {
+    if fleet.is_empty() || fleet.len() > 253 || !fleet.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Refusal::Malformed(format!("invalid fleet name {fleet:?}")));
+    }
+    Ok(())
+}
+
+fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), Refusal> {
+    if labels.len() > MAX_LABELS {
+        return Err(Refusal::Malformed(format!(
+            "{} labels, at most {MAX_LABELS}",
+            labels.len()
+        )));
+    }
+    for (key, value) in labels {
+        if key.is_empty() || key.len() > MAX_LABEL_LEN || value.len() > MAX_LABEL_LEN {
+            return Err(Refusal::Malformed(format!(
+                "label {key:?} is empty or too long"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a heartbeat body against the cluster's bound key, in order: envelope, payload type and signature
+/// (before anything in the payload is believed), payload, cluster and fleet names, limits, and the clock.
+/// The sequence is judged later against the stored row, inside the batch's transaction.
+pub fn check_heartbeat(
+    url_cluster: &str,
+    body: &[u8],
+    key: &ClusterKey,
+    now: Timestamp,
+    max_skew: Duration,
+) -> Result<VerifiedHeartbeat, Refusal> {
+    let envelope =
+        Envelope::from_json_slice(body).map_err(|e| Refusal::Malformed(e.to_string()))?;
+    let (payload, keyid) =
+        dsse::verify(&envelope, HEARTBEAT_PAYLOAD_TYPE, &key.trusted).map_err(|e| match e {
+            windvane_shared::Error::Malformed { .. }
+            | windvane_shared::Error::WrongPayloadType { .. } => Refusal::Malformed(e.to_string()),
+            other => Refusal::BadSignature(format!(
+                "{other}; cluster {url_cluster} is enrolled with key {}",
+                key.keyid
+            )),
+        })?;
+    let heartbeat: Heartbeat = serde_json::from_slice(&payload)
+        .map_err(|e| Refusal::Malformed(format!("heartbeat payload: {e}")))?;
+    if heartbeat.cluster != url_cluster {
+        return Err(Refusal::ClusterMismatch {
+            url: url_cluster.to_owned(),
+            signed: heartbeat.cluster,
+        });
+    }
+    if heartbeat.fleet != key.fleet {
+        return Err(Refusal::FleetMismatch {
+            enrolled: key.fleet.clone(),
+            signed: heartbeat.fleet,
+        });
+    }
+    if heartbeat.sequence == 0 || i64::try_from(heartbeat.sequence).is_err() {
+        return Err(Refusal::Malformed(format!(
+            "sequence {} is outside 1..=2^63-1",
+            heartbeat.sequence
+        )));
+    }
+    if !(1..=MAX_INTERVAL_SECONDS).contains(&heartbeat.interval_seconds) {
+        return Err(Refusal::Malformed(format!(
+            "intervalSeconds {} is outside 1..={MAX_INTERVAL_SECONDS}",
+            heartbeat.interval_seconds
+        )));
+    }
+    if heartbeat.drift.len() > MAX_DRIFT_RECORDS_PER_HEARTBEAT
+        || heartbeat.problems.len() > MAX_PROBLEMS_PER_HEARTBEAT
+    {
+        return Err(Refusal::Malformed(
+            "too many drift records or problems in one heartbeat".to_owned(),
+        ));
+    }
+    check_labels(&heartbeat.labels)?;
+    let skew = heartbeat
+        .sent_at
+        .as_millisecond()
+        .abs_diff(now.as_millisecond());
+    if u128::from(skew) > max_skew.as_millis() {
+        return Err(Refusal::ClockSkew {
+            sent_at: heartbeat.sent_at,
+            now,
+            max_skew,
+        });
+    }
+    let payload = String::from_utf8(payload)
+        .map_err(|_| Refusal::Malformed("payload is not UTF-8".to_owned()))?;
+    Ok(VerifiedHeartbeat {
+        keyid,
+        received_at: now,
+        heartbeat,
+        payload,
+    })
+}
+
+/// The interval to ask for next: the agent's own, doubled (up to 5 minutes) while the queue is over half full.
+pub fn next_interval(agent_interval: u64, queued: usize, capacity: usize) -> u64 {
+    if capacity > 0 && queued * 2 > capacity {
+        (agent_interval.saturating_mul(2))
+            .min(300)
+            .max(agent_interval)
+    } else {
+        agent_interval
+    }
+}
+
+/// One heartbeat waiting in the queue, with where to send its outcome.
+#[derive(Debug)]
+pub struct IngestJob {
+    pub heartbeat: VerifiedHeartbeat,
+    pub reply: oneshot::Sender<Result<IngestOutcome, String>>,
+}
+
+/// The writer task: takes whatever is queued (at most `max_batch`), stores it in one transaction, answers
+/// every job, tells the notifier about accepted heartbeats, and repeats until the queue closes.
+pub async fn run_writer(
+    db: Arc<Db>,
+    mut queue: mpsc::Receiver<IngestJob>,
+    max_batch: usize,
+    metrics: Arc<Metrics>,
+    notifier: Option<mpsc::Sender<notify::Event>>,
+) {
+    let mut jobs: Vec<IngestJob> = Vec::with_capacity(max_batch);
+    while queue.recv_many(&mut jobs, max_batch).await > 0 {
+        metrics
+            .ingest_queue_depth
+            .store(queue.len() as u64, Ordering::Relaxed);
+        let batch: Vec<VerifiedHeartbeat> = jobs.iter().map(|j| j.heartbeat.clone()).collect();
+        let span = tracing::debug_span!("ingest_batch", size = batch.len());
+        let result = tracing::Instrument::instrument(db.ingest(batch), span).await;
+        metrics.ingest_batches.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Ok(outcomes) => {
+                for (job, outcome) in jobs.drain(..).zip(outcomes) {
+                    if let (IngestOutcome::Accepted { previous }, Some(notifier)) =
+                        (&outcome, &notifier)
+                    {
+                        let event = notify::Event::from_heartbeat(&job.heartbeat, *previous);
+                        if notifier.try_send(event).is_err() {
+                            metrics
+                                .notifications_dropped
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    let _ = job.reply.send(Ok(outcome));
+                }
+            }
+            Err(error) => {
+                tracing::error!(%error, "storing heartbeats failed");
+                let message = error.to_string();
+                for job in jobs.drain(..) {
+                    let _ = job.reply.send(Err(message.clone()));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use windvane_shared::heartbeat::SourceReport;
+    use windvane_shared::keys::{signing_key_from_seed, verifying_key_to_pem};
+    use windvane_shared::status::SyncState;
+
+    fn now() -> Timestamp {
+        Timestamp::from_second(1_800_000_000).expect("valid")
+    }
+
+    fn heartbeat(cluster: &str, sequence: u64, sent_at: Timestamp) -> Heartbeat {
+        Heartbeat {
+            cluster: cluster.into(),
+            fleet: "acme".into(),
+            sequence,
+            sent_at,
+            interval_seconds: 30,
+            agent_version: "test".into(),
+            labels: BTreeMap::new(),
+            state: SyncState::Synced,
+            source: SourceReport {
+                channel: "stable".into(),
+                ..SourceReport::default()
+            },
+            counts: BTreeMap::new(),
+            apps: vec![],
+            problems: vec![],
+            drift: vec![],
+            last_error: None,
+        }
+    }
+
+    fn signed(hb: &Heartbeat, seed: u8) -> Vec<u8> {
+        let key = signing_key_from_seed([seed; 32]);
+        dsse::sign(
+            HEARTBEAT_PAYLOAD_TYPE,
+            &serde_json::to_vec(hb).expect("json"),
+            &key,
+        )
+        .to_json_bytes()
+    }
+
+    fn bound(seed: u8) -> ClusterKey {
+        let pem = verifying_key_to_pem(&signing_key_from_seed([seed; 32]).verifying_key());
+        ClusterKey::from_stored("c1", "acme".into(), &pem).expect("key")
+    }
+
+    const SKEW: Duration = Duration::from_secs(300);
+
+    #[test]
+    fn a_good_heartbeat_passes() {
+        let body = signed(&heartbeat("c1", 1, now()), 1);
+        let verified = check_heartbeat("c1", &body, &bound(1), now(), SKEW).expect("accepted");
+        assert_eq!(verified.heartbeat.sequence, 1);
+        assert_eq!(verified.keyid, bound(1).keyid);
+        assert_eq!(verified.received_at, now());
+    }
+
+    #[test]
+    fn a_spoofed_key_is_a_bad_signature() {
+        let body = signed(&heartbeat("c1", 1, now()), 2);
+        let refusal = check_heartbeat("c1", &body, &bound(1), now(), SKEW).unwrap_err();
+        assert!(matches!(refusal, Refusal::BadSignature(_)), "{refusal:?}");
+        assert_eq!(refusal.status(), StatusCode::UNAUTHORIZED);
+    }
+
+    #[test]
+    fn a_tampered_payload_is_a_bad_signature() {
+        let mut envelope =
+            Envelope::from_json_slice(&signed(&heartbeat("c1", 1, now()), 1)).expect("parse");
+        let tampered = heartbeat("c1", 99, now());
+        use base64::Engine as _;
+        envelope.payload = base64::engine::general_purpose::STANDARD
+            .encode(serde_json::to_vec(&tampered).expect("json"));
+        let refusal =
+            check_heartbeat("c1", &envelope.to_json_bytes(), &bound(1), now(), SKEW).unwrap_err();
+        assert!(matches!(refusal, Refusal::BadSignature(_)), "{refusal:?}");
+    }
+
+    #[test]
+    fn clock_skew_both_ways_is_refused() {
+        for offset in [-301, 301] {
+            let sent = Timestamp::from_second(now().as_second() + offset).expect("valid");
+            let body = signed(&heartbeat("c1", 1, sent), 1);
+            let refusal = check_heartbeat("c1", &body, &bound(1), now(), SKEW).unwrap_err();
+            assert!(
+                matches!(refusal, Refusal::ClockSkew { .. }),
+                "{offset}: {refusal:?}"
+            );
+            assert_eq!(refusal.status(), StatusCode::BAD_REQUEST);
+        }
+        for offset in [-300, 300] {
+            let sent = Timestamp::from_second(now().as_second() + offset).expect("valid");
+            check_heartbeat(
+                "c1",
+                &signed(&heartbeat("c1", 1, sent), 1),
+                &bound(1),
+                now(),
+                SKEW,
+            )
+            .expect("at the edge");
+        }
+    }
+
+    #[test]
+    fn the_signed_cluster_and_fleet_must_match() {
+        let body = signed(&heartbeat("c2", 1, now()), 1);
+        let refusal = check_heartbeat("c1", &body, &bound(1), now(), SKEW).unwrap_err();
+        assert!(
+            matches!(refusal, Refusal::ClusterMismatch { .. }),
+            "{refusal:?}"
+        );
+        let mut other_fleet = heartbeat("c1", 1, now());
+        other_fleet.fleet = "other".into();
+        let refusal =
+            check_heartbeat("c1", &signed(&other_fleet, 1), &bound(1), now(), SKEW).unwrap_err();
+        assert!(
+            matches!(refusal, Refusal::FleetMismatch { .. }),
+            "{refusal:?}"
+        );
+    }
+
+    #[test]
+    fn malformed_bodies_are_refused() {
+        let key = bound(1);
+        for body in [
+            &b""[..],
+            b"{",
+            b"null",
+            b"{\"payload\":\"\",\"payloadType\":\"x\",\"signatures\":[]}",
+        ] {
+            let refusal = check_heartbeat("c1", body, &key, now(), SKEW).unwrap_err();
+            assert!(matches!(refusal, Refusal::Malformed(_)), "{refusal:?}");
+        }
+        let other_type =
+            dsse::sign("application/other", b"{}", &signing_key_from_seed([1; 32])).to_json_bytes();
+        assert!(matches!(
+            check_heartbeat("c1", &other_type, &key, now(), SKEW),
+            Err(Refusal::Malformed(_))
+        ));
+        let not_a_heartbeat = dsse::sign(
+            HEARTBEAT_PAYLOAD_TYPE,
+            b"{\"x\":1}",
+            &signing_key_from_seed([1; 32]),
+        );
+        assert!(matches!(
+            check_heartbeat("c1", &not_a_heartbeat.to_json_bytes(), &key, now(), SKEW),
+            Err(Refusal::Malformed(_))
+        ));
+        let mut zero = heartbeat("c1", 0, now());
+        assert!(matches!(
+            check_heartbeat("c1", &signed(&zero, 1), &key, now(), SKEW),
+            Err(Refusal::Malformed(_))
+        ));
+        zero.sequence = 1;
+        zero.interval_seconds = 0;
+        assert!(matches!(
+            check_heartbeat("c1", &signed(&zero, 1), &key, now(), SKEW),
+            Err(Refusal::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn enrolment_needs_a_strong_public_key() {
+        let pem = verifying_key_to_pem(&signing_key_from_seed([3; 32]).verifying_key());
+        let request = EnrollRequest {
+            token: "t".into(),
+            fleet: "acme".into(),
+            public_key: pem,
+            labels: BTreeMap::new(),
+        };
+        let checked = check_enroll("c1", &request).expect("ok");
+        assert_eq!(checked.keyid.len(), 64);
+        let bad = EnrollRequest {
+            public_key: "nope".into(),
+            ..request.clone()
+        };
+        assert!(matches!(
+            check_enroll("c1", &bad),
+            Err(Refusal::Malformed(_))
+        ));
+        let no_fleet = EnrollRequest {
+            fleet: String::new(),
+            ..request
+        };
+        assert!(matches!(
+            check_enroll("c1", &no_fleet),
+            Err(Refusal::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn intervals_stretch_under_load() {
+        assert_eq!(next_interval(30, 0, 100), 30);
+        assert_eq!(next_interval(30, 51, 100), 60);
+        assert_eq!(next_interval(200, 99, 100), 300);
+        assert_eq!(next_interval(600, 99, 100), 600);
+    }
+
+    #[test]
+    fn refusal_statuses() {
+        assert_eq!(
+            Refusal::Replay {
+                sequence: 1,
+                last: 2
+            }
+            .status(),
+            StatusCode::CONFLICT
+        );
+        assert_eq!(
+            Refusal::TooLarge { limit: 1 }.status(),
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+        assert_eq!(
+            Refusal::UnknownCluster("x".into()).status(),
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            Refusal::Overloaded { retry_after: 1 }.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert!(
+            Refusal::KeyConflict("c".into())
+                .message()
+                .contains("windvane cluster rekey c")
+        );
+    }
+}

@@ -1,0 +1,249 @@
+//! Prometheus metrics, written by hand in the text exposition format (a handful of counters and gauges do
+//! not need a registry). Counters live in [`Metrics`] and are bumped by the handlers, the ingest task and
+//! the notifier; fleet gauges are computed from the database at scrape time by the caller and passed to
+//! [`render`]. Every name starts with `windvane_`.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::status::ClusterState;
+
+/// Why a heartbeat was answered as it was: the `result` label of `windvane_heartbeats_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeartbeatResult {
+    Accepted,
+    Malformed,
+    TooLarge,
+    UnknownCluster,
+    BadSignature,
+    ClusterMismatch,
+    ClockSkew,
+    Replay,
+    Overloaded,
+    Error,
+}
+
+impl HeartbeatResult {
+    pub const ALL: [HeartbeatResult; 10] = [
+        HeartbeatResult::Accepted,
+        HeartbeatResult::Malformed,
+        HeartbeatResult::TooLarge,
+        HeartbeatResult::UnknownCluster,
+        HeartbeatResult::BadSignature,
+        HeartbeatResult::ClusterMismatch,
+        HeartbeatResult::ClockSkew,
+        HeartbeatResult::Replay,
+        HeartbeatResult::Overloaded,
+        HeartbeatResult::Error,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeartbeatResult::Accepted => "accepted",
+            HeartbeatResult::Malformed => "malformed",
+            HeartbeatResult::TooLarge => "too_large",
+            HeartbeatResult::UnknownCluster => "unknown_cluster",
+            HeartbeatResult::BadSignature => "bad_signature",
+            HeartbeatResult::ClusterMismatch => "cluster_mismatch",
+            HeartbeatResult::ClockSkew => "clock_skew",
+            HeartbeatResult::Replay => "replay",
+            HeartbeatResult::Overloaded => "overloaded",
+            HeartbeatResult::Error => "error",
+        }
+    }
+}
+
+/// The server's counters.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    heartbeats: [AtomicU64; 10],
+    pub drift_events: AtomicU64,
+    pub drift_critical: AtomicU64,
+    pub enrollments_ok: AtomicU64,
+    pub enrollments_refused: AtomicU64,
+    pub notifications_sent: AtomicU64,
+    pub notifications_failed: AtomicU64,
+    pub notifications_dropped: AtomicU64,
+    pub ingest_batches: AtomicU64,
+    pub ingest_queue_depth: AtomicU64,
+}
+
+impl Metrics {
+    pub fn heartbeat(&self, result: HeartbeatResult) {
+        self.heartbeats[result as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn heartbeat_count(&self, result: HeartbeatResult) -> u64 {
+        self.heartbeats[result as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// Fleet figures computed at scrape time.
+#[derive(Debug, Default)]
+pub struct FleetGauges {
+    pub counts: Vec<(ClusterState, u64)>,
+    /// Heartbeat age of every cluster that has sent one.
+    pub ages: Vec<Duration>,
+}
+
+fn counter(out: &mut String, name: &str, help: &str, value: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+    );
+}
+
+/// The exposition text.
+pub fn render(metrics: &Metrics, fleet: &FleetGauges) -> String {
+    let mut out = String::with_capacity(4096);
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+
+    out.push_str("# HELP windvane_clusters Enrolled clusters by the state the server shows.\n");
+    out.push_str("# TYPE windvane_clusters gauge\n");
+    for (state, count) in &fleet.counts {
+        let _ = writeln!(out, "windvane_clusters{{state=\"{state}\"}} {count}");
+    }
+
+    out.push_str("# HELP windvane_heartbeats_total Heartbeats received, by outcome.\n");
+    out.push_str("# TYPE windvane_heartbeats_total counter\n");
+    for result in HeartbeatResult::ALL {
+        let _ = writeln!(
+            out,
+            "windvane_heartbeats_total{{result=\"{}\"}} {}",
+            result.as_str(),
+            metrics.heartbeat_count(result)
+        );
+    }
+
+    let mut ages: Vec<f64> = fleet.ages.iter().map(Duration::as_secs_f64).collect();
+    ages.sort_by(f64::total_cmp);
+    out.push_str("# HELP windvane_heartbeat_age_seconds Time since each cluster's last heartbeat, across the fleet.\n");
+    out.push_str("# TYPE windvane_heartbeat_age_seconds summary\n");
+    for q in [0.5, 0.9, 0.99, 1.0] {
+        let value = quantile(&ages, q);
+        let _ = writeln!(
+            out,
+            "windvane_heartbeat_age_seconds{{quantile=\"{q}\"}} {value:.3}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "windvane_heartbeat_age_seconds_sum {:.3}",
+        ages.iter().sum::<f64>()
+    );
+    let _ = writeln!(out, "windvane_heartbeat_age_seconds_count {}", ages.len());
+
+    out.push_str("# HELP windvane_drift_events_total Drift records received in accepted heartbeats, by severity.\n");
+    out.push_str("# TYPE windvane_drift_events_total counter\n");
+    let critical = load(&metrics.drift_critical);
+    let _ = writeln!(
+        out,
+        "windvane_drift_events_total{{severity=\"critical\"}} {critical}"
+    );
+    let _ = writeln!(
+        out,
+        "windvane_drift_events_total{{severity=\"warning\"}} {}",
+        load(&metrics.drift_events).saturating_sub(critical)
+    );
+
+    out.push_str("# HELP windvane_enrollments_total Enrolment requests, by outcome.\n");
+    out.push_str("# TYPE windvane_enrollments_total counter\n");
+    let _ = writeln!(
+        out,
+        "windvane_enrollments_total{{result=\"accepted\"}} {}",
+        load(&metrics.enrollments_ok)
+    );
+    let _ = writeln!(
+        out,
+        "windvane_enrollments_total{{result=\"refused\"}} {}",
+        load(&metrics.enrollments_refused)
+    );
+
+    out.push_str(
+        "# HELP windvane_notifications_total Notifications, by outcome per sink delivery.\n",
+    );
+    out.push_str("# TYPE windvane_notifications_total counter\n");
+    for (result, value) in [
+        ("sent", &metrics.notifications_sent),
+        ("failed", &metrics.notifications_failed),
+        ("dropped", &metrics.notifications_dropped),
+    ] {
+        let _ = writeln!(
+            out,
+            "windvane_notifications_total{{result=\"{result}\"}} {}",
+            load(value)
+        );
+    }
+
+    counter(
+        &mut out,
+        "windvane_ingest_batches_total",
+        "Heartbeat batches committed.",
+        load(&metrics.ingest_batches),
+    );
+    out.push_str("# HELP windvane_ingest_queue_depth Heartbeats waiting for a batch.\n");
+    out.push_str("# TYPE windvane_ingest_queue_depth gauge\n");
+    let _ = writeln!(
+        out,
+        "windvane_ingest_queue_depth {}",
+        load(&metrics.ingest_queue_depth)
+    );
+    out
+}
+
+/// The `q` quantile of sorted values (nearest rank); zero when there are none.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::status::rollup;
+
+    #[test]
+    fn exposition_has_every_family() {
+        let metrics = Metrics::default();
+        metrics.heartbeat(HeartbeatResult::Accepted);
+        metrics.heartbeat(HeartbeatResult::Replay);
+        metrics.drift_events.fetch_add(3, Ordering::Relaxed);
+        metrics.drift_critical.fetch_add(1, Ordering::Relaxed);
+        let fleet = FleetGauges {
+            counts: rollup([ClusterState::Unknown, ClusterState::Synced]),
+            ages: vec![Duration::from_secs(10), Duration::from_secs(100)],
+        };
+        let text = render(&metrics, &fleet);
+        for line in [
+            "windvane_clusters{state=\"Unknown\"} 1",
+            "windvane_clusters{state=\"Synced\"} 1",
+            "windvane_clusters{state=\"Failed\"} 0",
+            "windvane_heartbeats_total{result=\"accepted\"} 1",
+            "windvane_heartbeats_total{result=\"replay\"} 1",
+            "windvane_heartbeat_age_seconds{quantile=\"1\"} 100.000",
+            "windvane_heartbeat_age_seconds_count 2",
+            "windvane_drift_events_total{severity=\"critical\"} 1",
+            "windvane_drift_events_total{severity=\"warning\"} 2",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.starts_with("windvane_"), "{line}");
+        }
+    }
+
+    #[test]
+    fn quantiles_by_nearest_rank() {
+        let values = [1.0, 2.0, 3.0, 4.0];
+        assert_eq!(quantile(&values, 0.5), 2.0);
+        assert_eq!(quantile(&values, 1.0), 4.0);
+        assert_eq!(quantile(&[], 0.5), 0.0);
+    }
+}

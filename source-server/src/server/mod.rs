@@ -1,0 +1,245 @@
+//! `windvane-server`: serves the static store, ingests enrolments and signed heartbeats, and shows the fleet
+//! (page, JSON API, `/metrics`), with notifications on state changes.
+//!
+//! [`Server::bind`] opens the database ([`db`]), binds the listener and starts the background tasks: the
+//! ingest writer ([`ingest::run_writer`], group commit), the notifier ([`notify::run`], when configured) and
+//! the heartbeat-log pruner. [`Server::run`] accepts HTTP/1.1 connections (hyper) until the shutdown future
+//! completes, then lets open requests finish and drains the ingest queue. Requests are routed by the pure
+//! [`route::route`] and handled in [`handlers`]. Status is computed at read time from what the database
+//! holds ([`status`], [`view`]), so every replica shows the same fleet.
+
+pub mod auth;
+pub mod db;
+mod files;
+mod handlers;
+pub mod ingest;
+pub mod metrics;
+pub mod notify;
+pub mod page;
+pub mod route;
+pub mod status;
+pub mod view;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use self::auth::{FailureLimiter, TokenHash};
+use self::db::{Database, Db};
+use self::files::FileCache;
+use self::ingest::{ClusterKey, IngestJob};
+use self::metrics::Metrics;
+use crate::{Error, Result};
+
+/// Default allowance between an agent's clock and the server's.
+pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(5 * 60);
+/// Default capacity of the ingest queue (beyond it, 429).
+pub const DEFAULT_INGEST_QUEUE: usize = 4096;
+/// Most heartbeats in one transaction.
+pub const DEFAULT_MAX_BATCH: usize = 2048;
+
+/// Everything `windvane-server serve` needs, already read and checked.
+#[derive(Debug)]
+pub struct ServeConfig {
+    /// The static store's root directory.
+    pub root: PathBuf,
+    /// The address to listen on (port 0 picks a free port).
+    pub listen: SocketAddr,
+    /// Directory for the SQLite database (unused with `database_url`).
+    pub data: PathBuf,
+    /// PostgreSQL URL; SQLite under `data` when absent.
+    pub database_url: Option<String>,
+    /// Hash of the fleet registration token (enrolment and admin endpoints).
+    pub registration_token: TokenHash,
+    /// Hash of the read token; the page, API and metrics are open when absent.
+    pub read_token: Option<TokenHash>,
+    pub notifications: Option<notify::Config>,
+    /// Fixed grace period before Unknown, instead of 3 × each cluster's interval.
+    pub unknown_after: Option<Duration>,
+    pub max_clock_skew: Duration,
+    pub ingest_queue: usize,
+    pub max_batch: usize,
+}
+
+/// Shared state of all requests.
+#[derive(Debug)]
+struct App {
+    files: FileCache,
+    db: Arc<Db>,
+    metrics: Arc<Metrics>,
+    /// Bound cluster keys by cluster name (a cache of the database; the writer re-checks the key id).
+    keys: RwLock<HashMap<String, Arc<ClusterKey>>>,
+    ingest: mpsc::Sender<IngestJob>,
+    ingest_capacity: usize,
+    registration_token: TokenHash,
+    read_token: Option<TokenHash>,
+    limiter: Mutex<FailureLimiter>,
+    unknown_after: Option<Duration>,
+    max_clock_skew: Duration,
+}
+
+/// A bound server, ready to run.
+#[derive(Debug)]
+pub struct Server {
+    listener: TcpListener,
+    app: Arc<App>,
+    writer: tokio::task::JoinHandle<()>,
+    background: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Server {
+    /// Opens the database, binds the address and starts the background tasks.
+    pub async fn bind(config: ServeConfig) -> Result<Server> {
+        let db = Arc::new(match &config.database_url {
+            Some(url) => Db::Postgres(db::postgres::PostgresDb::open(url).await?),
+            None => Db::Sqlite(db::sqlite::SqliteDb::open(&config.data)?),
+        });
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| Error::Listen {
+                addr: config.listen.to_string(),
+                source,
+            })?;
+        let metrics = Arc::new(Metrics::default());
+        let (ingest_tx, ingest_rx) = mpsc::channel(config.ingest_queue.max(1));
+
+        let mut background = Vec::new();
+        let notifier_tx = config.notifications.map(|notify_config| {
+            let (tx, rx) = mpsc::channel(8192);
+            let scan_every = config.unknown_after.map_or(Duration::from_secs(2), |u| {
+                (u / 2).clamp(Duration::from_millis(100), Duration::from_secs(2))
+            });
+            let settings = notify::NotifierSettings {
+                config: Arc::new(notify_config),
+                scan_every,
+                unknown_after: config.unknown_after,
+            };
+            background.push(tokio::spawn(notify::run(
+                settings,
+                Arc::clone(&db),
+                Arc::clone(&metrics),
+                rx,
+            )));
+            tx
+        });
+        let writer = tokio::spawn(ingest::run_writer(
+            Arc::clone(&db),
+            ingest_rx,
+            config.max_batch.max(1),
+            Arc::clone(&metrics),
+            notifier_tx,
+        ));
+        background.push(tokio::spawn(prune_loop(Arc::clone(&db))));
+
+        let app = Arc::new(App {
+            files: FileCache::new(config.root),
+            db,
+            metrics,
+            keys: RwLock::new(HashMap::new()),
+            ingest: ingest_tx,
+            ingest_capacity: config.ingest_queue.max(1),
+            registration_token: config.registration_token,
+            read_token: config.read_token,
+            limiter: Mutex::new(FailureLimiter::new(10, Duration::from_secs(60))),
+            unknown_after: config.unknown_after,
+            max_clock_skew: config.max_clock_skew,
+        });
+        Ok(Server {
+            listener,
+            app,
+            writer,
+            background,
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.listener.local_addr().map_err(|source| Error::Listen {
+            addr: "bound socket".into(),
+            source,
+        })
+    }
+
+    /// Serves until `shutdown` completes; then stops accepting, lets open requests finish (up to 10 s) and
+    /// stores what is still queued.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        let Server {
+            listener,
+            app,
+            writer,
+            background,
+        } = self;
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        tokio::pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(pair) => pair,
+                    Err(error) => {
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            let _ = stream.set_nodelay(true);
+            let app = Arc::clone(&app);
+            let service = service_fn(move |request| {
+                let app = Arc::clone(&app);
+                async move { Ok::<_, Infallible>(handlers::handle(&app, request, peer).await) }
+            });
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(30))
+                .serve_connection(TokioIo::new(stream), service);
+            let connection = graceful.watch(connection);
+            tokio::spawn(async move {
+                if let Err(error) = connection.await {
+                    tracing::debug!(%error, %peer, "connection ended with an error");
+                }
+            });
+        }
+        drop(listener);
+        tracing::info!("shutting down: finishing open requests");
+        if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("open connections did not finish within 10 s");
+        }
+        drop(app);
+        for task in background {
+            task.abort();
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), writer).await;
+        Ok(())
+    }
+}
+
+/// Deletes heartbeat-log rows older than the retention, hourly.
+async fn prune_loop(db: Arc<Db>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        tick.tick().await;
+        let before = jiff::Timestamp::now()
+            .checked_sub(
+                jiff::SignedDuration::try_from(db::HEARTBEAT_LOG_RETENTION).unwrap_or_default(),
+            )
+            .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+        match db.prune(before).await {
+            Ok(n) if n > 0 => tracing::info!(rows = n, "pruned the heartbeat log"),
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "pruning the heartbeat log failed"),
+        }
+    }
+}

@@ -1,0 +1,792 @@
+//! Notifications: which state changes and drift page someone, deduplicated, and delivered to webhooks.
+//!
+//! Configured from a JSON (or YAML) file ([`Config`]): sinks — a generic JSON webhook or a Slack-compatible
+//! incoming webhook — each optionally limited to some triggers, a minimum severity and a label selector.
+//! Triggers: a cluster enters OutOfSync, Degraded, Failed, Contested or Unknown; it recovers (reaches Synced
+//! after any of those); drift on RBAC (`rbac.authorization.k8s.io`), NetworkPolicy, admission webhook
+//! configurations or `securityContext` fields (always severity critical).
+//!
+//! Events come from the ingest writer (each accepted heartbeat, after its commit) and from a periodic scan of
+//! the database (which is how silence becomes Unknown). The decisions are pure ([`Tracker::observe`],
+//! [`transition`], [`drift_severity`]); each candidate is then claimed in the database under
+//! `(cluster, trigger, release serial)`, so it is sent once across restarts and replicas, and handed to
+//! delivery tasks that retry with exponential backoff. Ingestion never waits for any of this: events travel
+//! through a bounded queue and are dropped (and counted) when it is full; deliveries run on their own tasks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Semaphore, mpsc};
+use windvane_shared::heartbeat::DriftRecord;
+
+use super::db::{Database, Db, VerifiedHeartbeat};
+use super::metrics::Metrics;
+use super::status::{self, ClusterFacts, ClusterState, Filter};
+use crate::{Error, Result};
+
+/// How bad a notification is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trigger {
+    /// The cluster entered an alerting state.
+    Entered(ClusterState),
+    /// The cluster is Synced again after an alerting state.
+    Recovered,
+    /// Security-relevant drift on one object.
+    Drift { object: String },
+}
+
+impl Trigger {
+    /// The trigger's name in configs and payloads: the state's name, `Recovered` or `Drift`.
+    pub fn name(&self) -> &str {
+        match self {
+            Trigger::Entered(state) => state.as_str(),
+            Trigger::Recovered => "Recovered",
+            Trigger::Drift { .. } => "Drift",
+        }
+    }
+
+    /// The dedup key within a cluster and serial.
+    pub fn key(&self) -> String {
+        match self {
+            Trigger::Drift { object } => format!("Drift {object}"),
+            other => other.name().to_owned(),
+        }
+    }
+}
+
+/// One kind of sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    /// POSTs the notification as JSON.
+    Webhook,
+    /// POSTs `{"text": …}` to a Slack-compatible incoming webhook.
+    Slack,
+}
+
+/// One destination.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Sink {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: SinkKind,
+    pub url: String,
+    /// Trigger names (`Failed`, `Unknown`, `Recovered`, `Drift`, …); absent = all.
+    #[serde(default)]
+    pub triggers: Option<Vec<String>>,
+    #[serde(default = "default_severity")]
+    pub min_severity: Severity,
+    /// A label selector: only clusters it matches.
+    #[serde(default)]
+    pub selector: Option<String>,
+}
+
+fn default_severity() -> Severity {
+    Severity::Info
+}
+
+/// The notifications config file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Config {
+    pub sinks: Vec<Sink>,
+}
+
+const TRIGGER_NAMES: [&str; 7] = [
+    "OutOfSync",
+    "Degraded",
+    "Failed",
+    "Contested",
+    "Unknown",
+    "Recovered",
+    "Drift",
+];
+
+impl Config {
+    /// Reads and checks the file: JSON, or YAML if the file is not JSON.
+    pub fn load(path: &Path) -> Result<Config> {
+        let bad = |detail: String| Error::NotificationConfig {
+            path: path.to_path_buf(),
+            detail,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let config = Config::parse(&text).map_err(bad)?;
+        Ok(config)
+    }
+
+    /// Parses config text (JSON) and checks it.
+    pub fn parse(text: &str) -> std::result::Result<Config, String> {
+        let config: Config =
+            serde_json::from_str(text).map_err(|e| format!("not valid JSON config: {e}"))?;
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> std::result::Result<(), String> {
+        for sink in &self.sinks {
+            if !(sink.url.starts_with("http://") || sink.url.starts_with("https://")) {
+                return Err(format!(
+                    "sink {}: url must be http:// or https://",
+                    sink.name
+                ));
+            }
+            for trigger in sink.triggers.iter().flatten() {
+                if !TRIGGER_NAMES.contains(&trigger.as_str()) {
+                    return Err(format!(
+                        "sink {}: unknown trigger {trigger:?}; use {}",
+                        sink.name,
+                        TRIGGER_NAMES.join(", ")
+                    ));
+                }
+            }
+            if let Some(selector) = &sink.selector {
+                Filter::parse(Some(selector), &[])
+                    .map_err(|e| format!("sink {}: {e}", sink.name))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Drift on these is critical: who may do what, what may talk to what, what admission lets in, and how
+/// containers run.
+pub fn drift_severity(record: &DriftRecord) -> Severity {
+    let critical_kind = matches!(
+        (record.group.as_str(), record.kind.as_str()),
+        ("rbac.authorization.k8s.io", _)
+            | ("networking.k8s.io", "NetworkPolicy")
+            | (
+                "admissionregistration.k8s.io",
+                "ValidatingWebhookConfiguration" | "MutatingWebhookConfiguration"
+            )
+            | (
+                "admissionregistration.k8s.io",
+                "ValidatingAdmissionPolicy" | "ValidatingAdmissionPolicyBinding"
+            )
+    );
+    let critical_field = record
+        .fields
+        .iter()
+        .any(|f| f.split('/').any(|segment| segment == "securityContext"));
+    if critical_kind || critical_field {
+        Severity::Critical
+    } else {
+        Severity::Warning
+    }
+}
+
+fn object_name(record: &DriftRecord) -> String {
+    let group = if record.group.is_empty() {
+        String::new()
+    } else {
+        format!("{}/", record.group)
+    };
+    match &record.namespace {
+        Some(ns) => format!("{group}{} {ns}/{}", record.kind, record.name),
+        None => format!("{group}{} {}", record.kind, record.name),
+    }
+}
+
+/// What the notifier learns about a cluster.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub cluster: String,
+    pub labels: BTreeMap<String, String>,
+    pub state: ClusterState,
+    /// The state stored before this heartbeat (for a notifier that has no memory of the cluster yet).
+    pub previous: Option<ClusterState>,
+    pub serial: u64,
+    pub message: Option<String>,
+    pub drift: Vec<DriftRecord>,
+    pub at: Timestamp,
+}
+
+impl Event {
+    /// The event of an accepted heartbeat.
+    pub fn from_heartbeat(
+        hb: &VerifiedHeartbeat,
+        previous: Option<windvane_shared::status::SyncState>,
+    ) -> Event {
+        let h = &hb.heartbeat;
+        Event {
+            cluster: h.cluster.clone(),
+            labels: h.labels.clone(),
+            state: ClusterState::from_reported(h.state),
+            previous: previous.map(ClusterState::from_reported),
+            serial: h.source.applied_serial.unwrap_or(0),
+            message: h.last_error.clone(),
+            drift: h
+                .drift
+                .iter()
+                .filter(|d| drift_severity(d) == Severity::Critical)
+                .cloned()
+                .collect(),
+            at: hb.received_at,
+        }
+    }
+}
+
+/// A notification to claim and send.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Notification {
+    /// `cluster/trigger-key/serial`: the dedup key, also a stable id receivers can dedupe on.
+    pub id: String,
+    pub cluster: String,
+    pub trigger: String,
+    #[serde(skip)]
+    pub trigger_key: String,
+    pub severity: Severity,
+    pub state: ClusterState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_state: Option<ClusterState>,
+    pub serial: u64,
+    pub labels: BTreeMap<String, String>,
+    pub summary: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drift: Option<DriftRecord>,
+    pub at: Timestamp,
+}
+
+/// The trigger for a move from `previous` to `next`, if any: entering an alerting state from any other
+/// state; and (given whether the cluster was alerting since it was last Synced) reaching Synced again.
+pub fn transition(
+    previous: Option<ClusterState>,
+    next: ClusterState,
+    was_alerting: bool,
+) -> Option<Trigger> {
+    if next.is_alerting() && previous != Some(next) {
+        Some(Trigger::Entered(next))
+    } else if next == ClusterState::Synced && was_alerting {
+        Some(Trigger::Recovered)
+    } else {
+        None
+    }
+}
+
+/// The notifier's memory: the last state of each cluster, and whether it has alerted since it was Synced.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    clusters: HashMap<String, (ClusterState, bool)>,
+}
+
+impl Tracker {
+    /// Updates the memory with `event` and returns the notifications it calls for (before dedup).
+    pub fn observe(&mut self, event: &Event) -> Vec<Notification> {
+        let remembered = self.clusters.get(&event.cluster).copied();
+        let previous = remembered.map(|(state, _)| state).or(event.previous);
+        let was_alerting =
+            remembered.map_or(previous.is_some_and(ClusterState::is_alerting), |(_, a)| a);
+        let trigger = transition(previous, event.state, was_alerting);
+        let alerting = match event.state {
+            ClusterState::Synced => false,
+            state if state.is_alerting() => true,
+            _ => was_alerting,
+        };
+        self.clusters
+            .insert(event.cluster.clone(), (event.state, alerting));
+
+        let critical_drift = !event.drift.is_empty();
+        let mut out = Vec::new();
+        if let Some(trigger) = trigger {
+            let severity = match &trigger {
+                Trigger::Recovered => Severity::Info,
+                Trigger::Entered(ClusterState::Failed) => Severity::Critical,
+                Trigger::Entered(ClusterState::OutOfSync) if critical_drift => Severity::Critical,
+                _ => Severity::Warning,
+            };
+            let summary = match &trigger {
+                Trigger::Recovered => format!("cluster {} recovered: Synced again", event.cluster),
+                other => format!("cluster {} is {}", event.cluster, other.name()),
+            };
+            out.push(self.notification(event, trigger, severity, previous, summary, None));
+        }
+        for record in &event.drift {
+            let object = object_name(record);
+            let who = record.manager.as_deref().unwrap_or("an unknown manager");
+            let summary = format!(
+                "critical drift on cluster {}: {object} changed by {who}",
+                event.cluster
+            );
+            let trigger = Trigger::Drift { object };
+            out.push(self.notification(
+                event,
+                trigger,
+                Severity::Critical,
+                previous,
+                summary,
+                Some(record.clone()),
+            ));
+        }
+        out
+    }
+
+    /// Forgets a cluster (after `windvane cluster forget`).
+    pub fn forget(&mut self, cluster: &str) {
+        self.clusters.remove(cluster);
+    }
+
+    fn notification(
+        &self,
+        event: &Event,
+        trigger: Trigger,
+        severity: Severity,
+        previous: Option<ClusterState>,
+        summary: String,
+        drift: Option<DriftRecord>,
+    ) -> Notification {
+        let key = trigger.key();
+        Notification {
+            id: format!("{}/{key}/{}", event.cluster, event.serial),
+            cluster: event.cluster.clone(),
+            trigger: trigger.name().to_owned(),
+            trigger_key: key,
+            severity,
+            state: event.state,
+            previous_state: previous,
+            serial: event.serial,
+            labels: event.labels.clone(),
+            summary,
+            message: event.message.clone(),
+            drift,
+            at: event.at,
+        }
+    }
+}
+
+/// Whether a sink wants a notification.
+pub fn sink_wants(sink: &Sink, notification: &Notification) -> bool {
+    let trigger_ok = sink
+        .triggers
+        .as_ref()
+        .is_none_or(|t| t.iter().any(|t| t == &notification.trigger));
+    let selector_ok = match &sink.selector {
+        Some(selector) => {
+            Filter::parse(Some(selector), &[]).is_ok_and(|f| f.matches_labels(&notification.labels))
+        }
+        None => true,
+    };
+    trigger_ok && notification.severity >= sink.min_severity && selector_ok
+}
+
+/// The request body for a sink.
+pub fn body_for(kind: SinkKind, notification: &Notification) -> serde_json::Value {
+    match kind {
+        SinkKind::Webhook => serde_json::to_value(notification).unwrap_or_default(),
+        SinkKind::Slack => {
+            let mut text = format!(
+                "[{}] {} (release serial {})",
+                match notification.severity {
+                    Severity::Critical => "CRITICAL",
+                    Severity::Warning => "warning",
+                    Severity::Info => "resolved",
+                },
+                notification.summary,
+                notification.serial
+            );
+            if let Some(message) = &notification.message {
+                text.push_str(&format!("\n> {message}"));
+            }
+            serde_json::json!({ "text": text })
+        }
+    }
+}
+
+/// Delay before retry `attempt` (1-based): 0.5 s doubling, at most 30 s.
+pub fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(500u64.saturating_mul(1u64 << attempt.saturating_sub(1).min(6)))
+        .min(Duration::from_secs(30))
+}
+
+/// How many times a delivery is tried.
+pub const MAX_ATTEMPTS: u32 = 6;
+
+/// Settings of the notifier task.
+#[derive(Debug, Clone)]
+pub struct NotifierSettings {
+    pub config: Arc<Config>,
+    pub scan_every: Duration,
+    pub unknown_after: Option<Duration>,
+}
+
+/// The notifier task: observes heartbeat events and periodic scans, claims, and delivers.
+pub async fn run(
+    settings: NotifierSettings,
+    db: Arc<Db>,
+    metrics: Arc<Metrics>,
+    mut events: mpsc::Receiver<Event>,
+) {
+    let client = match reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(10))
+        .build()
+    {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::error!(%error, "cannot build the HTTP client for notifications; notifications are off");
+            return;
+        }
+    };
+    let deliveries = Arc::new(Semaphore::new(32));
+    let mut tracker = Tracker::default();
+    let mut scan = tokio::time::interval(settings.scan_every);
+    scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let candidates = tokio::select! {
+            event = events.recv() => match event {
+                Some(event) => tracker.observe(&event),
+                None => return,
+            },
+            _ = scan.tick() => match scan_events(&db, settings.unknown_after).await {
+                Ok(events) => events.iter().flat_map(|e| tracker.observe(e)).collect(),
+                Err(error) => {
+                    tracing::warn!(%error, "notification scan failed");
+                    Vec::new()
+                }
+            },
+        };
+        for notification in candidates {
+            let sinks: Vec<Sink> = settings
+                .config
+                .sinks
+                .iter()
+                .filter(|s| sink_wants(s, &notification))
+                .cloned()
+                .collect();
+            if sinks.is_empty() {
+                continue;
+            }
+            match db
+                .claim_notification(
+                    &notification.cluster,
+                    &notification.trigger_key,
+                    notification.serial,
+                    notification.at,
+                )
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(error) => {
+                    tracing::warn!(%error, id = %notification.id, "cannot claim notification; not sending it");
+                    continue;
+                }
+            }
+            tracing::info!(id = %notification.id, severity = ?notification.severity, "notifying");
+            let notification = Arc::new(notification);
+            for sink in sinks {
+                let (client, metrics, notification) = (
+                    client.clone(),
+                    Arc::clone(&metrics),
+                    Arc::clone(&notification),
+                );
+                let permits = Arc::clone(&deliveries);
+                tokio::spawn(async move {
+                    let Ok(_permit) = permits.acquire_owned().await else {
+                        return;
+                    };
+                    deliver(&client, &sink, &notification, &metrics).await;
+                });
+            }
+        }
+    }
+}
+
+/// The current state of every cluster as events (no drift: that comes with heartbeats).
+async fn scan_events(db: &Db, unknown_after: Option<Duration>) -> Result<Vec<Event>> {
+    let now = Timestamp::now();
+    let clusters = db.list_clusters().await?;
+    Ok(clusters
+        .into_iter()
+        .map(|c| {
+            let facts = ClusterFacts {
+                last_seen: c.last_seen,
+                interval: c.interval_seconds.map(Duration::from_secs),
+                reported: c.state,
+            };
+            let verdict = status::verdict(&facts, now, unknown_after);
+            let message = (verdict.state == ClusterState::Unknown).then(|| {
+                let age = verdict.heartbeat_age.unwrap_or_default();
+                format!(
+                    "no heartbeat for {} (grace {}); last reported {}",
+                    windvane_shared::duration::format_duration(Duration::from_secs(age.as_secs())),
+                    windvane_shared::duration::format_duration(verdict.grace),
+                    verdict.last_reported.map_or("nothing", |s| s.as_str())
+                )
+            });
+            Event {
+                cluster: c.name,
+                labels: c.labels,
+                state: verdict.state,
+                previous: None,
+                serial: c.applied_serial.unwrap_or(0),
+                message: message.or(c.last_error),
+                drift: Vec::new(),
+                at: now,
+            }
+        })
+        .collect())
+}
+
+async fn deliver(
+    client: &reqwest::Client,
+    sink: &Sink,
+    notification: &Notification,
+    metrics: &Metrics,
+) {
+    let body = body_for(sink.kind, notification);
+    for attempt in 1..=MAX_ATTEMPTS {
+        let result = client
+            .post(&sink.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string())
+            .send()
+            .await;
+        let retry = match result {
+            Ok(response) if response.status().is_success() => {
+                metrics.notifications_sent.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Ok(response) => {
+                let status = response.status();
+                tracing::warn!(sink = %sink.name, id = %notification.id, %status, attempt, "notification refused");
+                status.is_server_error()
+                    || status == reqwest::StatusCode::TOO_MANY_REQUESTS
+                    || status == reqwest::StatusCode::REQUEST_TIMEOUT
+            }
+            Err(error) => {
+                tracing::warn!(sink = %sink.name, id = %notification.id, error = %error, attempt, "notification failed");
+                true
+            }
+        };
+        if !retry || attempt == MAX_ATTEMPTS {
+            break;
+        }
+        tokio::time::sleep(backoff(attempt)).await;
+    }
+    metrics.notifications_failed.fetch_add(1, Ordering::Relaxed);
+    tracing::error!(sink = %sink.name, id = %notification.id, "notification not delivered");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use windvane_shared::heartbeat::DriftAction;
+
+    fn event(state: ClusterState, serial: u64) -> Event {
+        Event {
+            cluster: "c1".into(),
+            labels: [("env".to_owned(), "prod".to_owned())].into(),
+            state,
+            previous: None,
+            serial,
+            message: None,
+            drift: Vec::new(),
+            at: Timestamp::from_second(1_800_000_000).expect("valid"),
+        }
+    }
+
+    fn drift(group: &str, kind: &str, fields: &[&str]) -> DriftRecord {
+        DriftRecord {
+            app: "a".into(),
+            group: group.into(),
+            kind: kind.into(),
+            namespace: Some("ns".into()),
+            name: "x".into(),
+            fields: fields.iter().map(|f| (*f).to_owned()).collect(),
+            deleted: false,
+            manager: Some("kubectl-edit".into()),
+            operation: Some("Update".into()),
+            changed_at: None,
+            detected_at: Timestamp::from_second(1_800_000_000).expect("valid"),
+            reverted_at: None,
+            action: DriftAction::Reverted,
+        }
+    }
+
+    fn triggers(tracker: &mut Tracker, e: &Event) -> Vec<String> {
+        tracker
+            .observe(e)
+            .into_iter()
+            .map(|n| n.trigger_key)
+            .collect()
+    }
+
+    #[test]
+    fn entering_alerting_states_and_recovering() {
+        use ClusterState::*;
+        let mut t = Tracker::default();
+        assert!(triggers(&mut t, &event(Synced, 1)).is_empty());
+        assert_eq!(triggers(&mut t, &event(OutOfSync, 1)), ["OutOfSync"]);
+        assert!(
+            triggers(&mut t, &event(OutOfSync, 1)).is_empty(),
+            "no repeat while it stays"
+        );
+        assert_eq!(triggers(&mut t, &event(Degraded, 1)), ["Degraded"]);
+        assert!(triggers(&mut t, &event(Progressing, 1)).is_empty());
+        assert_eq!(
+            triggers(&mut t, &event(Synced, 1)),
+            ["Recovered"],
+            "recovery through Progressing"
+        );
+        assert!(triggers(&mut t, &event(Synced, 1)).is_empty());
+        for state in [Failed, Contested, Unknown] {
+            assert_eq!(triggers(&mut t, &event(state, 2)), [state.as_str()]);
+        }
+        assert!(triggers(&mut t, &event(Held, 2)).is_empty());
+        assert!(triggers(&mut t, &event(NeverSeen, 2)).is_empty());
+    }
+
+    #[test]
+    fn a_fresh_tracker_uses_the_stored_previous_state() {
+        use ClusterState::*;
+        let mut t = Tracker::default();
+        let mut e = event(OutOfSync, 1);
+        e.previous = Some(OutOfSync);
+        assert!(
+            triggers(&mut t, &e).is_empty(),
+            "already OutOfSync before the restart"
+        );
+        let mut t = Tracker::default();
+        let mut e = event(Synced, 1);
+        e.previous = Some(Failed);
+        assert_eq!(triggers(&mut t, &e), ["Recovered"]);
+        let mut t = Tracker::default();
+        assert_eq!(
+            triggers(&mut t, &event(Unknown, 1)),
+            ["Unknown"],
+            "first sight of a silent cluster"
+        );
+    }
+
+    #[test]
+    fn drift_severity_by_kind_and_field() {
+        assert_eq!(
+            drift_severity(&drift(
+                "rbac.authorization.k8s.io",
+                "ClusterRole",
+                &["/rules"]
+            )),
+            Severity::Critical
+        );
+        assert_eq!(
+            drift_severity(&drift("networking.k8s.io", "NetworkPolicy", &["/spec"])),
+            Severity::Critical
+        );
+        assert_eq!(
+            drift_severity(&drift(
+                "admissionregistration.k8s.io",
+                "MutatingWebhookConfiguration",
+                &[]
+            )),
+            Severity::Critical
+        );
+        assert_eq!(
+            drift_severity(&drift(
+                "apps",
+                "Deployment",
+                &["/spec/template/spec/containers/0/securityContext/privileged"]
+            )),
+            Severity::Critical
+        );
+        assert_eq!(
+            drift_severity(&drift("apps", "Deployment", &["/spec/replicas"])),
+            Severity::Warning
+        );
+        assert_eq!(
+            drift_severity(&drift("", "ConfigMap", &["/data/securityContextNote"])),
+            Severity::Warning
+        );
+    }
+
+    #[test]
+    fn critical_drift_is_notified_per_object_and_raises_out_of_sync() {
+        let mut t = Tracker::default();
+        let mut e = event(ClusterState::OutOfSync, 3);
+        e.drift = vec![drift("rbac.authorization.k8s.io", "Role", &["/rules"])];
+        let notes = t.observe(&e);
+        assert_eq!(notes.len(), 2);
+        assert_eq!(notes[0].severity, Severity::Critical);
+        assert_eq!(notes[1].trigger, "Drift");
+        assert_eq!(
+            notes[1].trigger_key,
+            "Drift rbac.authorization.k8s.io/Role ns/x"
+        );
+        assert_eq!(
+            notes[1].id,
+            "c1/Drift rbac.authorization.k8s.io/Role ns/x/3"
+        );
+        assert!(notes[1].summary.contains("kubectl-edit"));
+    }
+
+    #[test]
+    fn config_parsing_and_sink_filters() {
+        let config = Config::parse(
+            r#"{"sinks":[
+                {"name":"all","type":"webhook","url":"http://127.0.0.1:9/x"},
+                {"name":"crit","type":"slack","url":"https://hooks.example/x","minSeverity":"critical",
+                 "triggers":["Failed","Drift"],"selector":"env=prod"}]}"#,
+        )
+        .expect("valid");
+        let mut t = Tracker::default();
+        let failed = t.observe(&event(ClusterState::Failed, 1)).remove(0);
+        assert!(sink_wants(&config.sinks[0], &failed));
+        assert!(sink_wants(&config.sinks[1], &failed));
+        let recovered = t.observe(&event(ClusterState::Synced, 1)).remove(0);
+        assert!(sink_wants(&config.sinks[0], &recovered));
+        assert!(!sink_wants(&config.sinks[1], &recovered));
+        assert!(
+            Config::parse(r#"{"sinks":[{"name":"x","type":"webhook","url":"ftp://x"}]}"#).is_err()
+        );
+        assert!(
+            Config::parse(
+                r#"{"sinks":[{"name":"x","type":"webhook","url":"http://x","triggers":["Bad"]}]}"#
+            )
+            .is_err()
+        );
+        assert!(
+            Config::parse(r#"{"sinks":[{"name":"x","type":"email","url":"http://x"}]}"#).is_err()
+        );
+        assert!(Config::parse(r#"{"sinks":[],"extra":1}"#).is_err());
+    }
+
+    #[test]
+    fn slack_and_webhook_bodies() {
+        let mut t = Tracker::default();
+        let n = t.observe(&event(ClusterState::Failed, 7)).remove(0);
+        let slack = body_for(SinkKind::Slack, &n);
+        assert_eq!(
+            slack["text"],
+            "[CRITICAL] cluster c1 is Failed (release serial 7)"
+        );
+        let hook = body_for(SinkKind::Webhook, &n);
+        assert_eq!(hook["id"], "c1/Failed/7");
+        assert_eq!(hook["state"], "Failed");
+        assert_eq!(hook["severity"], "critical");
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        assert_eq!(backoff(1), Duration::from_millis(500));
+        assert_eq!(backoff(2), Duration::from_secs(1));
+        assert_eq!(backoff(3), Duration::from_secs(2));
+        assert_eq!(backoff(20), Duration::from_secs(30));
+    }
+}

@@ -1,0 +1,501 @@
+//! The fleet page (`/`) and the cluster pages (`/clusters/{name}`): server-rendered HTML with inline CSS and
+//! no script, built by pure functions from the [`FleetView`] and [`ClusterDetail`] that the JSON API also
+//! serves. The page refreshes itself (`<meta http-equiv=refresh>`), puts the counts per state at the top —
+//! Unknown drawn apart from Synced — and filters by label selector and state through plain query parameters,
+//! so every view is a link. Everything that came from a cluster or a query is HTML-escaped.
+
+use std::fmt::Write as _;
+
+use jiff::Timestamp;
+
+use super::status::ClusterState;
+use super::view::{ClusterDetail, ClusterRow, FleetView, human_age};
+
+/// Seconds between automatic refreshes.
+pub const REFRESH_SECONDS: u32 = 15;
+
+/// Escapes text for HTML element content and quoted attribute values.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Percent-encodes a query parameter value.
+fn query_value(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+const CSS: &str = r#"
+:root{--fg:#1d2330;--muted:#5b6475;--line:#d9dee7;--bg:#f6f7f9;--card:#fff;
+--failed:#b42318;--degraded:#c4320a;--contested:#9e3fb5;--outofsync:#b54708;--unknown:#475467;
+--held:#3e4784;--progressing:#175cd3;--synced:#067647;--neverseen:#667085}
+*{box-sizing:border-box}body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg)}
+header{display:flex;align-items:baseline;gap:16px;padding:12px 24px;background:#101828;color:#fff}
+header h1{font-size:17px;margin:0;font-weight:600}header a{color:#fff;text-decoration:none}
+header .meta{color:#98a2b3;font-size:12px;margin-left:auto}
+main{padding:16px 24px;max-width:1500px}
+.counts{display:flex;flex-wrap:wrap;gap:10px;margin:4px 0 16px}
+.count{display:block;min-width:112px;padding:10px 14px;background:var(--card);border:1px solid var(--line);border-left:6px solid var(--c);border-radius:6px;color:inherit;text-decoration:none}
+.count .n{font-size:26px;font-weight:650;font-variant-numeric:tabular-nums;color:var(--c)}
+.count .l{font-size:12px;color:var(--muted);text-transform:uppercase;letter-spacing:.04em}
+.count.zero{opacity:.55}.count.zero .n{color:var(--muted)}
+.count.unknown{border-style:dashed;border-left-style:solid;background:repeating-linear-gradient(135deg,#fff,#fff 8px,#f2f4f7 8px,#f2f4f7 16px)}
+.sep{width:1px;background:var(--line);margin:0 6px}
+form.filter{display:flex;gap:8px;align-items:center;margin-bottom:12px;flex-wrap:wrap}
+form.filter input[type=text]{width:340px;padding:6px 8px;border:1px solid var(--line);border-radius:4px;font:inherit}
+form.filter select,form.filter button{padding:6px 8px;border:1px solid var(--line);border-radius:4px;font:inherit;background:#fff}
+form.filter button{background:#101828;color:#fff;border-color:#101828;cursor:pointer}
+table{border-collapse:collapse;width:100%;background:var(--card);border:1px solid var(--line);border-radius:6px;overflow:hidden}
+th,td{text-align:left;padding:7px 10px;border-bottom:1px solid var(--line);vertical-align:top}
+th{font-size:12px;color:var(--muted);font-weight:600;text-transform:uppercase;letter-spacing:.04em;background:#f9fafb}
+td.num{font-variant-numeric:tabular-nums;white-space:nowrap}
+tr:last-child td{border-bottom:0}
+.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;color:#fff;background:var(--c);white-space:nowrap}
+.badge.Unknown{background:#fff;color:var(--unknown);border:1px dashed var(--unknown)}
+.badge.NeverSeen{background:#fff;color:var(--neverseen);border:1px solid var(--neverseen)}
+.s-Failed{--c:var(--failed)}.s-Degraded{--c:var(--degraded)}.s-Contested{--c:var(--contested)}.s-OutOfSync{--c:var(--outofsync)}
+.s-Unknown{--c:var(--unknown)}.s-Held{--c:var(--held)}.s-Progressing{--c:var(--progressing)}.s-Synced{--c:var(--synced)}.s-NeverSeen{--c:var(--neverseen)}
+.label{display:inline-block;margin:0 4px 2px 0;padding:0 6px;border:1px solid var(--line);border-radius:3px;font:12px ui-monospace,SFMono-Regular,Menlo,monospace;color:var(--muted);white-space:nowrap}
+.muted{color:var(--muted)}.warn{color:var(--failed)}.behind{color:var(--outofsync);font-weight:600}
+.err{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;color:var(--failed);max-width:460px;overflow-wrap:anywhere}
+a{color:#175cd3}h2{font-size:15px;margin:22px 0 8px}
+dl.facts{display:grid;grid-template-columns:max-content auto;gap:4px 16px;background:var(--card);border:1px solid var(--line);border-radius:6px;padding:12px 16px;margin:0}
+dl.facts dt{color:var(--muted)}dl.facts dd{margin:0;overflow-wrap:anywhere}
+.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px}
+.empty{padding:18px;text-align:center;color:var(--muted);background:var(--card);border:1px solid var(--line);border-radius:6px}
+footer{padding:16px 24px;color:var(--muted);font-size:12px}
+"#;
+
+fn head(out: &mut String, title: &str) {
+    let _ = write!(
+        out,
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\
+         <meta http-equiv=\"refresh\" content=\"{REFRESH_SECONDS}\">\
+         <link rel=\"icon\" href=\"data:,\"><title>{}</title><style>{CSS}</style></head><body>",
+        escape(title)
+    );
+}
+
+fn header(out: &mut String, generated_at: Timestamp) {
+    let _ = write!(
+        out,
+        "<header><h1><a href=\"/\">Windvane</a> · fleet status</h1>\
+         <span class=\"meta\">as of {} · refreshes every {REFRESH_SECONDS}s</span></header>",
+        escape(&generated_at.strftime("%Y-%m-%d %H:%M:%S UTC").to_string())
+    );
+}
+
+fn footer(out: &mut String) {
+    out.push_str(
+        "<footer>Unknown = no heartbeat within the grace period (the last reported state is shown beside it); \
+         it is never counted as Synced. JSON: <a href=\"/api/v1/fleet\">/api/v1/fleet</a> · \
+         <a href=\"/api/v1/drift\">/api/v1/drift</a> · <a href=\"/metrics\">/metrics</a></footer></body></html>",
+    );
+}
+
+fn badge(state: ClusterState) -> String {
+    format!("<span class=\"badge s-{0} {0}\">{0}</span>", state.as_str())
+}
+
+fn labels(out: &mut String, labels: &std::collections::BTreeMap<String, String>) {
+    for (key, value) in labels {
+        let _ = write!(
+            out,
+            "<span class=\"label\">{}={}</span>",
+            escape(key),
+            escape(value)
+        );
+    }
+}
+
+fn state_cell(row: &ClusterRow) -> String {
+    let mut cell = badge(row.state);
+    if row.state == ClusterState::Unknown {
+        let last = row.last_reported.map_or("nothing", |s| s.as_str());
+        let _ = write!(
+            cell,
+            " <span class=\"muted\">last reported {}</span>",
+            escape(last)
+        );
+    }
+    cell
+}
+
+fn release_cell(row: &ClusterRow) -> String {
+    let applied = row.applied_serial.map_or("–".to_owned(), |s| s.to_string());
+    let latest = row.latest_serial.map_or("–".to_owned(), |s| s.to_string());
+    let channel = row
+        .channel
+        .as_deref()
+        .map(|c| format!(" <span class=\"muted\">{}</span>", escape(c)))
+        .unwrap_or_default();
+    if row.behind() {
+        format!(
+            "<span class=\"behind\" title=\"behind the channel's latest release\">{applied} / {latest}</span>{channel}"
+        )
+    } else {
+        format!("{applied} / {latest}{channel}")
+    }
+}
+
+fn age_cell(row: &ClusterRow) -> String {
+    match row.heartbeat_age_seconds {
+        None => "<span class=\"muted\">never</span>".to_owned(),
+        Some(age) if row.state == ClusterState::Unknown => {
+            format!(
+                "<span class=\"warn\">{} ago</span> <span class=\"muted\">(grace {})</span>",
+                human_age(age),
+                human_age(row.grace_seconds)
+            )
+        }
+        Some(age) => format!("{} ago", human_age(age)),
+    }
+}
+
+/// The fleet page.
+pub fn fleet_page(view: &FleetView, selector: &str, states: &[ClusterState]) -> String {
+    let mut out = String::with_capacity(16 * 1024 + view.clusters.len() * 512);
+    head(&mut out, "Windvane · fleet");
+    header(&mut out, view.generated_at);
+    out.push_str("<main>");
+
+    out.push_str("<nav class=\"counts\" id=\"counts\" aria-label=\"clusters per state\">");
+    let selector_param = if selector.is_empty() {
+        String::new()
+    } else {
+        format!("selector={}&amp;", query_value(selector))
+    };
+    for (state, count) in &view.count_list {
+        if *state == ClusterState::NeverSeen {
+            out.push_str("<span class=\"sep\"></span>");
+        }
+        let zero = if *count == 0 { " zero" } else { "" };
+        let extra = if *state == ClusterState::Unknown {
+            " unknown"
+        } else {
+            ""
+        };
+        let _ = write!(
+            out,
+            "<a class=\"count s-{s}{zero}{extra}\" id=\"count-{s}\" href=\"/?{selector_param}state={s}\" title=\"{title}\">\
+             <div class=\"n\">{count}</div><div class=\"l\">{label}</div></a>",
+            s = state.as_str(),
+            title = match state {
+                ClusterState::Unknown => "no heartbeat within the grace period",
+                ClusterState::NeverSeen => "enrolled, never sent a heartbeat",
+                _ => "",
+            },
+            label = match state {
+                ClusterState::OutOfSync => "Out of sync",
+                ClusterState::NeverSeen => "Never seen",
+                other => other.as_str(),
+            },
+        );
+    }
+    let _ = write!(
+        out,
+        "<a class=\"count\" style=\"--c:var(--fg)\" id=\"count-total\" href=\"/?{}\"><div class=\"n\">{}</div><div class=\"l\">Total</div></a>",
+        selector_param.trim_end_matches("&amp;"),
+        view.total
+    );
+    out.push_str("</nav>");
+
+    let _ = write!(
+        out,
+        "<form class=\"filter\" method=\"get\" action=\"/\"><label for=\"selector\" class=\"muted\">Label selector</label>\
+         <input type=\"text\" id=\"selector\" name=\"selector\" value=\"{}\" placeholder=\"env=prod,region in (eu,us)\">\
+         <label for=\"state\" class=\"muted\">State</label><select id=\"state\" name=\"state\"><option value=\"\">any</option>",
+        escape(selector)
+    );
+    for state in ClusterState::ALL {
+        let selected = if states.contains(&state) {
+            " selected"
+        } else {
+            ""
+        };
+        let _ = write!(
+            out,
+            "<option value=\"{0}\"{selected}>{0}</option>",
+            state.as_str()
+        );
+    }
+    out.push_str("</select><button type=\"submit\">Filter</button> <a href=\"/\">clear</a></form>");
+
+    if view.clusters.is_empty() {
+        out.push_str("<div class=\"empty\">No cluster matches.</div>");
+    } else {
+        out.push_str(
+            "<table id=\"clusters\"><thead><tr><th>Cluster</th><th>Labels</th><th>State</th>\
+             <th title=\"applied serial / latest serial of its channel in this store\">Release</th>\
+             <th>Heartbeat</th><th>Drift</th><th>Last error</th></tr></thead><tbody>",
+        );
+        for row in &view.clusters {
+            let _ = write!(
+                out,
+                "<tr class=\"s-{}\"><td><a href=\"/clusters/{name}\">{name}</a></td><td>",
+                row.state.as_str(),
+                name = escape(&row.name)
+            );
+            labels(&mut out, &row.labels);
+            let _ = write!(
+                out,
+                "</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"err\">{}</td></tr>",
+                state_cell(row),
+                release_cell(row),
+                age_cell(row),
+                row.drift_total,
+                escape(row.last_error.as_deref().unwrap_or(""))
+            );
+        }
+        out.push_str("</tbody></table>");
+    }
+    out.push_str("</main>");
+    footer(&mut out);
+    out
+}
+
+fn opt_time(t: Option<Timestamp>) -> String {
+    t.map(|t| escape(&t.strftime("%Y-%m-%d %H:%M:%S").to_string()))
+        .unwrap_or_else(|| "–".to_owned())
+}
+
+fn latency(from: Option<Timestamp>, to: Option<Timestamp>) -> String {
+    match (from, to) {
+        (Some(a), Some(b)) => {
+            let ms = b.as_millisecond().saturating_sub(a.as_millisecond()).max(0);
+            if ms < 10_000 {
+                format!("{:.1}s", ms as f64 / 1000.0)
+            } else {
+                human_age(u64::try_from(ms / 1000).unwrap_or(0))
+            }
+        }
+        _ => "–".to_owned(),
+    }
+}
+
+/// One cluster's page: facts, apps, problem objects and the drift audit log.
+pub fn cluster_page(detail: &ClusterDetail, now: Timestamp) -> String {
+    let row = &detail.cluster;
+    let mut out = String::with_capacity(16 * 1024);
+    head(&mut out, &format!("{} · Windvane", row.name));
+    header(&mut out, now);
+    let _ = write!(
+        out,
+        "<main><h2 style=\"font-size:20px\">{} {}</h2><dl class=\"facts\">",
+        escape(&row.name),
+        state_cell(row)
+    );
+    let mut fact = |name: &str, value: String| {
+        let _ = write!(out, "<dt>{name}</dt><dd>{value}</dd>");
+    };
+    fact("Fleet", escape(&row.fleet));
+    let mut label_html = String::new();
+    labels(&mut label_html, &row.labels);
+    fact("Labels", label_html);
+    fact("Release (applied / latest)", release_cell(row));
+    fact(
+        "Last heartbeat",
+        format!(
+            "{} <span class=\"muted\">at {}</span>",
+            age_cell(row),
+            opt_time(row.last_seen)
+        ),
+    );
+    fact(
+        "Interval / grace",
+        format!(
+            "{} / {}",
+            row.interval_seconds
+                .map_or("–".to_owned(), |s| format!("{s}s")),
+            human_age(row.grace_seconds)
+        ),
+    );
+    fact("Sequence", row.sequence.to_string());
+    fact(
+        "Identity key",
+        format!("<span class=\"mono\">{}</span>", escape(&row.keyid)),
+    );
+    fact("Enrolled", opt_time(Some(row.enrolled_at)));
+    if let Some(report) = &detail.report {
+        fact("Agent", escape(&report.agent_version));
+        if let Some(digest) = &report.source.applied_sha256 {
+            fact(
+                "Applied bundle",
+                format!("<span class=\"mono\">{}</span>", escape(digest)),
+            );
+        }
+        if let Some(since) = report.source.stale_since {
+            fact(
+                "Source stale since",
+                format!("<span class=\"warn\">{}</span>", opt_time(Some(since))),
+            );
+        }
+        if let Some(refusal) = &report.source.last_refusal {
+            fact(
+                "Last refused release",
+                format!(
+                    "<span class=\"err\">{}: {}</span> <span class=\"muted\">at {}</span>",
+                    escape(&refusal.reason),
+                    escape(&refusal.message),
+                    opt_time(Some(refusal.at))
+                ),
+            );
+        }
+    }
+    if let Some(error) = &row.last_error {
+        fact(
+            "Last error",
+            format!("<span class=\"err\">{}</span>", escape(error)),
+        );
+    }
+    out.push_str("</dl>");
+
+    out.push_str("<h2>Apps</h2>");
+    match &detail.report {
+        Some(report) if !report.apps.is_empty() => {
+            out.push_str("<table id=\"apps\"><thead><tr><th>App</th><th>State</th><th>Objects</th></tr></thead><tbody>");
+            for app in &report.apps {
+                let _ = write!(
+                    out,
+                    "<tr><td>{}</td><td>{}</td><td class=\"num\">{}</td></tr>",
+                    escape(&app.name),
+                    badge(ClusterState::from_reported(app.state)),
+                    app.objects
+                );
+            }
+            out.push_str("</tbody></table>");
+        }
+        _ => out.push_str("<div class=\"empty\">No apps reported.</div>"),
+    }
+
+    out.push_str("<h2>Problem objects</h2>");
+    match &detail.report {
+        Some(report) if !report.problems.is_empty() => {
+            out.push_str("<table id=\"problems\"><thead><tr><th>App</th><th>Object</th><th>State</th><th>Message</th></tr></thead><tbody>");
+            for p in &report.problems {
+                let _ = write!(
+                    out,
+                    "<tr><td>{}</td><td class=\"mono\">{}</td><td>{}</td><td class=\"err\">{}</td></tr>",
+                    escape(&p.app),
+                    escape(&p.object),
+                    badge(ClusterState::from_reported(p.state)),
+                    escape(&p.message)
+                );
+            }
+            out.push_str("</tbody></table>");
+        }
+        _ => out.push_str("<div class=\"empty\">No problem objects.</div>"),
+    }
+
+    out.push_str("<h2>Drift audit log</h2>");
+    if detail.drift.is_empty() {
+        out.push_str("<div class=\"empty\">No drift recorded.</div>");
+    } else {
+        out.push_str(
+            "<table id=\"drift\"><thead><tr><th>Changed</th><th>Object</th><th>Fields</th><th>By</th><th>Action</th>\
+             <th title=\"changed → detected\">Detection</th><th title=\"detected → reverted\">Repair</th></tr></thead><tbody>",
+        );
+        for entry in &detail.drift {
+            let d = &entry.record;
+            let object = match &d.namespace {
+                Some(ns) => format!("{} {ns}/{}", d.kind, d.name),
+                None => format!("{} {}", d.kind, d.name),
+            };
+            let fields = if d.deleted {
+                "(deleted)".to_owned()
+            } else {
+                d.fields.join(", ")
+            };
+            let who = match (&d.manager, &d.operation) {
+                (Some(m), Some(op)) => format!("{m} ({op})"),
+                (Some(m), None) => m.clone(),
+                _ => "unknown".to_owned(),
+            };
+            let critical = super::notify::drift_severity(d) == super::notify::Severity::Critical;
+            let _ = write!(
+                out,
+                "<tr><td class=\"num\">{}</td><td class=\"mono\">{}{}</td><td class=\"mono\">{}</td><td>{}</td><td>{:?}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+                opt_time(d.changed_at.or(Some(d.detected_at))),
+                escape(&object),
+                if critical {
+                    " <span class=\"badge s-Failed\">critical</span>"
+                } else {
+                    ""
+                },
+                escape(&fields),
+                escape(&who),
+                d.action,
+                latency(d.changed_at, Some(d.detected_at)),
+                latency(Some(d.detected_at), d.reverted_at),
+            );
+        }
+        out.push_str("</tbody></table>");
+    }
+    let _ = write!(
+        out,
+        "<p class=\"muted\">JSON: <a href=\"/api/v1/clusters/{0}\">/api/v1/clusters/{0}</a></p></main>",
+        escape(&row.name)
+    );
+    footer(&mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::db::ClusterSummary;
+    use crate::server::status::Filter;
+    use crate::server::view::fleet_view;
+    use windvane_shared::status::SyncState;
+
+    #[test]
+    fn escaping() {
+        assert_eq!(
+            escape("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+    }
+
+    #[test]
+    fn the_fleet_page_shows_counts_and_escapes_cluster_data() {
+        let now = Timestamp::from_second(1_800_000_000).expect("valid");
+        let clusters = vec![ClusterSummary {
+            name: "evil".into(),
+            fleet: "acme".into(),
+            keyid: "k".into(),
+            labels: [("team".to_owned(), "<script>alert(1)</script>".to_owned())].into(),
+            enrolled_at: now,
+            rekey_allowed: false,
+            last_sequence: 1,
+            last_seen: Some(now),
+            interval_seconds: Some(30),
+            state: Some(SyncState::Failed),
+            channel: Some("stable".into()),
+            applied_serial: Some(1),
+            last_error: Some("<img src=x onerror=alert(1)>".into()),
+            drift_total: 2,
+        }];
+        let view = fleet_view(clusters, now, None, &Filter::default(), &|_| Some(2));
+        let html = fleet_page(&view, "team=\"x\"", &[]);
+        assert!(!html.contains("<script>alert"));
+        assert!(!html.contains("<img src=x"));
+        assert!(html.contains("&lt;script&gt;"));
+        assert!(html.contains("value=\"team=&quot;x&quot;\""));
+        assert!(html.contains("id=\"count-Failed\""));
+        assert!(html.contains("id=\"count-Unknown\""));
+        assert!(html.contains("<div class=\"n\">1</div><div class=\"l\">Failed</div>"));
+        assert!(html.contains("http-equiv=\"refresh\""));
+        assert!(!html.contains("<script"), "no script at all");
+    }
+}

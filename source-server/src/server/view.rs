@@ -1,0 +1,266 @@
+//! What the page, the JSON API and `windvane status` show, built by pure functions from database rows, the
+//! clock and the store: one [`ClusterRow`] per cluster (its [`status::verdict`], applied vs latest serial,
+//! heartbeat age, drift count, last error) and the [`FleetView`] roll-up over a [`Filter`]. The API
+//! serialises these structs as they are; the page renders them as HTML.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde::Serialize;
+use windvane_shared::heartbeat::Heartbeat;
+use windvane_shared::status::SyncState;
+
+use super::db::{ClusterSummary, DriftEntry};
+use super::status::{self, ClusterFacts, ClusterState, Filter};
+
+/// One cluster as shown.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterRow {
+    pub name: String,
+    pub fleet: String,
+    pub labels: BTreeMap<String, String>,
+    pub state: ClusterState,
+    /// The state the agent last reported (differs from `state` when Unknown).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_reported: Option<SyncState>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_seen: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heartbeat_age_seconds: Option<u64>,
+    pub grace_seconds: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interval_seconds: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub applied_serial: Option<u64>,
+    /// The serial of the channel's pointer in this server's store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latest_serial: Option<u64>,
+    pub drift_total: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    pub enrolled_at: Timestamp,
+    pub keyid: String,
+    pub sequence: u64,
+}
+
+impl ClusterRow {
+    /// Whether the cluster runs an older release than its channel's latest.
+    pub fn behind(&self) -> bool {
+        matches!((self.applied_serial, self.latest_serial), (Some(a), Some(l)) if a < l)
+    }
+}
+
+/// Builds one row.
+pub fn cluster_row(
+    summary: ClusterSummary,
+    now: Timestamp,
+    unknown_after: Option<Duration>,
+    latest_serial: &dyn Fn(&str) -> Option<u64>,
+) -> ClusterRow {
+    let facts = ClusterFacts {
+        last_seen: summary.last_seen,
+        interval: summary.interval_seconds.map(Duration::from_secs),
+        reported: summary.state,
+    };
+    let verdict = status::verdict(&facts, now, unknown_after);
+    let latest = summary.channel.as_deref().and_then(latest_serial);
+    ClusterRow {
+        name: summary.name,
+        fleet: summary.fleet,
+        labels: summary.labels,
+        state: verdict.state,
+        last_reported: verdict.last_reported,
+        last_seen: summary.last_seen,
+        heartbeat_age_seconds: verdict.heartbeat_age.map(|a| a.as_secs()),
+        grace_seconds: verdict.grace.as_secs(),
+        interval_seconds: summary.interval_seconds,
+        channel: summary.channel,
+        applied_serial: summary.applied_serial,
+        latest_serial: latest,
+        drift_total: summary.drift_total,
+        last_error: summary.last_error,
+        enrolled_at: summary.enrolled_at,
+        keyid: summary.keyid,
+        sequence: summary.last_sequence,
+    }
+}
+
+/// The fleet as shown: counts per state over the clusters the selector picks, and the rows that pass the
+/// whole filter, worst first.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FleetView {
+    pub generated_at: Timestamp,
+    /// Clusters the selector picks (before the state filter).
+    pub total: u64,
+    pub counts: serde_json::Map<String, serde_json::Value>,
+    pub clusters: Vec<ClusterRow>,
+    #[serde(skip)]
+    pub count_list: Vec<(ClusterState, u64)>,
+}
+
+/// Builds the fleet view.
+pub fn fleet_view(
+    clusters: Vec<ClusterSummary>,
+    now: Timestamp,
+    unknown_after: Option<Duration>,
+    filter: &Filter,
+    latest_serial: &dyn Fn(&str) -> Option<u64>,
+) -> FleetView {
+    let selected: Vec<ClusterRow> = clusters
+        .into_iter()
+        .filter(|c| filter.matches_labels(&c.labels))
+        .map(|c| cluster_row(c, now, unknown_after, latest_serial))
+        .collect();
+    let count_list = status::rollup(selected.iter().map(|r| r.state));
+    let counts = count_list
+        .iter()
+        .map(|(s, n)| (s.as_str().to_owned(), serde_json::Value::from(*n)))
+        .collect();
+    let total = selected.len() as u64;
+    let mut rows: Vec<ClusterRow> = selected
+        .into_iter()
+        .filter(|r| filter.matches(&r.labels, r.state))
+        .collect();
+    rows.sort_by(|a, b| a.state.cmp(&b.state).then_with(|| a.name.cmp(&b.name)));
+    FleetView {
+        generated_at: now,
+        total,
+        counts,
+        clusters: rows,
+        count_list,
+    }
+}
+
+/// One cluster with its latest report and drift log.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterDetail {
+    pub cluster: ClusterRow,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report: Option<Heartbeat>,
+    pub drift: Vec<DriftEntry>,
+}
+
+/// Parses the stored report (the signed payload of the last heartbeat).
+pub fn parse_report(payload: Option<&str>) -> Option<Heartbeat> {
+    serde_json::from_str(payload?).ok()
+}
+
+/// Reads `since` as an RFC 3339 time or as a duration back from `now` (`1h`).
+pub fn parse_since(text: &str, now: Timestamp) -> Result<Timestamp, String> {
+    if let Ok(t) = text.parse::<Timestamp>() {
+        return Ok(t);
+    }
+    let back = windvane_shared::duration::parse_duration(text)
+        .map_err(|_| format!("since={text:?}: use an RFC 3339 time or a duration such as 1h"))?;
+    let millis = i64::try_from(back.as_millis()).unwrap_or(i64::MAX);
+    Ok(
+        Timestamp::from_millisecond(now.as_millisecond().saturating_sub(millis))
+            .unwrap_or(Timestamp::MIN),
+    )
+}
+
+/// "3m12s ago"-style text for ages.
+pub fn human_age(seconds: u64) -> String {
+    let d = Duration::from_secs(seconds);
+    if seconds < 120 {
+        return format!("{seconds}s");
+    }
+    let mut text =
+        windvane_shared::duration::format_duration(Duration::from_secs(d.as_secs() / 60 * 60));
+    if seconds >= 86_400 {
+        text = windvane_shared::duration::format_duration(Duration::from_secs(
+            d.as_secs() / 3600 * 3600,
+        ));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).expect("valid")
+    }
+
+    fn summary(
+        name: &str,
+        env: &str,
+        last_seen: Option<i64>,
+        state: Option<SyncState>,
+    ) -> ClusterSummary {
+        ClusterSummary {
+            name: name.into(),
+            fleet: "acme".into(),
+            keyid: "k".into(),
+            labels: [("env".to_owned(), env.to_owned())].into(),
+            enrolled_at: at(-1000),
+            rekey_allowed: false,
+            last_sequence: 1,
+            last_seen: last_seen.map(at),
+            interval_seconds: Some(30),
+            state,
+            channel: Some("stable".into()),
+            applied_serial: Some(3),
+            last_error: None,
+            drift_total: 0,
+        }
+    }
+
+    #[test]
+    fn fleet_view_counts_the_selection_and_lists_the_filtered_rows_worst_first() {
+        let clusters = vec![
+            summary("a", "prod", Some(0), Some(SyncState::Synced)),
+            summary("b", "prod", Some(-500), Some(SyncState::Synced)),
+            summary("c", "prod", None, None),
+            summary("d", "staging", Some(0), Some(SyncState::Failed)),
+        ];
+        let latest = |ch: &str| (ch == "stable").then_some(4);
+        let filter = Filter::parse(Some("env=prod"), &[]).expect("filter");
+        let view = fleet_view(clusters.clone(), at(10), None, &filter, &latest);
+        assert_eq!(view.total, 3);
+        assert_eq!(view.counts["Synced"], 1);
+        assert_eq!(view.counts["Unknown"], 1);
+        assert_eq!(view.counts["NeverSeen"], 1);
+        assert_eq!(view.counts["Failed"], 0);
+        let names: Vec<_> = view.clusters.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["b", "a", "c"],
+            "Unknown before Synced, NeverSeen last"
+        );
+        assert_eq!(view.clusters[0].last_reported, Some(SyncState::Synced));
+        assert!(view.clusters[1].behind());
+        assert_eq!(view.clusters[1].latest_serial, Some(4));
+
+        let only_unknown = Filter::parse(None, &["Unknown"]).expect("filter");
+        let view = fleet_view(clusters, at(10), None, &only_unknown, &latest);
+        assert_eq!(view.total, 4);
+        assert_eq!(view.clusters.len(), 1);
+        assert_eq!(view.clusters[0].name, "b");
+    }
+
+    #[test]
+    fn since_reads_times_and_durations() {
+        assert_eq!(
+            parse_since("2027-01-15T10:00:00Z", at(0)).expect("time"),
+            "2027-01-15T10:00:00Z".parse::<Timestamp>().expect("t")
+        );
+        assert_eq!(parse_since("1h", at(0)).expect("duration"), at(-3600));
+        assert!(parse_since("yesterday", at(0)).is_err());
+    }
+
+    #[test]
+    fn ages_read_at_a_glance() {
+        assert_eq!(human_age(5), "5s");
+        assert_eq!(human_age(119), "119s");
+        assert_eq!(human_age(185), "3m");
+        assert_eq!(human_age(2 * 86_400 + 3700), "2d1h");
+    }
+}

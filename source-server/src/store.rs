@@ -1,0 +1,390 @@
+//! The static store that agents poll: `channels/<channel>.json`, a signed DSSE release pointer, and
+//! `bundles/<sha256>.json`, immutable bundles named by their digest. Any static HTTP host can serve it.
+//!
+//! Publishing ([`publish`]) writes the bundle and then the pointer, each by write-temp, fsync, rename, under a
+//! lock on the store directory, so that agents never see a pointer to a missing bundle, two publishers never
+//! race, and a failure at any step leaves the store exactly as it was. Reading ([`StoreLocation`]) works from a
+//! directory or an HTTP(S) URL, never reading more than a cap.
+
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{ErrorKind, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ed25519_dalek::SigningKey;
+use jiff::Timestamp;
+use windvane_shared::bundle::Bundle;
+use windvane_shared::digest::sha256_hex;
+use windvane_shared::keys::TrustedKeys;
+use windvane_shared::release::{self, BundleRef, ReleasePointer};
+
+use crate::{Error, Result};
+
+/// Directory of channel pointers, relative to the store root.
+pub const CHANNELS_DIR: &str = "channels";
+/// Directory of bundles, relative to the store root.
+pub const BUNDLES_DIR: &str = "bundles";
+
+/// Checks that a channel name is safe as a file name and a URL path segment.
+pub fn check_channel_name(channel: &str) -> Result<()> {
+    let valid = (1..=63).contains(&channel.len())
+        && channel
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && channel.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.')
+        })
+        && !channel.contains("..");
+    if valid {
+        Ok(())
+    } else {
+        Err(Error::InvalidChannel(channel.to_owned()))
+    }
+}
+
+/// The channel pointer's path relative to the store root: `channels/<channel>.json`.
+pub fn channel_path(channel: &str) -> String {
+    format!("{CHANNELS_DIR}/{channel}.json")
+}
+
+/// A bundle's path relative to the store root: `bundles/<sha256>.json`.
+pub fn bundle_path(sha256: &str) -> String {
+    format!("{BUNDLES_DIR}/{sha256}.json")
+}
+
+/// What to publish, and with what.
+#[derive(Debug)]
+pub struct PublishRequest<'a> {
+    pub channel: &'a str,
+    pub bundle: &'a Bundle,
+    pub key: &'a SigningKey,
+    /// Keys besides `key` that may have signed the current pointer (the old key, during a rotation).
+    pub also_trusted: &'a TrustedKeys,
+    pub expires_in: Duration,
+    pub allow_empty: bool,
+    pub now: Timestamp,
+}
+
+/// What a successful publish wrote.
+#[derive(Debug)]
+pub struct Published {
+    pub pointer: ReleasePointer,
+    pub previous_serial: Option<u64>,
+    /// False when a bundle with the same digest was already in the store.
+    pub bundle_was_new: bool,
+}
+
+/// Publishes `request.bundle` on a channel: verifies the current pointer, writes the bundle, then a pointer
+/// with the next serial. On failure nothing in the store has changed.
+pub fn publish(root: &Path, request: &PublishRequest<'_>) -> Result<Published> {
+    check_channel_name(request.channel)?;
+    if request.expires_in.is_zero() {
+        return Err(Error::Shared(windvane_shared::Error::InvalidDuration {
+            value: "0s".to_owned(),
+            detail: "--expires-in must be longer than zero".to_owned(),
+        }));
+    }
+    let object_count: usize = request.bundle.apps.iter().map(|a| a.manifests.len()).sum();
+    if object_count == 0 && !request.allow_empty {
+        return Err(Error::EmptyWithoutAllow);
+    }
+    let bundle_bytes = request.bundle.to_json_bytes();
+    let sha256 = sha256_hex(&bundle_bytes);
+
+    let created_dirs = ensure_dirs(root)?;
+    let result = (|| {
+        let _lock = lock_store(root)?;
+        let pointer_file = root.join(channel_path(request.channel));
+        let previous = current_pointer(&pointer_file, request)?;
+        let serial = previous.as_ref().map_or(1, |p| p.serial + 1);
+        let expires_at = request.now.checked_add(request.expires_in).map_err(|e| {
+            Error::Shared(windvane_shared::Error::InvalidDuration {
+                value: format!("{:?}", request.expires_in),
+                detail: e.to_string(),
+            })
+        })?;
+        let pointer = ReleasePointer {
+            fleet: request.bundle.fleet.clone(),
+            channel: request.channel.to_owned(),
+            serial,
+            issued_at: request.now,
+            expires_at,
+            bundle: BundleRef {
+                sha256: sha256.clone(),
+                size: bundle_bytes.len() as u64,
+            },
+            allow_empty: request.allow_empty,
+        };
+        let envelope_bytes = pointer.sign(request.key).to_json_bytes();
+
+        let bundle_file = root.join(bundle_path(&sha256));
+        let bundle_was_new = !file_has_digest(&bundle_file, &sha256)?;
+        if bundle_was_new {
+            write_atomic(&bundle_file, &bundle_bytes)?;
+        }
+        if let Err(error) = write_atomic(&pointer_file, &envelope_bytes) {
+            if bundle_was_new {
+                // The pointer never named this bundle, so removing it restores the store exactly.
+                let _ = fs::remove_file(&bundle_file);
+                let _ = sync_dir(bundle_file.parent().unwrap_or(root));
+            }
+            return Err(error);
+        }
+        Ok(Published {
+            pointer,
+            previous_serial: previous.map(|p| p.serial),
+            bundle_was_new,
+        })
+    })();
+    if result.is_err() {
+        for dir in created_dirs.iter().rev() {
+            let _ = fs::remove_dir(dir);
+        }
+    }
+    result
+}
+
+/// Creates the store's directories that are missing, returning those it created (to undo on failure).
+fn ensure_dirs(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut created = Vec::new();
+    for dir in [
+        root.to_path_buf(),
+        root.join(CHANNELS_DIR),
+        root.join(BUNDLES_DIR),
+    ] {
+        match fs::create_dir(&dir) {
+            Ok(()) => created.push(dir),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists && dir.is_dir() => {}
+            Err(e) => {
+                for dir in created.iter().rev() {
+                    let _ = fs::remove_dir(dir);
+                }
+                return Err(Error::io(dir, e));
+            }
+        }
+    }
+    Ok(created)
+}
+
+/// An exclusive advisory lock on the store directory itself, so that no lock file is left behind and the
+/// kernel releases it if the publisher dies.
+fn lock_store(root: &Path) -> Result<File> {
+    let dir = File::open(root).map_err(|e| Error::io(root, e))?;
+    match dir.try_lock() {
+        Ok(()) => Ok(dir),
+        Err(TryLockError::WouldBlock) => Err(Error::Locked {
+            path: root.to_path_buf(),
+        }),
+        Err(TryLockError::Error(e)) => Err(Error::io(root, e)),
+    }
+}
+
+/// Reads and verifies the channel's current pointer (expired is fine: publishing renews it). `None` when the
+/// channel has never been published.
+fn current_pointer(path: &Path, request: &PublishRequest<'_>) -> Result<Option<ReleasePointer>> {
+    let bytes = match read_capped_file(path, release::DEFAULT_MAX_POINTER_BYTES, "channel pointer")
+    {
+        Ok(bytes) => bytes,
+        Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let unverifiable = |source| Error::CurrentPointerUnverifiable {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut trusted = request.also_trusted.clone();
+    trusted
+        .insert(request.key.verifying_key())
+        .map_err(unverifiable)?;
+    let pointer =
+        release::verify_signed_pointer(&bytes, &trusted, release::DEFAULT_MAX_POINTER_BYTES)
+            .map_err(unverifiable)?
+            .pointer;
+    if pointer.fleet != request.bundle.fleet {
+        return Err(Error::OtherFleetInStore {
+            channel: request.channel.to_owned(),
+            current: pointer.fleet,
+            offered: request.bundle.fleet.clone(),
+        });
+    }
+    if pointer.channel != request.channel {
+        return Err(unverifiable(windvane_shared::Error::OtherChannel {
+            expected: request.channel.to_owned(),
+            found: pointer.channel,
+        }));
+    }
+    Ok(Some(pointer))
+}
+
+fn file_has_digest(path: &Path, sha256: &str) -> Result<bool> {
+    match fs::read(path) {
+        Ok(bytes) => Ok(sha256_hex(&bytes) == sha256),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+/// Writes `bytes` to `path` so that readers see the old file or the new one, never a part: a temporary file
+/// beside it, fsync, rename over, fsync the directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| Error::io(path, ErrorKind::InvalidInput.into()))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temp = dir.join(format!(".{name}.tmp"));
+    let write = || -> std::io::Result<()> {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        fs::rename(&temp, path)
+    };
+    if let Err(e) = write() {
+        if e.kind() != ErrorKind::AlreadyExists {
+            let _ = fs::remove_file(&temp);
+        }
+        return Err(Error::io(&temp, e));
+    }
+    sync_dir(dir)
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, e))
+}
+
+/// Reads a file, refusing it (without reading further) when it is larger than `cap` bytes.
+pub fn read_capped_file(path: &Path, cap: u64, what: &'static str) -> Result<Vec<u8>> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut bytes = Vec::new();
+    file.take(cap + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(path, e))?;
+    if bytes.len() as u64 > cap {
+        return Err(windvane_shared::Error::SizeCap { what, limit: cap }.into());
+    }
+    Ok(bytes)
+}
+
+/// Where a store is read from: a local directory or the base URL of any static host.
+#[derive(Debug, Clone)]
+pub enum StoreLocation {
+    Dir(PathBuf),
+    Url(String),
+}
+
+impl StoreLocation {
+    /// `http://…` and `https://…` are URLs; anything else is a directory.
+    pub fn parse(text: &str) -> Self {
+        if text.starts_with("http://") || text.starts_with("https://") {
+            StoreLocation::Url(text.trim_end_matches('/').to_owned())
+        } else {
+            StoreLocation::Dir(PathBuf::from(text))
+        }
+    }
+
+    /// Reads `relative` (a store path such as `channels/prod.json`), at most `cap` bytes.
+    pub async fn read(&self, relative: &str, cap: u64, what: &'static str) -> Result<Vec<u8>> {
+        match self {
+            StoreLocation::Dir(root) => read_capped_file(&root.join(relative), cap, what),
+            StoreLocation::Url(base) => {
+                http_get_capped(&format!("{base}/{relative}"), cap, what).await
+            }
+        }
+    }
+
+    /// Reads a channel's pointer, saying plainly when the channel has never been published.
+    pub async fn read_pointer(&self, channel: &str) -> Result<Vec<u8>> {
+        check_channel_name(channel)?;
+        let not_found = || Error::NoSuchChannel {
+            location: self.to_string(),
+            channel: channel.to_owned(),
+        };
+        match self
+            .read(
+                &channel_path(channel),
+                release::DEFAULT_MAX_POINTER_BYTES,
+                "channel pointer",
+            )
+            .await
+        {
+            Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {
+                Err(not_found())
+            }
+            Err(Error::Http { detail, .. }) if detail.starts_with("404") => Err(not_found()),
+            other => other,
+        }
+    }
+}
+
+impl std::fmt::Display for StoreLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreLocation::Dir(dir) => write!(f, "{}", dir.display()),
+            StoreLocation::Url(url) => f.write_str(url),
+        }
+    }
+}
+
+async fn http_get_capped(url: &str, cap: u64, what: &'static str) -> Result<Vec<u8>> {
+    let http = |detail: String| Error::Http {
+        url: url.to_owned(),
+        detail,
+    };
+    let client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| http(e.to_string()))?;
+    let mut response = client
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| http(e.to_string()))?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(http(status.to_string()));
+    }
+    if response.content_length().is_some_and(|len| len > cap) {
+        return Err(windvane_shared::Error::SizeCap { what, limit: cap }.into());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| http(e.to_string()))? {
+        if (body.len() + chunk.len()) as u64 > cap {
+            return Err(windvane_shared::Error::SizeCap { what, limit: cap }.into());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_names() {
+        for good in ["prod", "staging-eu", "v1.2", "a_b"] {
+            check_channel_name(good).unwrap();
+        }
+        for bad in ["", "../x", "Prod", "a/b", "-x", "a..b", &"x".repeat(64)] {
+            assert!(
+                matches!(check_channel_name(bad), Err(Error::InvalidChannel(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn store_paths() {
+        assert_eq!(channel_path("prod"), "channels/prod.json");
+        assert_eq!(bundle_path("ab"), "bundles/ab.json");
+    }
+}

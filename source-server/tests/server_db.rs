@@ -1,0 +1,277 @@
+//! The database contract, run the same way against SQLite and against PostgreSQL (a throwaway cluster from
+//! Debian's packages, started by the harness; the test fails if it cannot start): enrolment decisions, batch
+//! ingest with sequence and key checks inside the transaction, summaries, drift log, rekey/forget,
+//! notification claims, and pruning.
+
+mod server_support;
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use server_support::{Agent, Postgres};
+use windvane_shared::heartbeat::{DriftAction, DriftRecord};
+use windvane_shared::keys::{keyid, verifying_key_to_pem};
+use windvane_shared::status::SyncState;
+use windvane_source_server::server::db::postgres::PostgresDb;
+use windvane_source_server::server::db::sqlite::SqliteDb;
+use windvane_source_server::server::db::{
+    Database, EnrollOutcome, Enrollment, IngestOutcome, VerifiedHeartbeat,
+};
+
+fn enrollment(agent: &Agent, fleet: &str) -> Enrollment {
+    Enrollment {
+        cluster: agent.name.clone(),
+        fleet: fleet.into(),
+        keyid: keyid(&agent.key.verifying_key()),
+        public_key_pem: verifying_key_to_pem(&agent.key.verifying_key()),
+        labels: agent.labels.clone(),
+        at: Timestamp::now(),
+    }
+}
+
+fn verified(agent: &mut Agent, state: SyncState) -> VerifiedHeartbeat {
+    let heartbeat = agent.next(state);
+    VerifiedHeartbeat {
+        keyid: keyid(&agent.key.verifying_key()),
+        received_at: Timestamp::now(),
+        payload: serde_json::to_string(&heartbeat).expect("json"),
+        heartbeat,
+    }
+}
+
+async fn contract(db: &impl Database) {
+    db.ping().await.expect("ping");
+    let mut a = Agent::new("alpha", 1, &[("env", "prod")]);
+    let mut b = Agent::new("beta", 2, &[("env", "staging")]);
+    let impostor = Agent::new("alpha", 3, &[]);
+
+    // Enrolment.
+    assert_eq!(
+        db.enroll(enrollment(&a, "acme")).await.expect("enroll"),
+        EnrollOutcome::Enrolled
+    );
+    assert_eq!(
+        db.enroll(enrollment(&a, "acme")).await.expect("enroll"),
+        EnrollOutcome::AlreadyEnrolled
+    );
+    assert_eq!(
+        db.enroll(enrollment(&impostor, "acme"))
+            .await
+            .expect("enroll"),
+        EnrollOutcome::KeyConflict
+    );
+    assert_eq!(
+        db.enroll(enrollment(&a, "other")).await.expect("enroll"),
+        EnrollOutcome::FleetConflict
+    );
+    assert_eq!(
+        db.enroll(enrollment(&b, "acme")).await.expect("enroll"),
+        EnrollOutcome::Enrolled
+    );
+    let (fleet, kid, pem) = db.cluster_key("alpha").await.expect("key").expect("bound");
+    assert_eq!(
+        (fleet.as_str(), kid),
+        ("acme", keyid(&a.key.verifying_key()))
+    );
+    assert!(pem.contains("BEGIN PUBLIC KEY"));
+    assert_eq!(db.cluster_key("nobody").await.expect("key"), None);
+
+    // Never seen yet.
+    let clusters = db.list_clusters().await.expect("list");
+    assert_eq!(
+        clusters.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+        ["alpha", "beta"]
+    );
+    assert!(
+        clusters
+            .iter()
+            .all(|c| c.last_seen.is_none() && c.state.is_none())
+    );
+
+    // A batch: in-order heartbeats, a replay inside the batch, an unknown cluster, a stale key.
+    let a1 = verified(&mut a, SyncState::Progressing);
+    let a2 = verified(&mut a, SyncState::Synced);
+    let a2_again = a2.clone();
+    let mut b1 = verified(&mut b, SyncState::OutOfSync);
+    b1.heartbeat.drift = vec![DriftRecord {
+        app: "rbac".into(),
+        group: "rbac.authorization.k8s.io".into(),
+        kind: "ClusterRole".into(),
+        namespace: None,
+        name: "viewer".into(),
+        fields: vec!["/rules".into()],
+        deleted: false,
+        manager: Some("kubectl-edit".into()),
+        operation: Some("Update".into()),
+        changed_at: None,
+        detected_at: Timestamp::now(),
+        reverted_at: None,
+        action: DriftAction::Reported,
+    }];
+    let mut ghost = Agent::new("ghost", 4, &[]);
+    let g1 = verified(&mut ghost, SyncState::Synced);
+    let mut stale = verified(&mut b, SyncState::Synced);
+    stale.keyid = "0".repeat(64);
+    let outcomes = db
+        .ingest(vec![a1, a2, a2_again, b1, g1, stale])
+        .await
+        .expect("ingest");
+    assert_eq!(
+        outcomes,
+        vec![
+            IngestOutcome::Accepted { previous: None },
+            IngestOutcome::Accepted {
+                previous: Some(SyncState::Progressing)
+            },
+            IngestOutcome::Replay { last: 2 },
+            IngestOutcome::Accepted { previous: None },
+            IngestOutcome::UnknownCluster,
+            IngestOutcome::KeyChanged,
+        ]
+    );
+    assert_eq!(db.heartbeat_count(None).await.expect("count"), 3);
+    assert_eq!(db.heartbeat_count(Some("alpha")).await.expect("count"), 2);
+
+    let (alpha, report) = db.get_cluster("alpha").await.expect("get").expect("exists");
+    assert_eq!(alpha.state, Some(SyncState::Synced));
+    assert_eq!(alpha.last_sequence, 2);
+    assert_eq!(alpha.interval_seconds, Some(30));
+    assert_eq!(alpha.channel.as_deref(), Some("stable"));
+    assert_eq!(alpha.applied_serial, Some(3));
+    assert!(alpha.last_seen.is_some());
+    assert_eq!(
+        alpha.labels,
+        BTreeMap::from([("env".to_owned(), "prod".to_owned())])
+    );
+    let report: serde_json::Value = serde_json::from_str(&report.expect("report")).expect("json");
+    assert_eq!(report["sequence"], 2);
+    let (beta, _) = db.get_cluster("beta").await.expect("get").expect("exists");
+    assert_eq!(
+        (beta.state, beta.drift_total),
+        (Some(SyncState::OutOfSync), 1)
+    );
+
+    let drift = db.drift(None, None, 10).await.expect("drift");
+    assert_eq!(drift.len(), 1);
+    assert_eq!(drift[0].cluster, "beta");
+    assert_eq!(drift[0].record.manager.as_deref(), Some("kubectl-edit"));
+    assert!(
+        db.drift(Some("alpha"), None, 10)
+            .await
+            .expect("drift")
+            .is_empty()
+    );
+    let later = Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_hours(1))
+        .expect("time");
+    assert!(
+        db.drift(None, Some(later), 10)
+            .await
+            .expect("drift")
+            .is_empty()
+    );
+
+    // Notification claims: once each.
+    let now = Timestamp::now();
+    assert!(
+        db.claim_notification("beta", "OutOfSync", 3, now)
+            .await
+            .expect("claim")
+    );
+    assert!(
+        !db.claim_notification("beta", "OutOfSync", 3, now)
+            .await
+            .expect("claim")
+    );
+    assert!(
+        db.claim_notification("beta", "OutOfSync", 4, now)
+            .await
+            .expect("claim"),
+        "per serial"
+    );
+    assert!(
+        db.claim_notification("beta", "Recovered", 3, now)
+            .await
+            .expect("claim"),
+        "per trigger"
+    );
+
+    // Rekey: the next enrolment binds the new key and restarts the sequence.
+    assert!(db.allow_rekey("alpha").await.expect("rekey"));
+    assert!(!db.allow_rekey("nobody").await.expect("rekey"));
+    assert_eq!(
+        db.enroll(enrollment(&impostor, "acme"))
+            .await
+            .expect("enroll"),
+        EnrollOutcome::Rekeyed
+    );
+    let mut new_alpha = Agent::new("alpha", 3, &[]);
+    let old = verified(&mut a, SyncState::Synced);
+    let fresh = verified(&mut new_alpha, SyncState::Degraded);
+    assert_eq!(
+        db.ingest(vec![old, fresh]).await.expect("ingest"),
+        vec![
+            IngestOutcome::KeyChanged,
+            IngestOutcome::Accepted {
+                previous: Some(SyncState::Synced)
+            }
+        ]
+    );
+
+    // Forget removes everything about the cluster.
+    assert!(db.forget("beta").await.expect("forget"));
+    assert!(!db.forget("beta").await.expect("forget"));
+    assert_eq!(db.get_cluster("beta").await.expect("get"), None);
+    assert!(
+        db.drift(Some("beta"), None, 10)
+            .await
+            .expect("drift")
+            .is_empty()
+    );
+    assert_eq!(db.heartbeat_count(Some("beta")).await.expect("count"), 0);
+    assert!(
+        db.claim_notification("beta", "OutOfSync", 3, now)
+            .await
+            .expect("claim"),
+        "claims forgotten too"
+    );
+
+    // Pruning the log keeps the clusters' latest state.
+    let pruned = db.prune(later).await.expect("prune");
+    assert_eq!(
+        pruned, 2,
+        "alpha's two rows (the rekeyed agent's sequence 1 replaced the old one's)"
+    );
+    assert_eq!(db.heartbeat_count(None).await.expect("count"), 0);
+    assert_eq!(
+        db.get_cluster("alpha")
+            .await
+            .expect("get")
+            .expect("exists")
+            .0
+            .state,
+        Some(SyncState::Degraded)
+    );
+}
+
+#[tokio::test]
+async fn sqlite_keeps_the_contract() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = SqliteDb::open(dir.path()).expect("open");
+    contract(&db).await;
+    // And it is all on disk for the next process.
+    drop(db);
+    let again = SqliteDb::open(dir.path()).expect("reopen");
+    assert_eq!(again.list_clusters().await.expect("list").len(), 1);
+}
+
+#[tokio::test]
+async fn postgres_keeps_the_contract() {
+    let pg = Postgres::start();
+    let url = pg.database("contract").await;
+    let db = PostgresDb::open(&url).await.expect("open");
+    contract(&db).await;
+    drop(db);
+    let again = PostgresDb::open(&url).await.expect("reopen");
+    assert_eq!(again.list_clusters().await.expect("list").len(), 1);
+}

@@ -1,0 +1,191 @@
+//! Notifications end to end: a real `windvane-server` with a notifications config whose sinks point at a
+//! real hyper server in this test. Each notification (entering OutOfSync with critical RBAC drift, the drift
+//! itself, recovery, silence turning Unknown) arrives exactly once per sink, the Slack sink gets only the
+//! critical ones in Slack's shape, a sink that fails first gets it after a retry, and repeats within the
+//! same release serial are deduplicated.
+
+mod server_support;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use jiff::Timestamp;
+use serde_json::Value;
+use server_support::{Agent, Options, ServerProcess, client, eventually};
+use windvane_shared::heartbeat::{DriftAction, DriftRecord};
+use windvane_shared::status::SyncState;
+
+#[derive(Debug, Default)]
+struct Received {
+    /// Accepted deliveries per path.
+    by_path: HashMap<String, Vec<Value>>,
+    /// Attempts seen per (path, id), to fail the first one on /flaky.
+    attempts: HashMap<(String, String), u32>,
+}
+
+/// A webhook receiver on a loopback port; `/flaky` answers 500 to the first attempt of each notification.
+async fn receiver() -> (String, Arc<Mutex<Received>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let received: Arc<Mutex<Received>> = Arc::default();
+    let state = Arc::clone(&received);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            let state = Arc::clone(&state);
+            tokio::spawn(async move {
+                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let state = Arc::clone(&state);
+                    async move {
+                        let path = request.uri().path().to_owned();
+                        let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                        let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                        let id = value["id"].as_str().or(value["text"].as_str()).unwrap_or("").to_owned();
+                        let mut state = state.lock().expect("lock");
+                        let attempt = state.attempts.entry((path.clone(), id)).or_default();
+                        *attempt += 1;
+                        let status = if path == "/flaky" && *attempt == 1 {
+                            500
+                        } else {
+                            state.by_path.entry(path).or_default().push(value);
+                            200
+                        };
+                        Ok::<_, Infallible>(Response::builder().status(status).body(Full::new(Bytes::new())).expect("response"))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
+    });
+    (format!("http://{addr}"), received)
+}
+
+fn triggers(received: &Arc<Mutex<Received>>, path: &str) -> Vec<String> {
+    let state = received.lock().expect("lock");
+    let mut out: Vec<String> = state
+        .by_path
+        .get(path)
+        .map(|list| list.iter().map(|v| v["trigger"].as_str().unwrap_or("slack").to_owned()).collect())
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+fn count(received: &Arc<Mutex<Received>>, path: &str) -> usize {
+    received.lock().expect("lock").by_path.get(path).map_or(0, Vec::len)
+}
+
+async fn wait_for(received: &Arc<Mutex<Received>>, path: &str, expected: &[&str]) {
+    let mut expected: Vec<String> = expected.iter().map(|s| (*s).to_owned()).collect();
+    expected.sort();
+    let what = format!("{path} to receive {expected:?}");
+    eventually(&what, Duration::from_secs(30), || {
+        let got = triggers(received, path);
+        let expected = expected.clone();
+        async move {
+            assert!(got.len() <= expected.len(), "{path}: more than expected: {got:?}");
+            (got == expected).then_some(())
+        }
+    })
+    .await;
+}
+
+/// No new delivery arrives on any path during `quiet` (a bounded check for "exactly once").
+async fn stays_quiet(received: &Arc<Mutex<Received>>, quiet: Duration) {
+    let snapshot: Vec<(String, usize)> =
+        received.lock().expect("lock").by_path.iter().map(|(k, v)| (k.clone(), v.len())).collect();
+    let start = Instant::now();
+    while start.elapsed() < quiet {
+        for (path, n) in &snapshot {
+            assert_eq!(count(received, path), *n, "a duplicate arrived on {path}: {:?}", received.lock().expect("lock").by_path[path]);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn rbac_drift() -> DriftRecord {
+    DriftRecord {
+        app: "access".into(),
+        group: "rbac.authorization.k8s.io".into(),
+        kind: "ClusterRoleBinding".into(),
+        namespace: None,
+        name: "viewers".into(),
+        fields: vec!["/subjects".into()],
+        deleted: false,
+        manager: Some("kubectl-edit".into()),
+        operation: Some("Update".into()),
+        changed_at: Some(Timestamp::now()),
+        detected_at: Timestamp::now(),
+        reverted_at: None,
+        action: DriftAction::Reported,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_notification_is_delivered_exactly_once() {
+    let (hooks, received) = receiver().await;
+    let config = serde_json::json!({
+        "sinks": [
+            { "name": "ops", "type": "webhook", "url": format!("{hooks}/hook") },
+            { "name": "flaky", "type": "webhook", "url": format!("{hooks}/flaky") },
+            { "name": "slack", "type": "slack", "url": format!("{hooks}/slack"), "minSeverity": "critical" },
+            { "name": "staging-only", "type": "webhook", "url": format!("{hooks}/staging"), "selector": "env=staging" }
+        ]
+    });
+    let mut server = ServerProcess::start(Options {
+        notifications: Some(config.to_string()),
+        unknown_after: Some("3s".into()),
+        ..Options::default()
+    });
+    let http = client();
+    let mut agent = Agent::new("prod-eu", 1, &[("env", "prod")]);
+    assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
+    agent.beat(&http, &server.url, SyncState::Synced).await;
+
+    // OutOfSync with critical RBAC drift: two notifications, both critical.
+    let mut hb = agent.next(SyncState::OutOfSync);
+    hb.drift = vec![rbac_drift()];
+    assert_eq!(agent.post(&http, &server.url, agent.sign(&hb)).await.status(), 200);
+    wait_for(&received, "/hook", &["OutOfSync", "Drift"]).await;
+    {
+        let state = received.lock().expect("lock");
+        let hook = &state.by_path["/hook"];
+        assert!(hook.iter().all(|n| n["severity"] == "critical"), "{hook:?}");
+        let drift = hook.iter().find(|n| n["trigger"] == "Drift").expect("drift");
+        assert_eq!(drift["cluster"], "prod-eu");
+        assert_eq!(drift["serial"], 3);
+        assert_eq!(drift["drift"]["manager"], "kubectl-edit");
+        assert_eq!(drift["id"], "prod-eu/Drift rbac.authorization.k8s.io/ClusterRoleBinding viewers/3");
+    }
+    wait_for(&received, "/slack", &["slack", "slack"]).await;
+    assert!(received.lock().expect("lock").by_path["/slack"].iter().all(|v| v["text"].as_str().is_some_and(|t| t.starts_with("[CRITICAL]"))));
+    wait_for(&received, "/flaky", &["OutOfSync", "Drift"]).await;
+
+    // The same drift reported again within the same serial: nothing new.
+    let mut hb = agent.next(SyncState::OutOfSync);
+    hb.drift = vec![rbac_drift()];
+    assert_eq!(agent.post(&http, &server.url, agent.sign(&hb)).await.status(), 200);
+
+    // Recovery: to the webhooks, not to Slack (below its minimum severity).
+    agent.beat(&http, &server.url, SyncState::Synced).await;
+    wait_for(&received, "/hook", &["OutOfSync", "Drift", "Recovered"]).await;
+    wait_for(&received, "/flaky", &["OutOfSync", "Drift", "Recovered"]).await;
+
+    // Silence: Unknown after the grace period.
+    wait_for(&received, "/hook", &["OutOfSync", "Drift", "Recovered", "Unknown"]).await;
+    let unknown = received.lock().expect("lock").by_path["/hook"].iter().find(|n| n["trigger"] == "Unknown").cloned().expect("unknown");
+    assert!(unknown["message"].as_str().is_some_and(|m| m.contains("last reported Synced")), "{unknown}");
+
+    // A restart rescans: the claims in the database keep it from sending anything twice.
+    server.restart();
+    stays_quiet(&received, Duration::from_secs(3)).await;
+    assert_eq!(count(&received, "/slack"), 2);
+    assert_eq!(count(&received, "/staging"), 0, "the selector keeps prod out of the staging sink");
+}

@@ -1,0 +1,7 @@
+//! Test harness for Windvane's end-to-end tests and benchmarks: real Kubernetes control planes
+//! (`localkube`), a static store server that can be broken on purpose (`store_server`), and Windvane's own
+//! binaries as child processes (`process`).
+
+pub mod localkube;
+pub mod process;
+pub mod store_server;

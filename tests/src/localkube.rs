@@ -1,0 +1,422 @@
+//! A real Kubernetes control plane for tests: starts and stops `localkube`.
+//!
+//! `localkube` (built from `tests/localkube` by `tests/localkube/build.sh`) is
+//! one process that runs etcd, kube-apiserver (RBAC on), kube-controller-manager
+//! and a fake node that binds pods to itself and reports them Running and
+//! Ready. It is the Kubernetes that every integration test of Windvane talks
+//! to; no mock API server stands in for it.
+//!
+//! [`LocalKube::start`] spawns one on free ports with a fresh temporary data
+//! directory and waits (with a deadline) for its `LOCALKUBE_READY` line, which
+//! it prints only once `/readyz` is ok, its Node exists and the `default`
+//! ServiceAccount exists. Several can run side by side. For fault tests,
+//! [`LocalKube::kill`] (SIGKILL) and [`LocalKube::restart`] bring it back on
+//! the same data directory and the same port, so objects and existing
+//! kubeconfigs survive. Dropping a [`LocalKube`] kills its process group and
+//! removes the data directory.
+//!
+//! The binary is found through the `WINDVANE_LOCALKUBE` environment variable,
+//! else at `<workspace>/target/localkube/localkube`. If it is missing,
+//! starting fails with a message saying to run `tests/localkube/build.sh`:
+//! tests fail, they do not skip.
+//!
+//! The control plane's logs go to `<data dir>/localkube.log`; the tail of it is
+//! part of every start error. Set `WINDVANE_LOCALKUBE_KEEP=1` to keep data
+//! directories (and logs) after the test for inspection.
+//!
+//! The bundled, version-matched kubectl is [`LocalKube::kubectl`].
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde::Deserialize;
+use tempfile::TempDir;
+use tokio::sync::oneshot;
+
+/// Environment variable naming the `localkube` binary to use.
+pub const BINARY_ENV: &str = "WINDVANE_LOCALKUBE";
+
+/// Environment variable that, when set to `1`, keeps data directories.
+pub const KEEP_ENV: &str = "WINDVANE_LOCALKUBE_KEEP";
+
+/// How long [`LocalKube::start`] and [`LocalKube::restart`] wait for the ready
+/// line. Starting takes a few seconds; the margin is for loaded CI machines.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long [`LocalKube::stop`] waits for a clean exit after SIGTERM.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+const READY_PREFIX: &str = "LOCALKUBE_READY ";
+const LOG_FILE: &str = "localkube.log";
+const LOG_TAIL_BYTES: u64 = 6000;
+
+/// The JSON document of the ready line.
+#[derive(Debug, Clone, Deserialize)]
+struct ReadyInfo {
+    server: String,
+    kubeconfig: PathBuf,
+    node: String,
+    pid: u32,
+}
+
+/// One running (or, between [`kill`](Self::kill)/[`stop`](Self::stop) and
+/// [`restart`](Self::restart), stopped) localkube control plane.
+#[derive(Debug)]
+pub struct LocalKube {
+    binary: PathBuf,
+    data_dir: TempDir,
+    child: Option<Child>,
+    ready: ReadyInfo,
+    port: u16,
+    config: kube::Config,
+}
+
+impl LocalKube {
+    /// Starts a localkube on a free port with a fresh data directory and
+    /// waits until it is ready (at most [`READY_TIMEOUT`]).
+    pub async fn start() -> Result<Self> {
+        let binary = binary_path()?;
+        let data_dir = tempfile::Builder::new()
+            .prefix("localkube-")
+            .tempdir()
+            .context("creating a data directory for localkube")?;
+        if std::env::var(KEEP_ENV).is_ok_and(|v| v == "1") {
+            let mut data_dir = data_dir;
+            data_dir.disable_cleanup(true);
+            return Self::start_in(binary, data_dir).await;
+        }
+        Self::start_in(binary, data_dir).await
+    }
+
+    async fn start_in(binary: PathBuf, data_dir: TempDir) -> Result<Self> {
+        let (child, ready) = spawn_and_wait(&binary, data_dir.path(), 0).await?;
+        let port = port_of(&ready.server)?;
+        let config = match kube_config(&ready.kubeconfig).await {
+            Ok(config) => config,
+            Err(e) => {
+                let mut child = child;
+                kill_group(&mut child);
+                return Err(e);
+            }
+        };
+        let kube = Self {
+            binary,
+            data_dir,
+            child: Some(child),
+            ready,
+            port,
+            config,
+        };
+        // Fail here, not in the first test step, if the kubeconfig is unusable.
+        kube::Client::try_from(kube.config.clone()).context("building a client for localkube")?;
+        Ok(kube)
+    }
+
+    /// A new client for this control plane, authenticated as cluster admin
+    /// (`system:masters`). Call it inside a Tokio runtime; each call makes a
+    /// fresh client, so one `LocalKube` can serve tests on different runtimes.
+    pub fn client(&self) -> kube::Client {
+        kube::Client::try_from(self.config.clone())
+            .expect("the localkube kubeconfig was checked when it started")
+    }
+
+    /// The client configuration behind [`client`](Self::client).
+    pub fn kube_config(&self) -> &kube::Config {
+        &self.config
+    }
+
+    /// Path of the admin kubeconfig (certificates embedded).
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.ready.kubeconfig
+    }
+
+    /// The apiserver URL, `https://127.0.0.1:PORT`. It stays the same across
+    /// [`restart`](Self::restart).
+    pub fn server_url(&self) -> &str {
+        &self.ready.server
+    }
+
+    /// The data directory (certificates, etcd data, kubeconfig, log).
+    pub fn data_dir(&self) -> &Path {
+        self.data_dir.path()
+    }
+
+    /// The control plane's log file (stderr of localkube, appended across
+    /// restarts).
+    pub fn log_path(&self) -> PathBuf {
+        self.data_dir.path().join(LOG_FILE)
+    }
+
+    /// Name of the fake Node that runs every pod.
+    pub fn node_name(&self) -> &str {
+        &self.ready.node
+    }
+
+    /// Process id of the running localkube, if it is running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The bundled kubectl (same Kubernetes release) with `--kubeconfig` set
+    /// to this control plane, followed by `args`.
+    pub fn kubectl<I, S>(&self, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig_path())
+            .args(args);
+        cmd
+    }
+
+    /// Stops localkube cleanly: SIGTERM, then waits (at most
+    /// [`STOP_TIMEOUT`]) for it to exit. Fails if it does not exit with
+    /// status 0. A no-op when it is not running.
+    pub async fn stop(&mut self) -> Result<()> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        if let Err(e) = signal(child.id(), "TERM", false) {
+            kill_group(&mut child);
+            return Err(e);
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait().context("waiting for localkube")? {
+                if status.success() {
+                    return Ok(());
+                }
+                bail!(
+                    "localkube exited with {status} after SIGTERM; log tail:\n{}",
+                    log_tail(&self.log_path())
+                );
+            }
+            if Instant::now() >= deadline {
+                kill_group(&mut child);
+                bail!(
+                    "localkube did not exit within {STOP_TIMEOUT:?} of SIGTERM (killed it); log tail:\n{}",
+                    log_tail(&self.log_path())
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Kills localkube with SIGKILL (its whole process group), as a crash
+    /// would, and reaps it. The data directory stays for
+    /// [`restart`](Self::restart). A no-op when it is not running.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill_group(&mut child);
+        }
+    }
+
+    /// Starts localkube again on the same data directory and port (stopping it
+    /// cleanly first if it still runs) and waits until it is ready. Objects,
+    /// certificates and the kubeconfig survive; clients made before keep
+    /// working once it is back.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.stop().await?;
+        let (child, ready) = spawn_and_wait(&self.binary, self.data_dir.path(), self.port).await?;
+        self.child = Some(child);
+        self.ready = ready;
+        self.config = kube_config(&self.ready.kubeconfig).await?;
+        Ok(())
+    }
+}
+
+impl Drop for LocalKube {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `check` until it returns `Some`, failing after `timeout`. `check` runs
+/// right away and then every 100 ms; an `Err` from it is remembered (the
+/// condition may not hold yet, e.g. an object not created yet) and reported
+/// if the deadline passes.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut last_err = None;
+    loop {
+        match check().await {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if Instant::now() >= deadline {
+            return Err(match last_err {
+                Some(e) => e.context(format!("timed out after {timeout:?} waiting for {what}")),
+                None => anyhow!("timed out after {timeout:?} waiting for {what}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Where the localkube binary is: `$WINDVANE_LOCALKUBE`, else
+/// `<workspace>/target/localkube/localkube`.
+pub fn binary_path() -> Result<PathBuf> {
+    let path = match std::env::var_os(BINARY_ENV) {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("the tests crate lives inside the workspace")
+            .join("target/localkube/localkube"),
+    };
+    if !path.is_file() {
+        bail!(
+            "localkube binary not found at {} (set {BINARY_ENV} or build it: run tests/localkube/build.sh)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Spawns localkube on `data_dir` (port 0 = any free port) and waits for its
+/// ready line. On failure the child is killed and the error carries the log
+/// tail.
+async fn spawn_and_wait(binary: &Path, data_dir: &Path, port: u16) -> Result<(Child, ReadyInfo)> {
+    let log_path = data_dir.join(LOG_FILE);
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("opening {}", log_path.display()))?;
+    let mut child = Command::new(binary)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--port")
+        .arg(port.to_string())
+        // stdin is a pipe held by `Child`: if this test process dies without
+        // running Drop, localkube sees EOF and shuts down by itself.
+        .arg("--exit-with-stdin")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        // Its own process group, so Drop can kill everything it started.
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let (tx, rx) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("localkube-stdout".into())
+        .spawn(move || read_ready_line(stdout, tx))
+        .context("starting the localkube stdout reader")?;
+
+    let outcome = tokio::time::timeout(READY_TIMEOUT, rx).await;
+    let failure = match outcome {
+        Ok(Ok(Ok(ready))) => return Ok((child, ready)),
+        Ok(Ok(Err(e))) => e,
+        Ok(Err(_)) => anyhow!("the localkube stdout reader stopped"),
+        Err(_) => anyhow!("localkube was not ready within {READY_TIMEOUT:?}"),
+    };
+    let status = child.try_wait().ok().flatten();
+    kill_group(&mut child);
+    Err(failure.context(format!(
+        "starting localkube on {} ({}); log tail:\n{}",
+        data_dir.display(),
+        describe_exit(status),
+        log_tail(&log_path)
+    )))
+}
+
+/// Reads localkube's stdout: sends the ready line (or an error at EOF), then
+/// drains the rest so localkube never blocks on a full pipe.
+fn read_ready_line(stdout: impl Read, tx: oneshot::Sender<Result<ReadyInfo>>) {
+    let mut tx = Some(tx);
+    for line in BufReader::new(stdout).lines() {
+        let Ok(line) = line else { break };
+        if let Some(json) = line.strip_prefix(READY_PREFIX)
+            && let Some(tx) = tx.take()
+        {
+            let parsed = serde_json::from_str::<ReadyInfo>(json)
+                .with_context(|| format!("parsing the localkube ready line {line:?}"));
+            let _ = tx.send(parsed);
+        }
+    }
+    if let Some(tx) = tx {
+        let _ = tx.send(Err(anyhow!("localkube exited before it was ready")));
+    }
+}
+
+fn describe_exit(status: Option<ExitStatus>) -> String {
+    match status {
+        Some(s) => format!("it exited with {s}"),
+        None => "it was still running".to_owned(),
+    }
+}
+
+async fn kube_config(kubeconfig: &Path) -> Result<kube::Config> {
+    let file = kube::config::Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("reading {}", kubeconfig.display()))?;
+    kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+        .await
+        .with_context(|| format!("loading {}", kubeconfig.display()))
+}
+
+fn port_of(server: &str) -> Result<u16> {
+    server
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse().ok())
+        .ok_or_else(|| anyhow!("no port in localkube server URL {server:?}"))
+}
+
+/// Sends `kill -SIG` to a pid, or to its process group when `group`.
+fn signal(pid: u32, sig: &str, group: bool) -> Result<()> {
+    let target = if group {
+        format!("-{pid}")
+    } else {
+        pid.to_string()
+    };
+    let status = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg("--")
+        .arg(&target)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("running kill")?;
+    if !status.success() {
+        bail!("kill -{sig} -- {target} failed: {status}");
+    }
+    Ok(())
+}
+
+/// SIGKILLs the child's process group (the child leads it) and reaps the
+/// child. Errors are ignored: the process may be gone already.
+fn kill_group(child: &mut Child) {
+    if matches!(child.try_wait(), Ok(Some(_))) {
+        return;
+    }
+    let _ = signal(child.id(), "KILL", true);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The last few KB of the log, for error messages.
+fn log_tail(path: &Path) -> String {
+    let Ok(mut file) = File::open(path) else {
+        return format!("(no log at {})", path.display());
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = file.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES)));
+    let mut buf = Vec::new();
+    let _ = file.read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).into_owned()
+}
