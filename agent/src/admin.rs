@@ -1,5 +1,5 @@
 //! The admin server: `/livez` (the process runs), `/readyz` (a release — the first one or the last known
-//! good — is enforced) and `/metrics` (Prometheus). Plain HTTP on the admin address; it serves nothing else.
+//! good — is enforced), `/status` (the agent's status as JSON) and `/metrics` (Prometheus). Plain HTTP on the admin address; it serves nothing else.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -93,13 +93,19 @@ fn respond(
                 )
             }
         }
+        "/status" => Response::builder()
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(
+                status.read().expect("status lock").to_json().to_string(),
+            )))
+            .expect("a static response is valid"),
         "/metrics" => Response::builder()
             .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
             .body(Full::new(Bytes::from(metrics.render())))
             .expect("a static response is valid"),
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /livez, /readyz or /metrics\n".to_owned(),
+            "not found: try /livez, /readyz, /status or /metrics\n".to_owned(),
         ),
     }
 }

@@ -92,6 +92,7 @@ impl Engine {
         )?;
         let (live, changes) = LiveCache::new(&config.fleet);
         let inventory = state.load_inventory().await?;
+        status.write().expect("status lock").source.channel = config.channel.clone();
         let mut engine = Self {
             config,
             cluster,

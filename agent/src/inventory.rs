@@ -72,7 +72,31 @@ impl InventoryEntry {
 pub struct Inventory {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub complete_serial: Option<u64>,
+    #[serde(with = "entries_as_list")]
     pub entries: BTreeMap<ObjectKey, InventoryEntry>,
+}
+
+/// The entries are stored as a list (JSON object keys must be strings); the key is derived from each entry.
+mod entries_as_list {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::{InventoryEntry, ObjectKey};
+
+    pub fn serialize<S: Serializer>(
+        entries: &BTreeMap<ObjectKey, InventoryEntry>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(entries.values())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<BTreeMap<ObjectKey, InventoryEntry>, D::Error> {
+        let list = Vec::<InventoryEntry>::deserialize(deserializer)?;
+        Ok(list.into_iter().map(|entry| (entry.key(), entry)).collect())
+    }
 }
 
 impl Inventory {
@@ -274,6 +298,13 @@ mod tests {
             .len(),
             1
         );
+    }
+
+    #[test]
+    fn the_inventory_round_trips_through_json() {
+        let inventory = inventory(&[entry("x", "a", true), entry("y", "b", false)]);
+        let json = serde_json::to_string(&inventory).unwrap();
+        assert_eq!(serde_json::from_str::<Inventory>(&json).unwrap(), inventory);
     }
 
     #[test]

@@ -91,17 +91,22 @@ impl Elector {
         }
     }
 
-    /// Waits until this candidate holds the Lease.
-    pub async fn acquire(&self) -> Result<()> {
+    /// Waits until this candidate holds the Lease. API errors (the namespace missing, RBAC, the API server
+    /// away) are logged and retried: a candidate keeps trying until it leads or is stopped.
+    pub async fn acquire(&self) {
         let mut announced = false;
         loop {
-            if self.try_acquire_or_renew().await? {
-                info!(lease = %self.name, identity = %self.identity, "became the leader");
-                return Ok(());
-            }
-            if !announced {
-                info!(lease = %self.name, "another replica leads; standing by");
-                announced = true;
+            match self.try_acquire_or_renew().await {
+                Ok(true) => {
+                    info!(lease = %self.name, identity = %self.identity, "became the leader");
+                    return;
+                }
+                Ok(false) if !announced => {
+                    info!(lease = %self.name, "another replica leads; standing by");
+                    announced = true;
+                }
+                Ok(false) => {}
+                Err(error) => warn!(%error, "cannot take part in leader election yet; retrying"),
             }
             tokio::time::sleep(self.timing.retry_every).await;
         }

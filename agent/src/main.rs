@@ -102,7 +102,7 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
     );
     let mut waiting = shutdown.clone();
     tokio::select! {
-        acquired = elector.acquire() => acquired?,
+        () = elector.acquire() => {}
         _ = waiting.wait_for(|stop| *stop) => return Ok(()),
     }
     let engine = Engine::start(config.engine.clone(), client, status, metrics).await?;

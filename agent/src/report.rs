@@ -54,12 +54,12 @@ impl AgentStatus {
     /// The cluster's state: Failed when the source is refused or nothing could be enforced; otherwise the
     /// worst object state.
     pub fn cluster_state(&self) -> SyncState {
-        if self.source.last_refusal.is_some() && self.source.applied_serial.is_none() {
+        // Refusing the source is a failure even while the last known good is enforced: someone must look.
+        if self.source.last_refusal.is_some() {
             return SyncState::Failed;
         }
-        if self.source.last_refusal.is_some() {
-            // Refusing the source is a failure even while the last known good is enforced: someone must look.
-            return SyncState::Failed;
+        if !self.enforced {
+            return SyncState::Progressing;
         }
         SyncState::worst(self.objects.values().map(|o| o.state))
     }
@@ -110,6 +110,22 @@ impl AgentStatus {
                 message: o.message.clone(),
             })
             .collect()
+    }
+
+    /// The status as JSON, for the admin server's `/status` (what the heartbeat will carry, for humans).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "state": self.cluster_state(),
+            "enforced": self.enforced,
+            "source": self.source,
+            "counts": self.counts(),
+            "apps": self.apps(),
+            "objects": self.objects.values().map(|o| serde_json::json!({
+                "app": o.app, "object": o.display, "state": o.state, "message": o.message,
+            })).collect::<Vec<_>>(),
+            "orphans": self.orphans,
+            "lastError": self.last_error,
+        })
     }
 
     /// Records a refusal of the source (the reason code and message), keeping what is enforced.
@@ -191,6 +207,8 @@ mod tests {
             Timestamp::UNIX_EPOCH,
         );
         assert_eq!(s.cluster_state(), SyncState::Failed);
-        assert_eq!(status(&[]).cluster_state(), SyncState::Synced);
+        let mut empty = status(&[]);
+        empty.enforced = true;
+        assert_eq!(empty.cluster_state(), SyncState::Synced);
     }
 }

@@ -104,19 +104,28 @@ impl LiveCache {
         let api: Api<DynamicObject> = Api::all_with(cluster.client().clone(), &resolved.resource);
         let config = watcher::Config::default().labels(&format!("{FLEET_LABEL}={}", self.fleet));
         let cache = self.clone();
+        let types = kube::core::TypeMeta {
+            api_version: resolved.resource.api_version.clone(),
+            kind: resolved.resource.kind.clone(),
+        };
         tokio::spawn(async move {
             let (group, kind) = kind_key;
+            // Items of a list carry no apiVersion and kind; every object of this watch has this resource's.
+            let typed = |mut object: DynamicObject| {
+                object.types.get_or_insert_with(|| types.clone());
+                object
+            };
             let mut stream = watcher::watcher(api, config).default_backoff().boxed();
             let mut relisted: HashSet<ObjectKey> = HashSet::new();
             while let Some(event) = stream.next().await {
                 match event {
                     Ok(Event::Apply(object)) => {
-                        cache.apply(object);
+                        cache.apply(typed(object));
                     }
-                    Ok(Event::Delete(object)) => cache.delete(object),
+                    Ok(Event::Delete(object)) => cache.delete(typed(object)),
                     Ok(Event::Init) => relisted.clear(),
                     Ok(Event::InitApply(object)) => {
-                        if let Some(key) = cache.apply(object) {
+                        if let Some(key) = cache.apply(typed(object)) {
                             relisted.insert(key);
                         }
                     }

@@ -209,7 +209,7 @@ async fn contract(db: &impl Database) {
     let old = verified(&mut a, SyncState::Synced);
     let fresh = verified(&mut new_alpha, SyncState::Degraded);
     assert_eq!(
-        db.ingest(vec![old, fresh]).await.expect("ingest"),
+        db.ingest(vec![old, fresh].into()).await.expect("ingest"),
         vec![
             IngestOutcome::KeyChanged,
             IngestOutcome::Accepted {

@@ -32,22 +32,35 @@ struct Received {
 
 /// A webhook receiver on a loopback port; `/flaky` answers 500 to the first attempt of each notification.
 async fn receiver() -> (String, Arc<Mutex<Received>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let received: Arc<Mutex<Received>> = Arc::default();
     let state = Arc::clone(&received);
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else { return };
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
             let state = Arc::clone(&state);
             tokio::spawn(async move {
                 let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                     let state = Arc::clone(&state);
                     async move {
                         let path = request.uri().path().to_owned();
-                        let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                        let body = request
+                            .into_body()
+                            .collect()
+                            .await
+                            .map(|b| b.to_bytes())
+                            .unwrap_or_default();
                         let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                        let id = value["id"].as_str().or(value["text"].as_str()).unwrap_or("").to_owned();
+                        let id = value["id"]
+                            .as_str()
+                            .or(value["text"].as_str())
+                            .unwrap_or("")
+                            .to_owned();
                         let mut state = state.lock().expect("lock");
                         let attempt = state.attempts.entry((path.clone(), id)).or_default();
                         *attempt += 1;
@@ -57,10 +70,17 @@ async fn receiver() -> (String, Arc<Mutex<Received>>) {
                             state.by_path.entry(path).or_default().push(value);
                             200
                         };
-                        Ok::<_, Infallible>(Response::builder().status(status).body(Full::new(Bytes::new())).expect("response"))
+                        Ok::<_, Infallible>(
+                            Response::builder()
+                                .status(status)
+                                .body(Full::new(Bytes::new()))
+                                .expect("response"),
+                        )
                     }
                 });
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
             });
         }
     });
@@ -72,14 +92,23 @@ fn triggers(received: &Arc<Mutex<Received>>, path: &str) -> Vec<String> {
     let mut out: Vec<String> = state
         .by_path
         .get(path)
-        .map(|list| list.iter().map(|v| v["trigger"].as_str().unwrap_or("slack").to_owned()).collect())
+        .map(|list| {
+            list.iter()
+                .map(|v| v["trigger"].as_str().unwrap_or("slack").to_owned())
+                .collect()
+        })
         .unwrap_or_default();
     out.sort();
     out
 }
 
 fn count(received: &Arc<Mutex<Received>>, path: &str) -> usize {
-    received.lock().expect("lock").by_path.get(path).map_or(0, Vec::len)
+    received
+        .lock()
+        .expect("lock")
+        .by_path
+        .get(path)
+        .map_or(0, Vec::len)
 }
 
 async fn wait_for(received: &Arc<Mutex<Received>>, path: &str, expected: &[&str]) {
@@ -90,7 +119,10 @@ async fn wait_for(received: &Arc<Mutex<Received>>, path: &str, expected: &[&str]
         let got = triggers(received, path);
         let expected = expected.clone();
         async move {
-            assert!(got.len() <= expected.len(), "{path}: more than expected: {got:?}");
+            assert!(
+                got.len() <= expected.len(),
+                "{path}: more than expected: {got:?}"
+            );
             (got == expected).then_some(())
         }
     })
@@ -99,12 +131,22 @@ async fn wait_for(received: &Arc<Mutex<Received>>, path: &str, expected: &[&str]
 
 /// No new delivery arrives on any path during `quiet` (a bounded check for "exactly once").
 async fn stays_quiet(received: &Arc<Mutex<Received>>, quiet: Duration) {
-    let snapshot: Vec<(String, usize)> =
-        received.lock().expect("lock").by_path.iter().map(|(k, v)| (k.clone(), v.len())).collect();
+    let snapshot: Vec<(String, usize)> = received
+        .lock()
+        .expect("lock")
+        .by_path
+        .iter()
+        .map(|(k, v)| (k.clone(), v.len()))
+        .collect();
     let start = Instant::now();
     while start.elapsed() < quiet {
         for (path, n) in &snapshot {
-            assert_eq!(count(received, path), *n, "a duplicate arrived on {path}: {:?}", received.lock().expect("lock").by_path[path]);
+            assert_eq!(
+                count(received, path),
+                *n,
+                "a duplicate arrived on {path}: {:?}",
+                received.lock().expect("lock").by_path[path]
+            );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -152,26 +194,50 @@ async fn each_notification_is_delivered_exactly_once() {
     // OutOfSync with critical RBAC drift: two notifications, both critical.
     let mut hb = agent.next(SyncState::OutOfSync);
     hb.drift = vec![rbac_drift()];
-    assert_eq!(agent.post(&http, &server.url, agent.sign(&hb)).await.status(), 200);
+    assert_eq!(
+        agent
+            .post(&http, &server.url, agent.sign(&hb))
+            .await
+            .status(),
+        200
+    );
     wait_for(&received, "/hook", &["OutOfSync", "Drift"]).await;
     {
         let state = received.lock().expect("lock");
         let hook = &state.by_path["/hook"];
         assert!(hook.iter().all(|n| n["severity"] == "critical"), "{hook:?}");
-        let drift = hook.iter().find(|n| n["trigger"] == "Drift").expect("drift");
+        let drift = hook
+            .iter()
+            .find(|n| n["trigger"] == "Drift")
+            .expect("drift");
         assert_eq!(drift["cluster"], "prod-eu");
         assert_eq!(drift["serial"], 3);
         assert_eq!(drift["drift"]["manager"], "kubectl-edit");
-        assert_eq!(drift["id"], "prod-eu/Drift rbac.authorization.k8s.io/ClusterRoleBinding viewers/3");
+        assert_eq!(
+            drift["id"],
+            "prod-eu/Drift rbac.authorization.k8s.io/ClusterRoleBinding viewers/3"
+        );
     }
     wait_for(&received, "/slack", &["slack", "slack"]).await;
-    assert!(received.lock().expect("lock").by_path["/slack"].iter().all(|v| v["text"].as_str().is_some_and(|t| t.starts_with("[CRITICAL]"))));
+    assert!(
+        received.lock().expect("lock").by_path["/slack"]
+            .iter()
+            .all(|v| v["text"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("[CRITICAL]")))
+    );
     wait_for(&received, "/flaky", &["OutOfSync", "Drift"]).await;
 
     // The same drift reported again within the same serial: nothing new.
     let mut hb = agent.next(SyncState::OutOfSync);
     hb.drift = vec![rbac_drift()];
-    assert_eq!(agent.post(&http, &server.url, agent.sign(&hb)).await.status(), 200);
+    assert_eq!(
+        agent
+            .post(&http, &server.url, agent.sign(&hb))
+            .await
+            .status(),
+        200
+    );
 
     // Recovery: to the webhooks, not to Slack (below its minimum severity).
     agent.beat(&http, &server.url, SyncState::Synced).await;
@@ -179,13 +245,31 @@ async fn each_notification_is_delivered_exactly_once() {
     wait_for(&received, "/flaky", &["OutOfSync", "Drift", "Recovered"]).await;
 
     // Silence: Unknown after the grace period.
-    wait_for(&received, "/hook", &["OutOfSync", "Drift", "Recovered", "Unknown"]).await;
-    let unknown = received.lock().expect("lock").by_path["/hook"].iter().find(|n| n["trigger"] == "Unknown").cloned().expect("unknown");
-    assert!(unknown["message"].as_str().is_some_and(|m| m.contains("last reported Synced")), "{unknown}");
+    wait_for(
+        &received,
+        "/hook",
+        &["OutOfSync", "Drift", "Recovered", "Unknown"],
+    )
+    .await;
+    let unknown = received.lock().expect("lock").by_path["/hook"]
+        .iter()
+        .find(|n| n["trigger"] == "Unknown")
+        .cloned()
+        .expect("unknown");
+    assert!(
+        unknown["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("last reported Synced")),
+        "{unknown}"
+    );
 
     // A restart rescans: the claims in the database keep it from sending anything twice.
     server.restart();
     stays_quiet(&received, Duration::from_secs(3)).await;
     assert_eq!(count(&received, "/slack"), 2);
-    assert_eq!(count(&received, "/staging"), 0, "the selector keeps prod out of the staging sink");
+    assert_eq!(
+        count(&received, "/staging"),
+        0,
+        "the selector keeps prod out of the staging sink"
+    );
 }

@@ -46,6 +46,7 @@ type config struct {
 	nodeName      string
 	controllers   string
 	verbosity     int
+	logThreshold  string
 	readyTimeout  time.Duration
 	exitWithStdin bool
 }
@@ -60,6 +61,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.nodeName, "node-name", "localkube-node", "name of the fake Node")
 	fs.StringVar(&c.controllers, "controllers", defaultControllers, "kube-controller-manager --controllers")
 	fs.IntVar(&c.verbosity, "v", 0, "klog verbosity of the control plane components")
+	fs.StringVar(&c.logThreshold, "log-threshold", "WARNING", "least severe control plane log messages written (INFO, WARNING, ERROR); localkube's own messages are always written")
 	fs.DurationVar(&c.readyTimeout, "ready-timeout", 2*time.Minute, "give up (exit 1) if not ready within this time")
 	fs.BoolVar(&c.exitWithStdin, "exit-with-stdin", false, "shut down when stdin reaches end of file (the parent died or closed it)")
 	fs.Usage = func() {
@@ -89,14 +91,30 @@ func parseFlags(args []string) (config, error) {
 	return c, nil
 }
 
-func setupLogging(verbosity int) {
+func setupLogging(verbosity int, threshold string) error {
 	// Several components share the process; none of them may reconfigure the
 	// global logging they all use.
 	logsapi.ReapplyHandling = logsapi.ReapplyHandlingIgnoreUnchanged
 	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(fs)
-	_ = fs.Set("v", strconv.Itoa(verbosity))
-	_ = fs.Set("logtostderr", "true")
+	for name, value := range map[string]string{
+		"v":           strconv.Itoa(verbosity),
+		"logtostderr": "true",
+		// Honour stderrthreshold although everything goes to stderr.
+		"legacy_stderr_threshold_behavior": "false",
+		"stderrthreshold":                  threshold,
+	} {
+		if err := fs.Set(name, value); err != nil {
+			return fmt.Errorf("klog -%s=%s: %w", name, value, err)
+		}
+	}
+	return nil
+}
+
+// logf writes one of localkube's own messages to stderr, whatever the klog
+// threshold.
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s localkube: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 }
 
 func runLocalkube(args []string) int {
@@ -113,7 +131,10 @@ func runLocalkube(args []string) int {
 		fmt.Fprintf(os.Stderr, "localkube: %v\n", err)
 		return 2
 	}
-	setupLogging(c.verbosity)
+	if err := setupLogging(c.verbosity, c.logThreshold); err != nil {
+		fmt.Fprintf(os.Stderr, "localkube: %v\n", err)
+		return 2
+	}
 	defer klog.Flush()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -121,16 +142,17 @@ func runLocalkube(args []string) int {
 	if c.exitWithStdin {
 		go func() {
 			_, _ = io.Copy(io.Discard, os.Stdin)
-			klog.Info("localkube: stdin closed, shutting down")
+			logf("stdin closed, shutting down")
 			stop()
 		}()
 	}
 
 	if err := run(ctx, c, readyOut); err != nil {
-		klog.Errorf("localkube: %v", err)
 		klog.Flush()
+		logf("error: %v", err)
 		return 1
 	}
+	logf("stopped")
 	return 0
 }
 
@@ -165,7 +187,7 @@ func run(ctx context.Context, c config, readyOut io.Writer) error {
 		select {
 		case <-closed:
 		case <-time.After(10 * time.Second):
-			klog.Warning("localkube: etcd did not stop within 10s")
+			logf("etcd did not stop within 10s")
 		}
 	}()
 	klog.V(1).Infof("localkube: etcd serving on %s", etcdURL)
@@ -205,7 +227,7 @@ func run(ctx context.Context, c config, readyOut io.Writer) error {
 		select {
 		case <-apiDone:
 		case <-time.After(15 * time.Second):
-			klog.Warning("localkube: kube-apiserver did not stop within 15s")
+			logf("kube-apiserver did not stop within 15s")
 		}
 	}()
 
@@ -218,7 +240,7 @@ func run(ctx context.Context, c config, readyOut io.Writer) error {
 	}); err != nil {
 		return err
 	}
-	klog.V(1).Infof("localkube: kube-apiserver ready after %v", time.Since(started))
+	logf("kube-apiserver ready after %v", time.Since(started).Round(time.Millisecond))
 
 	compCtx, stopComponents := context.WithCancel(context.Background())
 	defer stopComponents()
@@ -231,7 +253,7 @@ func run(ctx context.Context, c config, readyOut io.Writer) error {
 		select {
 		case <-kcmDone:
 		case <-time.After(10 * time.Second):
-			klog.Warning("localkube: kube-controller-manager did not stop within 10s")
+			logf("kube-controller-manager did not stop within 10s")
 		}
 	}()
 
@@ -249,7 +271,11 @@ func run(ctx context.Context, c config, readyOut io.Writer) error {
 	if err := node.run(compCtx, factory); err != nil {
 		return err
 	}
-	defer factory.Shutdown()
+	defer func() {
+		// Informers stop with compCtx; Shutdown waits for them.
+		stopComponents()
+		factory.Shutdown()
+	}()
 
 	if err := waitFor(deadline, apiDone, "default ServiceAccount", func(ctx context.Context) (bool, error) {
 		if _, err := client.CoreV1().Nodes().Get(ctx, c.nodeName, metav1.GetOptions{}); err != nil {
@@ -274,11 +300,11 @@ func run(ctx context.Context, c config, readyOut io.Writer) error {
 	if _, err := fmt.Fprintf(readyOut, "%s%s\n", readyPrefix, info); err != nil {
 		return fmt.Errorf("writing the ready line: %w", err)
 	}
-	klog.Infof("localkube: ready at %s after %v", server, time.Since(started).Round(time.Millisecond))
+	logf("ready at %s after %v", server, time.Since(started).Round(time.Millisecond))
 
 	select {
 	case <-ctx.Done():
-		klog.Info("localkube: shutting down")
+		logf("shutting down")
 		return nil
 	case err := <-apiDone:
 		apiDone = closedWith(err)

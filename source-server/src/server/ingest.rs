@@ -323,31 +323,33 @@ pub async fn run_writer(
         metrics
             .ingest_queue_depth
             .store(queue.len() as u64, Ordering::Relaxed);
-        let batch: Vec<VerifiedHeartbeat> = jobs.iter().map(|j| j.heartbeat.clone()).collect();
+        let (batch, replies): (Vec<VerifiedHeartbeat>, Vec<_>) =
+            jobs.drain(..).map(|j| (j.heartbeat, j.reply)).unzip();
+        let batch: Arc<[VerifiedHeartbeat]> = batch.into();
         let span = tracing::debug_span!("ingest_batch", size = batch.len());
-        let result = tracing::Instrument::instrument(db.ingest(batch), span).await;
+        let result = tracing::Instrument::instrument(db.ingest(Arc::clone(&batch)), span).await;
         metrics.ingest_batches.fetch_add(1, Ordering::Relaxed);
         match result {
             Ok(outcomes) => {
-                for (job, outcome) in jobs.drain(..).zip(outcomes) {
+                for ((heartbeat, reply), outcome) in batch.iter().zip(replies).zip(outcomes) {
                     if let (IngestOutcome::Accepted { previous }, Some(notifier)) =
                         (&outcome, &notifier)
                     {
-                        let event = notify::Event::from_heartbeat(&job.heartbeat, *previous);
+                        let event = notify::Event::from_heartbeat(heartbeat, *previous);
                         if notifier.try_send(event).is_err() {
                             metrics
                                 .notifications_dropped
                                 .fetch_add(1, Ordering::Relaxed);
                         }
                     }
-                    let _ = job.reply.send(Ok(outcome));
+                    let _ = reply.send(Ok(outcome));
                 }
             }
             Err(error) => {
                 tracing::error!(%error, "storing heartbeats failed");
                 let message = error.to_string();
-                for job in jobs.drain(..) {
-                    let _ = job.reply.send(Err(message.clone()));
+                for reply in replies {
+                    let _ = reply.send(Err(message.clone()));
                 }
             }
         }

@@ -1,6 +1,7 @@
 //! `windvane`: the release engineer's and SRE's command line. Parses arguments, sets up logging, and hands
 //! each subcommand to its module; every failure ends as one line on stderr and a non-zero exit.
 
+mod fleet;
 mod keygen;
 mod release;
 
@@ -29,6 +30,10 @@ enum Command {
     Verify(release::VerifyArgs),
     /// Print exactly what one cluster would get (rendered, as applied) as a YAML stream.
     Render(release::RenderArgs),
+    /// Print the fleet's status from a source server; exit 0 only when every selected cluster is Synced.
+    Status(fleet::StatusArgs),
+    /// Admin actions on an enrolled cluster (rekey, forget) at a source server.
+    Cluster(fleet::ClusterArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +61,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Publish(args) => release::publish(args),
         Command::Verify(args) => release::verify(args),
         Command::Render(args) => release::render(args),
+        Command::Status(args) => return fleet::status(args),
+        Command::Cluster(args) => fleet::cluster(args),
     }
     .map(|()| ExitCode::SUCCESS)
 }

@@ -159,7 +159,7 @@ pub trait Database: Send + Sync + 'static {
     /// returns one outcome per heartbeat. Only committed heartbeats are `Accepted`.
     fn ingest(
         &self,
-        batch: Vec<VerifiedHeartbeat>,
+        batch: std::sync::Arc<[VerifiedHeartbeat]>,
     ) -> impl Future<Output = Result<Vec<IngestOutcome>>> + Send;
     /// Every enrolled cluster, by name.
     fn list_clusters(&self) -> impl Future<Output = Result<Vec<ClusterSummary>>> + Send;
@@ -219,7 +219,10 @@ impl Database for Db {
     async fn cluster_key(&self, cluster: &str) -> Result<Option<(String, String, String)>> {
         delegate!(self, db => db.cluster_key(cluster))
     }
-    async fn ingest(&self, batch: Vec<VerifiedHeartbeat>) -> Result<Vec<IngestOutcome>> {
+    async fn ingest(
+        &self,
+        batch: std::sync::Arc<[VerifiedHeartbeat]>,
+    ) -> Result<Vec<IngestOutcome>> {
         delegate!(self, db => db.ingest(batch))
     }
     async fn list_clusters(&self) -> Result<Vec<ClusterSummary>> {

@@ -270,7 +270,10 @@ impl Database for PostgresDb {
         Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
     }
 
-    async fn ingest(&self, batch: Vec<VerifiedHeartbeat>) -> Result<Vec<IngestOutcome>> {
+    async fn ingest(
+        &self,
+        batch: std::sync::Arc<[VerifiedHeartbeat]>,
+    ) -> Result<Vec<IngestOutcome>> {
         let mut client = self.client(&self.writer).await?;
         ingest_batch(&mut client, &batch)
             .await

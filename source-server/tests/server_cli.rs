@@ -1,0 +1,195 @@
+//! `windvane status` and `windvane cluster rekey|forget` against a real `windvane-server`: the table, the
+//! exit code a pipeline relies on (0 only when every selected cluster is Synced), the read token, and the
+//! admin actions.
+
+mod server_support;
+
+use std::process::{Command, Output};
+
+use server_support::{Agent, Options, ServerProcess, client};
+use windvane_shared::status::SyncState;
+
+fn windvane(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_windvane"))
+        .args(args)
+        .output()
+        .expect("run windvane")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_exits_zero_only_when_every_selected_cluster_is_synced() {
+    let server = ServerProcess::start(Options {
+        read_token: true,
+        ..Options::default()
+    });
+    let http = client();
+    let mut eu = Agent::new("prod-eu", 1, &[("env", "prod"), ("region", "eu")]);
+    let mut us = Agent::new("prod-us", 2, &[("env", "prod"), ("region", "us")]);
+    let mut stg = Agent::new("staging", 3, &[("env", "staging")]);
+    for agent in [&eu, &us, &stg] {
+        assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
+    }
+    eu.beat(&http, &server.url, SyncState::Synced).await;
+    us.beat(&http, &server.url, SyncState::Synced).await;
+    stg.beat(&http, &server.url, SyncState::Degraded).await;
+    let token = server.dir.join("read-token");
+    let token = token.to_str().expect("utf-8");
+
+    let all = windvane(&[
+        "status",
+        "--server",
+        &server.url,
+        "--read-token-file",
+        token,
+    ]);
+    assert_eq!(all.status.code(), Some(1), "staging is Degraded");
+    let table = stdout(&all);
+    assert!(
+        table.starts_with("3 clusters: Degraded 1 · Synced 2"),
+        "{table}"
+    );
+    assert!(
+        table.contains("staging") && table.contains("Degraded"),
+        "{table}"
+    );
+    assert!(String::from_utf8_lossy(&all.stderr).contains("staging is Degraded"));
+
+    let prod = windvane(&[
+        "status",
+        "--server",
+        &server.url,
+        "--selector",
+        "env=prod",
+        "--read-token-file",
+        token,
+    ]);
+    assert_eq!(prod.status.code(), Some(0), "{}", stdout(&prod));
+    assert!(!stdout(&prod).contains("staging"));
+
+    let json = windvane(&[
+        "status",
+        "--server",
+        &server.url,
+        "--selector",
+        "region in (eu)",
+        "--output",
+        "json",
+        "--read-token-file",
+        token,
+    ]);
+    assert_eq!(json.status.code(), Some(0));
+    let parsed: serde_json::Value = serde_json::from_slice(&json.stdout).expect("json");
+    assert_eq!(parsed["clusters"][0]["name"], "prod-eu");
+
+    let nothing = windvane(&[
+        "status",
+        "--server",
+        &server.url,
+        "--selector",
+        "env=dev",
+        "--read-token-file",
+        token,
+    ]);
+    assert_eq!(
+        nothing.status.code(),
+        Some(1),
+        "an empty selection is not a pass"
+    );
+
+    let unauthorised = windvane(&["status", "--server", &server.url]);
+    assert_eq!(unauthorised.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unauthorised.stderr).contains("401"));
+
+    let bad_selector = windvane(&[
+        "status",
+        "--server",
+        &server.url,
+        "--selector",
+        "env in (",
+        "--read-token-file",
+        token,
+    ]);
+    assert_eq!(bad_selector.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad_selector.stderr).contains("selector"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_rekey_and_forget() {
+    let server = ServerProcess::start(Options::default());
+    let http = client();
+    let old = Agent::new("edge-7", 1, &[]);
+    let new = Agent::new("edge-7", 2, &[]);
+    assert_eq!(old.enroll(&http, &server.url).await.status(), 201);
+    assert_eq!(new.enroll(&http, &server.url).await.status(), 409);
+    let token = server.dir.join("token");
+    let token = token.to_str().expect("utf-8");
+
+    let rekey = windvane(&[
+        "cluster",
+        "rekey",
+        "edge-7",
+        "--server",
+        &server.url,
+        "--registration-token-file",
+        token,
+    ]);
+    assert!(
+        rekey.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rekey.stderr)
+    );
+    assert_eq!(new.enroll(&http, &server.url).await.status(), 200);
+
+    let forget = windvane(&[
+        "cluster",
+        "forget",
+        "edge-7",
+        "--server",
+        &server.url,
+        "--registration-token-file",
+        token,
+    ]);
+    assert!(
+        forget.status.success(),
+        "{}",
+        String::from_utf8_lossy(&forget.stderr)
+    );
+    assert_eq!(
+        http.get(format!("{}/api/v1/clusters/edge-7", server.url))
+            .send()
+            .await
+            .expect("get")
+            .status(),
+        404
+    );
+
+    let again = windvane(&[
+        "cluster",
+        "forget",
+        "edge-7",
+        "--server",
+        &server.url,
+        "--registration-token-file",
+        token,
+    ]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("not enrolled"));
+
+    std::fs::write(server.dir.join("wrong"), "nope").expect("write");
+    let wrong = server.dir.join("wrong");
+    let denied = windvane(&[
+        "cluster",
+        "rekey",
+        "x",
+        "--server",
+        &server.url,
+        "--registration-token-file",
+        wrong.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(denied.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&denied.stderr).contains("401"));
+}
