@@ -99,6 +99,9 @@ pub struct RunArgs {
     /// Log format: text or json. [default: text]
     #[arg(long, value_name = "FORMAT", env = "WINDVANE_LOG_FORMAT")]
     pub log_format: Option<String>,
+    /// Longest an operator's `windvane.io/hold-until` annotation is honoured. [default: 24h]
+    #[arg(long, value_name = "DURATION", env = "WINDVANE_HOLD_CAP")]
+    pub hold_cap: Option<String>,
 }
 
 /// The config file: every setting, all optional, in camelCase.
@@ -122,6 +125,7 @@ struct FileConfig {
     admin_listen: Option<SocketAddr>,
     prune_budget: Option<f64>,
     log_format: Option<String>,
+    hold_cap: Option<String>,
 }
 
 /// The resolved configuration of `run`.
@@ -309,6 +313,12 @@ impl RunArgs {
                 )));
             }
         };
+        let hold_text = self
+            .hold_cap
+            .clone()
+            .or(file.hold_cap.clone())
+            .unwrap_or_else(|| "24h".to_owned());
+        let hold_cap = parse_duration(&hold_text)?;
         let identity_name = self
             .identity
             .clone()
@@ -332,6 +342,8 @@ impl RunArgs {
                 prune_budget,
                 apply: ApplyOptions::default(),
                 source_limits: SourceLimits::default(),
+                identity_name: identity_name.clone(),
+                hold_cap,
             },
             kubeconfig: self.agent.kubeconfig.clone(),
             admin_listen: self

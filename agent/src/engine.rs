@@ -15,11 +15,14 @@ use windvane_shared::desired::{DesiredObject, desired_objects};
 use windvane_shared::keys::TrustedKeys;
 use windvane_shared::release::{self, AcceptedRelease, PointerExpectations};
 use windvane_shared::render::{ClusterIdentity, render_app, selected_apps};
+use windvane_shared::status::SyncState;
 
 use crate::allowlist::Allowlist;
 use crate::apply::{ApplyOptions, Outcome, apply_all};
 use crate::backoff::{full_jitter, jittered, random_unit};
 use crate::cluster::Cluster;
+use crate::drift::ContestTracker;
+use crate::heal::Healer;
 use crate::health::assess;
 use crate::inventory::{Inventory, InventoryEntry, ObjectKey, ReleaseOutcome, plan_prune};
 use crate::metrics::Metrics;
@@ -45,6 +48,10 @@ pub struct EngineConfig {
     pub prune_budget: f64,
     pub apply: ApplyOptions,
     pub source_limits: SourceLimits,
+    /// This replica's name, in Events it emits.
+    pub identity_name: String,
+    /// Longest an operator's `windvane.io/hold-until` is honoured.
+    pub hold_cap: Duration,
 }
 
 /// The release being enforced.
@@ -72,6 +79,7 @@ pub struct Engine {
     retry_attempt: Option<u32>,
     status: SharedStatus,
     metrics: Arc<Metrics>,
+    healer: Healer,
 }
 
 impl Engine {
@@ -91,6 +99,13 @@ impl Engine {
             config.source_limits.clone(),
         )?;
         let (live, changes) = LiveCache::new(&config.fleet);
+        let healer = Healer::new(
+            cluster.clone(),
+            live.clone(),
+            &config.identity_name,
+            config.hold_cap,
+            ContestTracker::default(),
+        );
         let inventory = state.load_inventory().await?;
         status.write().expect("status lock").source.channel = config.channel.clone();
         let mut engine = Self {
@@ -105,6 +120,7 @@ impl Engine {
             retry_attempt: None,
             status,
             metrics,
+            healer,
         };
         match engine.state.load_known_good().await {
             Ok(Some(known_good)) => match engine.verify_known_good(&known_good) {
@@ -184,10 +200,13 @@ impl Engine {
             } else {
                 next_retry = None;
             }
-            let wake = next_retry.map_or(next_poll, |retry| retry.min(next_poll));
+            let mut wake = next_retry.map_or(next_poll, |retry| retry.min(next_poll));
+            if let Some(timer) = self.healer.next_timer() {
+                wake = wake.min(timer);
+            }
             tokio::select! {
-                _ = tokio::time::sleep_until(wake.into()) => {}
-                Some(change) = self.changes.recv() => self.on_change(change),
+                _ = tokio::time::sleep_until(wake.into()) => self.on_timers().await,
+                Some(change) = self.changes.recv() => self.on_change(change).await,
                 _ = shutdown.changed() => {
                     if *shutdown.borrow() {
                         info!("stopping the sync engine");
@@ -378,6 +397,19 @@ impl Engine {
                 }
             }
             let complete = report.complete() && render_errors.is_empty();
+            self.healer.set_desired(
+                report
+                    .results
+                    .iter()
+                    .filter(|r| matches!(r.outcome, Outcome::Applied { .. }))
+                    .map(|r| r.object.clone())
+                    .collect(),
+            );
+            for result in &report.results {
+                if let Some(live) = &result.live {
+                    self.healer.applied(&result.key(), live);
+                }
+            }
 
             let outcome = ReleaseOutcome {
                 apply_complete: complete,
@@ -527,31 +559,40 @@ impl Engine {
         .await;
     }
 
-    /// A watch saw a change: refresh that object's health in the status.
-    fn on_change(&mut self, change: Change) {
+    /// A watch saw a change: judge drift and health (the healer reverts what policy says to).
+    async fn on_change(&mut self, change: Change) {
         let key = match &change {
-            Change::Updated(key) | Change::Deleted(key) => key,
+            Change::Updated(key) | Change::Deleted(key) => key.clone(),
         };
-        let mut status = self.status.write().expect("status lock");
-        let Some(object) = status.objects.get_mut(key) else {
-            return;
-        };
-        if object.state == windvane_shared::status::SyncState::Failed {
+        let failed = self
+            .status
+            .read()
+            .expect("status lock")
+            .objects
+            .get(&key)
+            .is_none_or(|o| o.state == SyncState::Failed && !self.healer.is_drifting(&key));
+        if failed {
             return;
         }
-        let health = self
-            .live
-            .get(key)
-            .map(|live| assess(&key.group, &key.kind, &live));
-        let (state, message) = match (&change, health) {
-            (Change::Deleted(_), _) => (
-                windvane_shared::status::SyncState::OutOfSync,
-                "deleted".to_owned(),
-            ),
-            (_, health) => object_state(None, health.as_ref()),
-        };
-        object.state = state;
-        object.message = message;
+        self.healer.on_change(&key, &self.status).await;
+        self.publish_drift();
+    }
+
+    /// Grace periods, holds and back-offs that end now.
+    async fn on_timers(&mut self) {
+        if self
+            .healer
+            .next_timer()
+            .is_some_and(|t| t <= Instant::now())
+        {
+            self.healer.on_timers(&self.status).await;
+            self.publish_drift();
+        }
+    }
+
+    fn publish_drift(&self) {
+        let mut status = self.status.write().expect("status lock");
+        status.drift = self.healer.records();
         let counts = status.counts();
         drop(status);
         self.metrics.set_objects(&counts);

@@ -48,6 +48,8 @@ pub struct AgentStatus {
     pub orphans: Vec<String>,
     /// A problem that is not about one object (rendering an app, pruning held back).
     pub last_error: Option<String>,
+    /// Drift seen, newest last (bounded).
+    pub drift: Vec<windvane_shared::heartbeat::DriftRecord>,
 }
 
 impl AgentStatus {
@@ -125,6 +127,7 @@ impl AgentStatus {
             })).collect::<Vec<_>>(),
             "orphans": self.orphans,
             "lastError": self.last_error,
+            "drift": self.drift,
         })
     }
 

@@ -182,10 +182,25 @@ fn write_pointer(root: &Path) -> Vec<u8> {
     bytes
 }
 
-struct Proc(Child);
+/// A child process, stopped on drop: with SIGKILL, or (for nginx, whose workers would outlive a killed
+/// master) with SIGTERM so that the master stops its workers.
+struct Proc(Child, bool);
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        if self.1 {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(self.0.id().to_string())
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.0.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -215,7 +230,7 @@ fn start_windvane(dir: &Path, data: &str) -> (Proc, SocketAddr) {
         .trim()
         .strip_prefix("listening on http://")
         .unwrap_or_else(|| panic!("bad first line {line:?}"));
-    (Proc(child), addr.parse().expect("addr"))
+    (Proc(child, false), addr.parse().expect("addr"))
 }
 
 fn start_nginx(dir: &Path) -> (Proc, SocketAddr) {
@@ -255,6 +270,7 @@ fn start_nginx(dir: &Path) -> (Proc, SocketAddr) {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start nginx (install Debian's `nginx` package): {e}"));
+    let child = Proc(child, true);
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let start = Instant::now();
     while std::net::TcpStream::connect(addr).is_err() {
@@ -264,7 +280,7 @@ fn start_nginx(dir: &Path) -> (Proc, SocketAddr) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    (Proc(child), addr)
+    (child, addr)
 }
 
 // ---- load generation ----

@@ -113,7 +113,7 @@ async fn contract(db: &impl Database) {
     let mut stale = verified(&mut b, SyncState::Synced);
     stale.keyid = "0".repeat(64);
     let outcomes = db
-        .ingest(vec![a1, a2, a2_again, b1, g1, stale])
+        .ingest(vec![a1, a2, a2_again, b1, g1, stale].into())
         .await
         .expect("ingest");
     assert_eq!(

@@ -100,7 +100,7 @@ impl Server {
     /// Opens the database, binds the address and starts the background tasks.
     pub async fn bind(config: ServeConfig) -> Result<Server> {
         let db = Arc::new(match &config.database_url {
-            Some(url) => Db::Postgres(db::postgres::PostgresDb::open(url).await?),
+            Some(url) => Db::Postgres(Box::new(db::postgres::PostgresDb::open(url).await?)),
             None => Db::Sqlite(db::sqlite::SqliteDb::open(&config.data)?),
         });
         let listener = TcpListener::bind(config.listen)

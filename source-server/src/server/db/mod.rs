@@ -14,6 +14,7 @@ pub mod sqlite;
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use serde::Serialize;
@@ -159,7 +160,7 @@ pub trait Database: Send + Sync + 'static {
     /// returns one outcome per heartbeat. Only committed heartbeats are `Accepted`.
     fn ingest(
         &self,
-        batch: std::sync::Arc<[VerifiedHeartbeat]>,
+        batch: Arc<[VerifiedHeartbeat]>,
     ) -> impl Future<Output = Result<Vec<IngestOutcome>>> + Send;
     /// Every enrolled cluster, by name.
     fn list_clusters(&self) -> impl Future<Output = Result<Vec<ClusterSummary>>> + Send;
@@ -200,7 +201,7 @@ pub trait Database: Send + Sync + 'static {
 #[derive(Debug)]
 pub enum Db {
     Sqlite(sqlite::SqliteDb),
-    Postgres(postgres::PostgresDb),
+    Postgres(Box<postgres::PostgresDb>),
 }
 
 macro_rules! delegate {
@@ -219,10 +220,7 @@ impl Database for Db {
     async fn cluster_key(&self, cluster: &str) -> Result<Option<(String, String, String)>> {
         delegate!(self, db => db.cluster_key(cluster))
     }
-    async fn ingest(
-        &self,
-        batch: std::sync::Arc<[VerifiedHeartbeat]>,
-    ) -> Result<Vec<IngestOutcome>> {
+    async fn ingest(&self, batch: Arc<[VerifiedHeartbeat]>) -> Result<Vec<IngestOutcome>> {
         delegate!(self, db => db.ingest(batch))
     }
     async fn list_clusters(&self) -> Result<Vec<ClusterSummary>> {

@@ -5,6 +5,8 @@
 //! One connection runs transactions (behind an async mutex), another serves reads; both reconnect when
 //! PostgreSQL closes them. TLS is not built in: run it over loopback, a private network or a TLS proxy.
 
+use std::sync::Arc;
+
 use jiff::Timestamp;
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls, Row};
@@ -270,10 +272,7 @@ impl Database for PostgresDb {
         Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
     }
 
-    async fn ingest(
-        &self,
-        batch: std::sync::Arc<[VerifiedHeartbeat]>,
-    ) -> Result<Vec<IngestOutcome>> {
+    async fn ingest(&self, batch: Arc<[VerifiedHeartbeat]>) -> Result<Vec<IngestOutcome>> {
         let mut client = self.client(&self.writer).await?;
         ingest_batch(&mut client, &batch)
             .await

@@ -252,10 +252,7 @@ impl Database for SqliteDb {
         .await
     }
 
-    async fn ingest(
-        &self,
-        batch: std::sync::Arc<[VerifiedHeartbeat]>,
-    ) -> Result<Vec<IngestOutcome>> {
+    async fn ingest(&self, batch: Arc<[VerifiedHeartbeat]>) -> Result<Vec<IngestOutcome>> {
         let size = batch.len();
         self.with_writer(move |conn| {
             ingest_batch(conn, &batch)
