@@ -102,6 +102,47 @@ pub struct RunArgs {
     /// Longest an operator's `windvane.io/hold-until` annotation is honoured. [default: 24h]
     #[arg(long, value_name = "DURATION", env = "WINDVANE_HOLD_CAP")]
     pub hold_cap: Option<String>,
+    /// How often to dry-run every object and compare with live state, catching drift the watches missed
+    /// (±20 % jitter). [default: 1h]
+    #[arg(long, value_name = "DURATION", env = "WINDVANE_BACKSTOP_INTERVAL")]
+    pub backstop_interval: Option<String>,
+}
+
+/// Flags of `diff`: the same source and identity as `run`.
+#[derive(Debug, Clone, Args)]
+pub struct DiffArgs {
+    #[command(flatten)]
+    pub agent: AgentArgs,
+}
+
+/// The resolved configuration of `diff`.
+#[derive(Debug, Clone)]
+pub struct DiffConfig {
+    pub source_url: String,
+    pub channel: String,
+    pub fleet: String,
+    pub trusted: TrustedKeys,
+    pub identity: ClusterIdentity,
+    pub allowlist: Allowlist,
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl DiffArgs {
+    /// Resolves and checks the settings of `diff`.
+    pub fn resolve(&self) -> Result<DiffConfig> {
+        let file = read_file_config(&self.agent.config)?;
+        let (source_url, channel, fleet, trusted, identity, allowlist, _) =
+            self.agent.resolve(&file)?;
+        Ok(DiffConfig {
+            source_url,
+            channel,
+            fleet,
+            trusted,
+            identity,
+            allowlist,
+            kubeconfig: self.agent.kubeconfig.clone(),
+        })
+    }
 }
 
 /// The config file: every setting, all optional, in camelCase.
@@ -126,6 +167,7 @@ struct FileConfig {
     prune_budget: Option<f64>,
     log_format: Option<String>,
     hold_cap: Option<String>,
+    backstop_interval: Option<String>,
 }
 
 /// The resolved configuration of `run`.
@@ -319,6 +361,17 @@ impl RunArgs {
             .or(file.hold_cap.clone())
             .unwrap_or_else(|| "24h".to_owned());
         let hold_cap = parse_duration(&hold_text)?;
+        let backstop_text = self
+            .backstop_interval
+            .clone()
+            .or(file.backstop_interval.clone())
+            .unwrap_or_else(|| "1h".to_owned());
+        let backstop_interval = parse_duration(&backstop_text)?;
+        if backstop_interval < Duration::from_secs(1) {
+            return Err(Error::Config(format!(
+                "--backstop-interval {backstop_text} is below the minimum of 1s"
+            )));
+        }
         let identity_name = self
             .identity
             .clone()
@@ -344,6 +397,7 @@ impl RunArgs {
                 source_limits: SourceLimits::default(),
                 identity_name: identity_name.clone(),
                 hold_cap,
+                backstop_interval,
             },
             kubeconfig: self.agent.kubeconfig.clone(),
             admin_listen: self

@@ -52,6 +52,8 @@ pub struct EngineConfig {
     pub identity_name: String,
     /// Longest an operator's `windvane.io/hold-until` is honoured.
     pub hold_cap: Duration,
+    /// How often the backstop dry-runs every object (±20 % jitter).
+    pub backstop_interval: Duration,
 }
 
 /// The release being enforced.
@@ -167,8 +169,16 @@ impl Engine {
         }
         let mut next_poll = Instant::now();
         let mut next_retry: Option<Instant> = None;
+        let backstop_interval = self.config.backstop_interval;
+        let backstop_every = || jittered(backstop_interval, 0.2, random_unit());
+        let mut next_backstop = Instant::now() + backstop_every();
         loop {
             let now = Instant::now();
+            if now >= next_backstop {
+                self.healer.backstop(&self.status).await;
+                self.publish_drift();
+                next_backstop = Instant::now() + backstop_every();
+            }
             if now >= next_poll {
                 let wait = match self.poll().await {
                     Ok(changed) => {
@@ -200,7 +210,9 @@ impl Engine {
             } else {
                 next_retry = None;
             }
-            let mut wake = next_retry.map_or(next_poll, |retry| retry.min(next_poll));
+            let mut wake = next_retry
+                .map_or(next_poll, |retry| retry.min(next_poll))
+                .min(next_backstop);
             if let Some(timer) = self.healer.next_timer() {
                 wake = wake.min(timer);
             }

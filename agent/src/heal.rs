@@ -369,6 +369,96 @@ impl Healer {
         self.revert(key, &desired, status, &fields).await;
     }
 
+    /// The backstop: a server-side-apply dry run of every managed object, compared with live state, catching
+    /// whatever the watches missed (a write made under Windvane's own field manager, say). Differences are
+    /// recorded as drift and re-applied, unless held or reported-only. Returns how many objects differed.
+    pub async fn backstop(&mut self, status: &SharedStatus) -> usize {
+        let mut differing = 0;
+        let objects: Vec<(ObjectKey, DesiredObject)> = self
+            .desired
+            .iter()
+            .map(|(k, d)| (k.clone(), d.clone()))
+            .collect();
+        for (key, desired) in objects {
+            if self.episodes.contains_key(&key) {
+                continue;
+            }
+            let Ok(resolved) = self
+                .cluster
+                .resolve(&desired.id.api_version, &desired.id.kind)
+                .await
+            else {
+                continue;
+            };
+            let live = match self.live.get(&key) {
+                Some(live) => Some(live),
+                None => self
+                    .cluster
+                    .get(&desired.id, &resolved)
+                    .await
+                    .ok()
+                    .flatten(),
+            };
+            let Ok(dry_run) = self
+                .cluster
+                .apply(&desired.id, &resolved, &desired.body, true)
+                .await
+            else {
+                continue;
+            };
+            if !crate::compare::would_change(live.as_ref(), &dry_run) {
+                if let Some(live) = &live {
+                    self.baseline.insert(
+                        key.clone(),
+                        (
+                            drift::owned_fields(live, FIELD_MANAGER),
+                            resource_version(live),
+                        ),
+                    );
+                }
+                continue;
+            }
+            differing += 1;
+            let span = info_span!("backstop", object = %desired.id, app = %desired.app);
+            async {
+                warn!("backstop found drift the watches did not show");
+                let now = Timestamp::now();
+                let record = self.record(&desired, &[], live.is_none(), None, now);
+                self.episodes.insert(
+                    key.clone(),
+                    Episode {
+                        record,
+                        phase: Phase::Reported,
+                    },
+                );
+                self.event(
+                    &desired,
+                    live.as_ref(),
+                    EventType::Warning,
+                    "DriftDetected",
+                    "drift found by the periodic backstop",
+                );
+                let held = live.as_ref().is_some_and(|l| {
+                    matches!(drift::hold_until(l, now, self.hold_cap), Ok(Some(_)))
+                });
+                if desired.self_heal && !held {
+                    self.revert(&key, &desired, status, &[]).await;
+                } else {
+                    set_state(
+                        status,
+                        &key,
+                        SyncState::OutOfSync,
+                        "drift found by the periodic backstop".to_owned(),
+                    );
+                }
+            }
+            .instrument(span)
+            .await;
+        }
+        info!(objects = self.desired.len(), differing, "backstop finished");
+        differing
+    }
+
     async fn revert(
         &mut self,
         key: &ObjectKey,
@@ -411,7 +501,7 @@ impl Healer {
                     &format!(
                         "reverted {}",
                         if fields.is_empty() {
-                            "the deleted object".to_owned()
+                            "the object to the release".to_owned()
                         } else {
                             fields.join(", ")
                         }

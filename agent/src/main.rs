@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio::sync::watch;
 use tracing::{error, info};
-use windvane_agent::config::{RunArgs, RunConfig};
+use windvane_agent::config::{DiffArgs, RunArgs, RunConfig};
 use windvane_agent::engine::{Engine, SharedStatus};
 use windvane_agent::leader::{Elector, LeaseTiming};
 use windvane_agent::metrics::Metrics;
@@ -25,11 +25,17 @@ struct Cli {
 enum Command {
     /// Run the agent: poll, verify, apply, prune, watch and report, as the leader of its replicas.
     Run(Box<RunArgs>),
+    /// Show what the agent would change on this cluster (server-side dry run), like `terraform plan`.
+    /// Exit status: 0 no difference, 1 differences, 2 error.
+    Diff(Box<DiffArgs>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let Command::Run(args) = cli.command;
+    let args = match cli.command {
+        Command::Run(args) => args,
+        Command::Diff(args) => return diff(&args),
+    };
     let config = match args.resolve() {
         Ok(config) => config,
         Err(error) => {
@@ -58,6 +64,44 @@ fn main() -> ExitCode {
     }
 }
 
+/// `diff`: exit 0 when nothing would change, 1 when something would, 2 on any error.
+fn diff(args: &DiffArgs) -> ExitCode {
+    let config = match args.resolve() {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing(false);
+    let outcome = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| {
+            runtime.block_on(async {
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                let client = kube_client(config.kubeconfig.as_ref()).await?;
+                Ok(
+                    windvane_agent::diff::run(&config, client, &mut std::io::stdout().lock())
+                        .await?,
+                )
+            })
+        });
+    match outcome {
+        Ok(summary) if summary.failed > 0 => {
+            eprintln!("error: {} object(s) could not be compared", summary.failed);
+            ExitCode::from(2)
+        }
+        Ok(summary) if summary.changed + summary.created > 0 => ExitCode::from(1),
+        Ok(_) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("WINDVANE_LOG")
         .unwrap_or_else(|_| "info,kube=warn,hyper=warn,rustls=warn".into());
@@ -74,7 +118,7 @@ fn init_tracing(json: bool) {
 async fn run(config: RunConfig) -> anyhow::Result<()> {
     // reqwest and kube share the one crypto provider linked into the agent.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = kube_client(&config).await?;
+    let client = kube_client(config.kubeconfig.as_ref()).await?;
     let (shutdown_tx, shutdown) = watch::channel(false);
     tokio::spawn(async move {
         wait_for_signal().await;
@@ -113,8 +157,8 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn kube_client(config: &RunConfig) -> anyhow::Result<kube::Client> {
-    let kube_config = match &config.kubeconfig {
+async fn kube_client(kubeconfig: Option<&std::path::PathBuf>) -> anyhow::Result<kube::Client> {
+    let kube_config = match kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;

@@ -396,3 +396,42 @@ async fn drift_made_while_the_agent_was_down_is_healed_at_start() -> anyhow::Res
     .await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backstop_catches_what_the_watches_cannot_see() -> anyhow::Result<()> {
+    let mut s = setup("{}", 15).await?;
+    s.options.extra = vec!["--backstop-interval".into(), "2s".into()];
+    let agent = Agent::start(&s.kube, &s.options).await?;
+    agent
+        .wait_status("synced", WAIT, |st| st["state"] == "Synced")
+        .await?;
+    // A write under Windvane's own field manager leaves its owned-field set intact, so no watch event looks
+    // like drift; only comparing with a dry run shows it.
+    let impostor = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": "shop"}, "data": {"mode": "impostor"}});
+    Api::<ConfigMap>::namespaced(s.kube.client(), "shop")
+        .patch(
+            "settings",
+            &PatchParams::apply("windvane").force(),
+            &Patch::Apply(&impostor),
+        )
+        .await?;
+    wait_for("backstop restores the value", WAIT, || async {
+        let cm = Api::<ConfigMap>::namespaced(s.kube.client(), "shop")
+            .get("settings")
+            .await?;
+        Ok(
+            (cm.data.unwrap_or_default().get("mode").map(String::as_str) == Some("strict"))
+                .then_some(()),
+        )
+    })
+    .await?;
+    let status = agent
+        .wait_status("backstop drift recorded", WAIT, |st| {
+            drift_records(st, "settings")
+                .iter()
+                .any(|r| r["action"] == "Reverted")
+        })
+        .await?;
+    assert_eq!(drift_records(&status, "settings")[0]["fields"], json!([]));
+    Ok(())
+}

@@ -69,7 +69,7 @@ struct ServeArgs {
     /// (Authorization: Bearer TOKEN, or HTTP Basic with TOKEN as the password).
     #[arg(long, env = "WINDVANE_READ_TOKEN_FILE", value_name = "FILE")]
     read_token_file: Option<PathBuf>,
-    /// Notifications config (JSON): sinks (webhook, slack), triggers, severities, selectors.
+    /// Notifications config (JSON or YAML): sinks (webhook, slack), triggers, severities, selectors.
     #[arg(long, env = "WINDVANE_NOTIFICATIONS", value_name = "FILE")]
     notifications: Option<PathBuf>,
     /// Fixed grace period before a silent cluster is Unknown (default: 3 x the cluster's own interval).

@@ -130,9 +130,26 @@ impl Config {
     }
 
     /// Parses config text (JSON) and checks it.
+    /// Parses config text, JSON or YAML (one document), and checks it.
     pub fn parse(text: &str) -> std::result::Result<Config, String> {
+        let value = match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(value) => value,
+            Err(_) => {
+                let limits = windvane_shared::yaml::YamlLimits::default();
+                let mut documents =
+                    windvane_shared::yaml::documents_to_json(text, "notifications config", limits)
+                        .map_err(|e| e.to_string())?;
+                if documents.len() != 1 {
+                    return Err(format!(
+                        "expected one YAML document, found {}",
+                        documents.len()
+                    ));
+                }
+                documents.remove(0).1
+            }
+        };
         let config: Config =
-            serde_json::from_str(text).map_err(|e| format!("not valid JSON config: {e}"))?;
+            serde_json::from_value(value).map_err(|e| format!("invalid config: {e}"))?;
         config.check()?;
         Ok(config)
     }
@@ -765,6 +782,13 @@ mod tests {
             Config::parse(r#"{"sinks":[{"name":"x","type":"email","url":"http://x"}]}"#).is_err()
         );
         assert!(Config::parse(r#"{"sinks":[],"extra":1}"#).is_err());
+        let yaml = Config::parse("sinks:\n  - name: ops\n    type: slack\n    url: https://hooks.example/x\n    minSeverity: critical\n")
+            .expect("yaml");
+        assert_eq!(
+            (yaml.sinks[0].kind, yaml.sinks[0].min_severity),
+            (SinkKind::Slack, Severity::Critical)
+        );
+        assert!(Config::parse("sinks: [").is_err());
     }
 
     #[test]

@@ -1,0 +1,94 @@
+//! Comparing a live object with what a server-side-apply dry run says it would become: the basis of both
+//! `windvane-agent diff` (show it) and the periodic backstop (heal it). Fields the API server maintains on
+//! every write (resourceVersion, managedFields, generation, timestamps) and status are left out, so a
+//! difference means Windvane's apply would really change the object. Secret values are masked before
+//! anything is shown.
+
+use serde_json::Value;
+use windvane_shared::digest::sha256_hex;
+
+/// The object without the fields that change on every write and without status.
+pub fn comparable(object: &Value) -> Value {
+    let mut object = object.clone();
+    if let Some(map) = object.as_object_mut() {
+        map.remove("status");
+        if let Some(metadata) = map.get_mut("metadata").and_then(Value::as_object_mut) {
+            for noisy in [
+                "managedFields",
+                "resourceVersion",
+                "generation",
+                "creationTimestamp",
+                "uid",
+                "selfLink",
+            ] {
+                metadata.remove(noisy);
+            }
+        }
+    }
+    object
+}
+
+/// True when applying would change the live object.
+pub fn would_change(live: Option<&Value>, dry_run: &Value) -> bool {
+    live.is_none_or(|live| comparable(live) != comparable(dry_run))
+}
+
+/// A Secret with every value under `data` and `stringData` replaced by a short digest, so a diff shows that
+/// a value changed without showing the value. Other kinds are returned as they are.
+pub fn mask_secret(object: &Value) -> Value {
+    let mut object = object.clone();
+    let is_secret = object.get("kind").and_then(Value::as_str) == Some("Secret")
+        && object.get("apiVersion").and_then(Value::as_str) == Some("v1");
+    if is_secret && let Some(map) = object.as_object_mut() {
+        for field in ["data", "stringData"] {
+            if let Some(values) = map.get_mut(field).and_then(Value::as_object_mut) {
+                for value in values.values_mut() {
+                    let text = value.as_str().unwrap_or_default();
+                    *value = Value::String(format!(
+                        "<masked sha256:{}>",
+                        &sha256_hex(text.as_bytes())[..12]
+                    ));
+                }
+            }
+        }
+        // The last-applied annotation of older tools would carry the values in clear text.
+        if let Some(annotations) = map
+            .get_mut("metadata")
+            .and_then(|m| m.get_mut("annotations"))
+            .and_then(Value::as_object_mut)
+        {
+            annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+        }
+    }
+    object
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn bookkeeping_fields_are_not_differences() {
+        let live = json!({"kind": "ConfigMap", "metadata": {"name": "a", "resourceVersion": "5", "managedFields": [1]}, "data": {"k": "v"}});
+        let dry = json!({"kind": "ConfigMap", "metadata": {"name": "a", "resourceVersion": "6", "managedFields": [2]}, "data": {"k": "v"}});
+        assert!(!would_change(Some(&live), &dry));
+        let changed = json!({"kind": "ConfigMap", "metadata": {"name": "a"}, "data": {"k": "w"}});
+        assert!(would_change(Some(&live), &changed));
+        assert!(would_change(None, &dry));
+    }
+
+    #[test]
+    fn secret_values_never_show() {
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "data": {"password": "aHVudGVyMg=="}, "stringData": {"token": "abc"}});
+        let masked = mask_secret(&secret).to_string();
+        assert!(
+            !masked.contains("aHVudGVyMg==") && !masked.contains("\"abc\""),
+            "{masked}"
+        );
+        assert!(masked.contains("<masked sha256:"));
+        let other = json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"password": "x"}});
+        assert_eq!(mask_secret(&other), other);
+    }
+}
