@@ -102,6 +102,16 @@ pub struct RunArgs {
     /// Longest an operator's `windvane.io/hold-until` annotation is honoured. [default: 24h]
     #[arg(long, value_name = "DURATION", env = "WINDVANE_HOLD_CAP")]
     pub hold_cap: Option<String>,
+    /// The source server that receives heartbeats, e.g. https://windvane.example.com. Without it the agent
+    /// runs standalone and reports only through its admin endpoints and Events.
+    #[arg(long, value_name = "URL", env = "WINDVANE_SERVER")]
+    pub server: Option<String>,
+    /// File holding the fleet registration token, used once to enrol this cluster's identity key.
+    #[arg(long, value_name = "FILE", env = "WINDVANE_REGISTRATION_TOKEN_FILE")]
+    pub registration_token_file: Option<PathBuf>,
+    /// How often to send a heartbeat (±20 % jitter; at once on a state change). [default: 30s]
+    #[arg(long, value_name = "DURATION", env = "WINDVANE_HEARTBEAT_INTERVAL")]
+    pub heartbeat_interval: Option<String>,
     /// How often to dry-run every object and compare with live state, catching drift the watches missed
     /// (±20 % jitter). [default: 1h]
     #[arg(long, value_name = "DURATION", env = "WINDVANE_BACKSTOP_INTERVAL")]
@@ -168,6 +178,9 @@ struct FileConfig {
     log_format: Option<String>,
     hold_cap: Option<String>,
     backstop_interval: Option<String>,
+    server: Option<String>,
+    registration_token_file: Option<PathBuf>,
+    heartbeat_interval: Option<String>,
 }
 
 /// The resolved configuration of `run`.
@@ -178,6 +191,8 @@ pub struct RunConfig {
     pub admin_listen: SocketAddr,
     pub identity: String,
     pub json_logs: bool,
+    /// Heartbeats, when a server is configured.
+    pub reporter: Option<crate::reporter::ReporterConfig>,
 }
 
 fn read_file_config(path: &Option<PathBuf>) -> Result<FileConfig> {
@@ -382,7 +397,55 @@ impl RunArgs {
                     .map(|h| h.trim().to_owned())
             })
             .unwrap_or_else(|| format!("windvane-agent-{}", std::process::id()));
+        let reporter = match self.server.clone().or(file.server.clone()) {
+            None => None,
+            Some(server) => {
+                if !(server.starts_with("http://") || server.starts_with("https://")) {
+                    return Err(Error::Config(format!(
+                        "--server {server:?} must be an http:// or https:// URL"
+                    )));
+                }
+                let token_file = self
+                    .registration_token_file
+                    .clone()
+                    .or(file.registration_token_file.clone())
+                    .ok_or_else(|| Error::Config("--server needs --registration-token-file (the fleet registration token)".to_owned()))?;
+                let token = std::fs::read_to_string(&token_file)
+                    .map_err(|e| Error::ConfigFile {
+                        path: token_file.display().to_string(),
+                        detail: e.to_string(),
+                    })?
+                    .trim()
+                    .to_owned();
+                if token.is_empty() {
+                    return Err(Error::ConfigFile {
+                        path: token_file.display().to_string(),
+                        detail: "the registration token file is empty".to_owned(),
+                    });
+                }
+                let interval_text = self
+                    .heartbeat_interval
+                    .clone()
+                    .or(file.heartbeat_interval.clone())
+                    .unwrap_or_else(|| "30s".to_owned());
+                let interval = parse_duration(&interval_text)?;
+                if interval < Duration::from_secs(1) {
+                    return Err(Error::Config(format!(
+                        "--heartbeat-interval {interval_text} is below the minimum of 1s"
+                    )));
+                }
+                Some(crate::reporter::ReporterConfig {
+                    server,
+                    token,
+                    fleet: fleet.clone(),
+                    identity: identity.clone(),
+                    interval,
+                    namespace: namespace.clone(),
+                })
+            }
+        };
         Ok(RunConfig {
+            reporter,
             engine: EngineConfig {
                 source_url,
                 channel,

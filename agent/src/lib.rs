@@ -22,6 +22,7 @@ pub mod leader;
 pub mod metrics;
 pub mod plan;
 pub mod report;
+pub mod reporter;
 pub mod source;
 pub mod state;
 pub mod watch;

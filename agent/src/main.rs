@@ -149,6 +149,16 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
         () = elector.acquire() => {}
         _ = waiting.wait_for(|stop| *stop) => return Ok(()),
     }
+    if let Some(reporter) = config.reporter.clone() {
+        let key =
+            windvane_agent::reporter::identity_key(client.clone(), &reporter.namespace).await?;
+        tokio::spawn(windvane_agent::reporter::run(
+            reporter,
+            key,
+            status.clone(),
+            shutdown.clone(),
+        ));
+    }
     let engine = Engine::start(config.engine.clone(), client, status, metrics).await?;
     tokio::select! {
         result = engine.run(shutdown) => result.context("sync engine")?,

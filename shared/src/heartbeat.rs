@@ -32,6 +32,32 @@ pub struct EnrollRequest {
     pub labels: BTreeMap<String, String>,
 }
 
+/// What enrolling decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EnrollOutcome {
+    /// First enrolment: the key is bound.
+    Enrolled,
+    /// Same key again (an agent restarting): nothing changes but the labels.
+    AlreadyEnrolled,
+    /// An admin allowed a new key and this is it: bound, sequence reset.
+    Rekeyed,
+    /// Another key is bound and no admin allowed a change.
+    KeyConflict,
+    /// The cluster is enrolled in another fleet.
+    FleetConflict,
+}
+
+/// The server's answer to an enrolment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnrollReply {
+    pub cluster: String,
+    pub keyid: String,
+    pub outcome: EnrollOutcome,
+    /// The last heartbeat sequence stored for this cluster: an agent that lost its counter continues above it.
+    pub last_sequence: u64,
+}
+
 /// What an agent says about its cluster, signed with the cluster's identity key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -282,6 +282,75 @@ pub fn tail(log: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// A running `windvane-server serve` on a loopback port, serving `root` and ingesting heartbeats.
+#[derive(Debug)]
+pub struct SourceServer {
+    pub process: ChildProcess,
+    pub url: String,
+    _dir: TempDir,
+    pub token_file: PathBuf,
+}
+
+impl SourceServer {
+    /// Starts the server on a free port, with a registration token file and a fresh data directory.
+    pub async fn start(root: &Path, extra: &[&str]) -> anyhow::Result<Self> {
+        let dir = TempDir::new()?;
+        let token_file = dir.path().join("registration-token");
+        std::fs::write(&token_file, "fleet-registration-token-for-tests\n")?;
+        let listen = format!("127.0.0.1:{}", free_port()?);
+        let mut args = vec![
+            "serve".to_owned(),
+            "--root".to_owned(),
+            root.display().to_string(),
+            "--listen".to_owned(),
+            listen.clone(),
+            "--data".to_owned(),
+            dir.path().join("data").display().to_string(),
+            "--registration-token-file".to_owned(),
+            token_file.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let process = ChildProcess::start(
+            "windvane-server",
+            &binary("windvane-server")?,
+            &args,
+            &[],
+            &dir.path().join("server.log"),
+        )?;
+        let url = format!("http://{listen}");
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::new();
+        wait_for("windvane-server ready", Duration::from_secs(30), || async {
+            Ok(http
+                .get(format!("{url}/readyz"))
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status().is_success())
+                .map(|_| ()))
+        })
+        .await
+        .with_context(|| tail(&process.log(), 40))?;
+        Ok(Self {
+            process,
+            url,
+            _dir: dir,
+            token_file,
+        })
+    }
+
+    /// GETs a JSON API path.
+    pub async fn api(&self, path: &str) -> anyhow::Result<Value> {
+        let response = reqwest::get(format!("{}{path}", self.url)).await?;
+        anyhow::ensure!(
+            response.status().is_success(),
+            "GET {path}: {}",
+            response.status()
+        );
+        Ok(serde_json::from_str(&response.text().await?)?)
+    }
+}
+
 /// The state the agent reports for an object (`kind ns/name`), if it lists it.
 pub fn object_state<'a>(status: &'a Value, object: &str) -> Option<&'a str> {
     status["objects"]

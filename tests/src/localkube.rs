@@ -61,7 +61,6 @@ struct ReadyInfo {
     server: String,
     kubeconfig: PathBuf,
     node: String,
-    pid: u32,
 }
 
 /// One running (or, between [`kill`](Self::kill)/[`stop`](Self::stop) and
@@ -246,7 +245,7 @@ impl Drop for LocalKube {
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>>>,
+    Fut: Future<Output = Result<Option<T>>>,
 {
     let deadline = Instant::now() + timeout;
     let mut last_err = None;

@@ -64,11 +64,9 @@ async fn wait_available(deployments: &Api<Deployment>, name: &str, replicas: i32
             let status = d.status.unwrap_or_default();
             let available = status.available_replicas == Some(replicas)
                 && status.updated_replicas == Some(replicas)
-                && status
-                    .conditions
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Available" && c.status == "True");
+                && status.conditions.unwrap_or_default().iter().any(|c| {
+                    c.type_.as_deref() == Some("Available") && c.status.as_deref() == Some("True")
+                });
             Ok(available.then_some(()))
         },
     )

@@ -16,7 +16,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use jiff::Timestamp;
 use serde::Serialize;
 use tokio::sync::oneshot;
-use windvane_shared::heartbeat::{EnrollRequest, HeartbeatReply, MAX_HEARTBEAT_BYTES};
+use windvane_shared::heartbeat::{EnrollReply, EnrollRequest, HeartbeatReply, MAX_HEARTBEAT_BYTES};
 
 use super::App;
 use super::db::{Database, EnrollOutcome, Enrollment, IngestOutcome};
@@ -376,16 +376,6 @@ fn token_failed(app: &App, peer: SocketAddr) -> Response<Body> {
         "bad_token",
         "wrong or missing registration token",
     )
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct EnrollReply {
-    cluster: String,
-    keyid: String,
-    outcome: EnrollOutcome,
-    /// The last heartbeat sequence stored for this cluster: an agent that lost its counter continues above it.
-    last_sequence: u64,
 }
 
 async fn enroll(

@@ -45,20 +45,7 @@ pub struct Binding {
     pub rekey_allowed: bool,
 }
 
-/// What enrolling decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum EnrollOutcome {
-    /// First enrolment: the key is bound.
-    Enrolled,
-    /// Same key again (an agent restarting): nothing changes but the labels.
-    AlreadyEnrolled,
-    /// An admin allowed a new key and this is it: bound, sequence reset.
-    Rekeyed,
-    /// Another key is bound and no admin allowed a change.
-    KeyConflict,
-    /// The cluster is enrolled in another fleet.
-    FleetConflict,
-}
+pub use windvane_shared::heartbeat::EnrollOutcome;
 
 /// Decides an enrolment from the stored binding (pure).
 pub fn decide_enroll(existing: Option<&Binding>, fleet: &str, keyid: &str) -> EnrollOutcome {

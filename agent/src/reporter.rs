@@ -1,0 +1,378 @@
+//! Heartbeats to the source server. The agent's identity is an Ed25519 key kept in a Secret in its namespace
+//! (made on first start); it enrols once with the fleet's registration token, binding that key to the
+//! cluster's name, then signs every heartbeat as a DSSE envelope. A heartbeat goes out every interval
+//! (jittered) and at once when the cluster's state changes; while the server is away the agent backs off and
+//! keeps its drift records until a heartbeat carrying them is acknowledged.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ed25519_dalek::SigningKey;
+use jiff::Timestamp;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ObjectMeta, PostParams};
+use reqwest::StatusCode;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+use windvane_shared::dsse;
+use windvane_shared::heartbeat::{
+    EnrollReply, EnrollRequest, HEARTBEAT_PAYLOAD_TYPE, Heartbeat, HeartbeatReply,
+    MAX_DRIFT_RECORDS_PER_HEARTBEAT, MAX_PROBLEMS_PER_HEARTBEAT,
+};
+use windvane_shared::keys::{
+    signing_key_from_pem, signing_key_from_seed, signing_key_to_pem, verifying_key_to_pem,
+};
+use windvane_shared::render::ClusterIdentity;
+use windvane_shared::status::SyncState;
+
+use crate::backoff::{full_jitter, jittered, random_unit};
+use crate::cluster::api_message;
+use crate::engine::SharedStatus;
+use crate::{Error, Result};
+
+/// Name of the Secret holding the cluster's identity key.
+pub const IDENTITY_SECRET: &str = "windvane-identity";
+
+/// Where and how to report.
+#[derive(Debug, Clone)]
+pub struct ReporterConfig {
+    pub server: String,
+    /// The fleet registration token (a secret: never logged).
+    pub token: String,
+    pub fleet: String,
+    pub identity: ClusterIdentity,
+    pub interval: Duration,
+    pub namespace: String,
+}
+
+/// Loads the identity key from its Secret, creating it on first start. Two replicas starting together both
+/// try to create it; the loser reads the winner's.
+pub async fn identity_key(client: kube::Client, namespace: &str) -> Result<SigningKey> {
+    let secrets: Api<Secret> = Api::namespaced(client, namespace);
+    let object = format!("Secret {namespace}/{IDENTITY_SECRET}");
+    let state_error = |e: &kube::Error| Error::State {
+        object: object.clone(),
+        detail: api_message(e),
+    };
+    let read = |secret: Secret| -> Result<SigningKey> {
+        let pem = secret
+            .data
+            .and_then(|mut d| d.remove("key.pem"))
+            .ok_or_else(|| Error::StateCorrupt {
+                object: object.clone(),
+                detail: "no key.pem".to_owned(),
+            })?;
+        let pem = String::from_utf8(pem.0).map_err(|e| Error::StateCorrupt {
+            object: object.clone(),
+            detail: e.to_string(),
+        })?;
+        Ok(signing_key_from_pem(&pem, &object)?)
+    };
+    if let Some(secret) = secrets
+        .get_opt(IDENTITY_SECRET)
+        .await
+        .map_err(|e| state_error(&e))?
+    {
+        return read(secret);
+    }
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed).map_err(|e| Error::State {
+        object: object.clone(),
+        detail: format!("random source: {e}"),
+    })?;
+    let key = signing_key_from_seed(seed);
+    seed.fill(0);
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(IDENTITY_SECRET.to_owned()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            "key.pem".to_owned(),
+            ByteString(signing_key_to_pem(&key).into_bytes()),
+        )])),
+        type_: Some("Opaque".to_owned()),
+        ..Secret::default()
+    };
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => {
+            info!(secret = %object, "created the cluster identity key");
+            Ok(key)
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => read(
+            secrets
+                .get(IDENTITY_SECRET)
+                .await
+                .map_err(|e| state_error(&e))?,
+        ),
+        Err(e) => Err(state_error(&e)),
+    }
+}
+
+/// Builds this cycle's heartbeat from the agent's status. Pure.
+pub fn build_heartbeat(
+    status: &crate::report::AgentStatus,
+    config: &ReporterConfig,
+    sequence: u64,
+    sent_at: Timestamp,
+    drift_since: Option<Timestamp>,
+) -> Heartbeat {
+    let changed =
+        |r: &windvane_shared::heartbeat::DriftRecord| r.reverted_at.unwrap_or(r.detected_at);
+    let drift: Vec<_> = status
+        .drift
+        .iter()
+        .filter(|r| drift_since.is_none_or(|since| changed(r) > since))
+        .take(MAX_DRIFT_RECORDS_PER_HEARTBEAT)
+        .cloned()
+        .collect();
+    Heartbeat {
+        cluster: config.identity.name.clone(),
+        fleet: config.fleet.clone(),
+        sequence,
+        sent_at,
+        interval_seconds: config.interval.as_secs().max(1),
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        labels: config.identity.labels.clone(),
+        state: status.cluster_state(),
+        source: status.source.clone(),
+        counts: status.counts(),
+        apps: status.apps(),
+        problems: status.problems(MAX_PROBLEMS_PER_HEARTBEAT),
+        drift,
+        last_error: status.last_error.clone(),
+    }
+}
+
+/// Sends heartbeats until `shutdown`.
+pub async fn run(
+    config: ReporterConfig,
+    key: SigningKey,
+    status: SharedStatus,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let http = match reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(30))
+        .build()
+    {
+        Ok(http) => http,
+        Err(error) => return warn!(%error, "cannot build the heartbeat HTTP client"),
+    };
+    let base = config.server.trim_end_matches('/').to_owned();
+    let cluster = &config.identity.name;
+    let mut failures = 0u32;
+    let mut sequence = loop {
+        match enroll(&http, &base, &config, &key).await {
+            Ok(reply) => {
+                info!(outcome = ?reply.outcome, keyid = %reply.keyid, "enrolled with the source server");
+                break reply.last_sequence;
+            }
+            Err(error) => {
+                let wait = full_jitter(
+                    failures,
+                    Duration::from_secs(1),
+                    Duration::from_secs(300),
+                    random_unit(),
+                );
+                warn!(%error, wait_s = wait.as_secs(), "cannot enrol yet; retrying");
+                failures += 1;
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
+        }
+    };
+    let url = format!("{base}/api/v1/clusters/{cluster}/heartbeat");
+    let mut interval = config.interval;
+    let mut drift_acknowledged: Option<Timestamp> = None;
+    let mut last_sent: Option<(SyncState, BTreeMap<SyncState, u64>)> = None;
+    let mut next = tokio::time::Instant::now();
+    failures = 0;
+    loop {
+        let current = {
+            let status = status.read().expect("status lock");
+            (status.cluster_state(), status.counts())
+        };
+        let changed = last_sent.as_ref() != Some(&current);
+        if changed || tokio::time::Instant::now() >= next {
+            sequence += 1;
+            let now = Timestamp::now();
+            let heartbeat = build_heartbeat(
+                &status.read().expect("status lock"),
+                &config,
+                sequence,
+                now,
+                drift_acknowledged,
+            );
+            let newest_drift = heartbeat
+                .drift
+                .iter()
+                .map(|r| r.reverted_at.unwrap_or(r.detected_at))
+                .max();
+            match send(&http, &url, &heartbeat, &key).await {
+                Ok(reply) => {
+                    debug!(sequence, state = %heartbeat.state, "heartbeat acknowledged");
+                    failures = 0;
+                    last_sent = Some(current);
+                    if newest_drift.is_some() {
+                        drift_acknowledged = newest_drift;
+                    }
+                    interval = Duration::from_secs(reply.next_interval_seconds.max(1));
+                    next = tokio::time::Instant::now() + jittered(interval, 0.2, random_unit());
+                }
+                Err(error) => {
+                    let wait = full_jitter(
+                        failures,
+                        Duration::from_secs(1),
+                        interval.max(Duration::from_secs(60)),
+                        random_unit(),
+                    );
+                    warn!(%error, wait_s = wait.as_secs(), "heartbeat failed; keeping drift records for the next one");
+                    failures += 1;
+                    next = tokio::time::Instant::now() + wait;
+                    // Do not resend on every state flicker while the server is away.
+                    last_sent = Some(current);
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+async fn enroll(
+    http: &reqwest::Client,
+    base: &str,
+    config: &ReporterConfig,
+    key: &SigningKey,
+) -> Result<EnrollReply> {
+    let url = format!("{base}/api/v1/clusters/{}/enroll", config.identity.name);
+    let request = EnrollRequest {
+        token: config.token.clone(),
+        fleet: config.fleet.clone(),
+        public_key: verifying_key_to_pem(&key.verifying_key()),
+        labels: config.identity.labels.clone(),
+    };
+    let body =
+        serde_json::to_vec(&request).map_err(|e| Error::Config(format!("enrolment: {e}")))?;
+    let response = http
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| Error::Fetch {
+            url: url.clone(),
+            detail: e.to_string(),
+        })?;
+    let status = response.status();
+    let body = response.text().await.unwrap_or_default();
+    if !status.is_success() {
+        let hint = if status == StatusCode::CONFLICT {
+            " (another key is bound to this cluster name: an admin must run `windvane cluster rekey`)"
+        } else {
+            ""
+        };
+        return Err(Error::Fetch {
+            url,
+            detail: format!("HTTP {status}: {}{hint}", body.trim()),
+        });
+    }
+    serde_json::from_str(&body).map_err(|e| Error::Fetch {
+        url,
+        detail: format!("unreadable reply: {e}"),
+    })
+}
+
+async fn send(
+    http: &reqwest::Client,
+    url: &str,
+    heartbeat: &Heartbeat,
+    key: &SigningKey,
+) -> Result<HeartbeatReply> {
+    let payload =
+        serde_json::to_vec(heartbeat).map_err(|e| Error::Config(format!("heartbeat: {e}")))?;
+    let envelope = dsse::sign(HEARTBEAT_PAYLOAD_TYPE, &payload, key);
+    let response = http
+        .post(url)
+        .header("content-type", "application/json")
+        .body(envelope.to_json_bytes())
+        .send()
+        .await
+        .map_err(|e| Error::Fetch {
+            url: url.to_owned(),
+            detail: e.to_string(),
+        })?;
+    let status = response.status();
+    let body = response.text().await.unwrap_or_default();
+    if !status.is_success() {
+        return Err(Error::Fetch {
+            url: url.to_owned(),
+            detail: format!("HTTP {status}: {}", body.trim()),
+        });
+    }
+    serde_json::from_str(&body).map_err(|e| Error::Fetch {
+        url: url.to_owned(),
+        detail: format!("unreadable reply: {e}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::AgentStatus;
+
+    #[test]
+    fn heartbeats_carry_only_drift_not_yet_acknowledged() {
+        let mut status = AgentStatus {
+            enforced: true,
+            ..AgentStatus::default()
+        };
+        let at = |s: i64| Timestamp::from_second(1_700_000_000 + s).unwrap();
+        for i in 0..3 {
+            status.drift.push(windvane_shared::heartbeat::DriftRecord {
+                app: "a".into(),
+                group: String::new(),
+                kind: "ConfigMap".into(),
+                namespace: None,
+                name: format!("c{i}"),
+                fields: vec![],
+                deleted: false,
+                manager: None,
+                operation: None,
+                changed_at: None,
+                detected_at: at(i),
+                reverted_at: None,
+                action: windvane_shared::heartbeat::DriftAction::Reported,
+            });
+        }
+        let config = ReporterConfig {
+            server: "http://server".into(),
+            token: "secret".into(),
+            fleet: "acme".into(),
+            identity: ClusterIdentity {
+                name: "c1".into(),
+                labels: BTreeMap::from([("env".into(), "prod".into())]),
+            },
+            interval: Duration::from_secs(30),
+            namespace: "windvane-system".into(),
+        };
+        let all = build_heartbeat(&status, &config, 7, at(10), None);
+        assert_eq!(
+            (all.sequence, all.drift.len(), all.state),
+            (7, 3, SyncState::Synced)
+        );
+        assert_eq!(all.labels.get("env").map(String::as_str), Some("prod"));
+        assert_eq!(
+            build_heartbeat(&status, &config, 8, at(10), Some(at(1)))
+                .drift
+                .len(),
+            1
+        );
+    }
+}

@@ -1,0 +1,103 @@
+//! An agent against localkube, polling the real source server and reporting to it: it enrols, heartbeats,
+//! and shows up Synced in the API and in `windvane status`; drift it repairs reaches the drift audit log with
+//! who did it; and when it goes silent the server shows it Unknown, never Synced.
+
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher, SourceServer};
+use windvane_tests::localkube::{LocalKube, wait_for};
+use windvane_tests::process::binary;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_enrols_heartbeats_shows_synced_then_unknown_when_silent() -> anyhow::Result<()> {
+    let kube = LocalKube::start().await?;
+    let publisher = Publisher::new(31)?;
+    let tree = FleetTree::new()?;
+    tree.write(
+        "fleet.yaml",
+        "fleet: acme\napps:\n  - name: web\n    path: web\n",
+    )?;
+    tree.write(
+        "web/deployment.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: default}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec: {containers: [{name: web, image: registry.example.com/web:1.0}]}\n",
+    )?;
+    publisher.publish(&tree, "stable")?;
+    let server = SourceServer::start(&publisher.store(), &["--unknown-after", "4s"]).await?;
+
+    let mut options = AgentOptions::new(&server.url, &publisher.public_key_path(), "prod-eu");
+    options.labels = vec!["env=prod".into(), "region=eu".into()];
+    options.extra = vec![
+        "--server".into(),
+        server.url.clone(),
+        "--registration-token-file".into(),
+        server.token_file.display().to_string(),
+        "--heartbeat-interval".into(),
+        "1s".into(),
+    ];
+    let mut agent = Agent::start(&kube, &options).await?;
+
+    // Enrolled, heartbeating, Synced — in the API and in `windvane status`.
+    let cluster = wait_for("prod-eu Synced on the server", WAIT, || async {
+        let view = server.api("/api/v1/clusters/prod-eu").await?;
+        Ok((view["cluster"]["state"] == "Synced").then_some(view))
+    })
+    .await?;
+    assert_eq!(cluster["cluster"]["appliedSerial"], 1);
+    assert_eq!(cluster["cluster"]["labels"]["region"], "eu");
+    let status = Command::new(binary("windvane")?)
+        .args(["status", "--server", &server.url, "--selector", "env=prod"])
+        .output()?;
+    assert!(
+        status.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&status.stdout),
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(String::from_utf8_lossy(&status.stdout).contains("prod-eu"));
+
+    // Drift repaired on the cluster reaches the server's audit log, naming who did it.
+    let params = PatchParams {
+        field_manager: Some("kubectl-scale".into()),
+        ..PatchParams::default()
+    };
+    Api::<Deployment>::namespaced(kube.client(), "default")
+        .patch_scale(
+            "web",
+            &params,
+            &Patch::Merge(json!({"spec": {"replicas": 5}})),
+        )
+        .await?;
+    let drift = wait_for("drift in the audit log", WAIT, || async {
+        let drift = server.api("/api/v1/drift?cluster=prod-eu").await?;
+        let text = drift.to_string();
+        Ok((text.contains("kubectl-scale") && text.contains("revertedAt")).then_some(drift))
+    })
+    .await?;
+    assert!(drift.to_string().contains("/spec/replicas"), "{drift}");
+
+    // Silent: Unknown, with its last reported state, and `windvane status` fails.
+    agent.process.kill();
+    let view = wait_for("prod-eu Unknown", WAIT, || async {
+        let view = server.api("/api/v1/clusters/prod-eu").await?;
+        Ok((view["cluster"]["state"] == "Unknown").then_some(view))
+    })
+    .await?;
+    assert_eq!(view["cluster"]["lastReported"], "Synced");
+    let fleet = server.api("/api/v1/fleet").await?;
+    assert_eq!(fleet["counts"]["Unknown"], 1, "{fleet}");
+    assert!(
+        fleet["counts"]["Synced"].as_u64().unwrap_or(0) == 0,
+        "a silent cluster is never counted Synced: {fleet}"
+    );
+    let status = Command::new(binary("windvane")?)
+        .args(["status", "--server", &server.url])
+        .output()?;
+    assert!(!status.status.success());
+    Ok(())
+}
