@@ -172,6 +172,7 @@ impl Engine {
         let backstop_interval = self.config.backstop_interval;
         let backstop_every = || jittered(backstop_interval, 0.2, random_unit());
         let mut next_backstop = Instant::now() + backstop_every();
+        let mut source_failures = 0u32;
         loop {
             let now = Instant::now();
             if now >= next_backstop {
@@ -180,16 +181,25 @@ impl Engine {
                 next_backstop = Instant::now() + backstop_every();
             }
             if now >= next_poll {
+                let interval = self.config.poll_interval;
                 let wait = match self.poll().await {
                     Ok(changed) => {
+                        source_failures = 0;
                         if changed {
                             self.retry_attempt = None;
                             self.reconcile().await;
                         }
-                        jittered(self.config.poll_interval, 0.2, random_unit())
+                        jittered(interval, 0.2, random_unit())
                     }
                     Err(Error::SourceBusy { retry_after, .. }) => retry_after,
-                    Err(_) => jittered(self.config.poll_interval, 0.2, random_unit()),
+                    // The source is unreachable: back off exponentially (full jitter), up to ten intervals,
+                    // so a fleet does not hammer a source that is coming back.
+                    Err(Error::Fetch { .. }) => {
+                        source_failures = source_failures.saturating_add(1);
+                        full_jitter(source_failures, interval / 2, interval * 10, random_unit())
+                    }
+                    // A refused release: the pointer is there but bad; look again at the normal pace.
+                    Err(_) => jittered(interval, 0.2, random_unit()),
                 };
                 next_poll = Instant::now() + wait;
             }

@@ -30,6 +30,28 @@ async fn an_agent_enrols_heartbeats_shows_synced_then_unknown_when_silent() -> a
     publisher.publish(&tree, "stable")?;
     let server = SourceServer::start(&publisher.store(), &["--unknown-after", "4s"]).await?;
 
+    // The release command line reads the same store over HTTP, verifying it as an agent would.
+    let key = publisher.public_key_path();
+    let verify = Command::new(binary("windvane")?)
+        .args([
+            "verify",
+            "--root",
+            &server.url,
+            "--channel",
+            "stable",
+            "--fleet",
+            "acme",
+            "--trusted-key",
+        ])
+        .arg(&key)
+        .output()?;
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    assert!(String::from_utf8_lossy(&verify.stdout).contains("serial:   1"));
+
     let mut options = AgentOptions::new(&server.url, &publisher.public_key_path(), "prod-eu");
     options.labels = vec!["env=prod".into(), "region=eu".into()];
     options.extra = vec![
