@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -40,15 +41,16 @@ type readyInfo struct {
 }
 
 type config struct {
-	dataDir       string
-	port          int
-	kubeconfigOut string
-	nodeName      string
-	controllers   string
-	verbosity     int
-	logThreshold  string
-	readyTimeout  time.Duration
-	exitWithStdin bool
+	dataDir          string
+	port             int
+	kubeconfigOut    string
+	nodeName         string
+	controllers      string
+	verbosity        int
+	logThreshold     string
+	readyTimeout     time.Duration
+	exitWithStdin    bool
+	removeOnStdinEOF bool
 }
 
 func parseFlags(args []string) (config, error) {
@@ -64,6 +66,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.logThreshold, "log-threshold", "WARNING", "least severe control plane log messages written (INFO, WARNING, ERROR); localkube's own messages are always written")
 	fs.DurationVar(&c.readyTimeout, "ready-timeout", 2*time.Minute, "give up (exit 1) if not ready within this time")
 	fs.BoolVar(&c.exitWithStdin, "exit-with-stdin", false, "shut down when stdin reaches end of file (the parent died or closed it)")
+	fs.BoolVar(&c.removeOnStdinEOF, "remove-data-dir-on-stdin-eof", false, "like --exit-with-stdin, and also delete --data-dir after shutting down that way")
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: localkube --data-dir DIR [flags]\n       localkube kubectl [kubectl args]\n\nflags:\n")
 		fs.PrintDefaults()
@@ -139,20 +142,50 @@ func runLocalkube(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if c.exitWithStdin {
+	var orphaned atomic.Bool
+	if c.exitWithStdin || c.removeOnStdinEOF {
 		go func() {
 			_, _ = io.Copy(io.Discard, os.Stdin)
 			logf("stdin closed, shutting down")
+			orphaned.Store(true)
 			stop()
 		}()
 	}
 
-	if err := run(ctx, c, readyOut); err != nil {
+	cleanup := func() {
+		if orphaned.Load() && c.removeOnStdinEOF {
+			// The owner is gone and nobody will restart this instance or
+			// clean up after it.
+			if err := os.RemoveAll(c.dataDir); err != nil {
+				logf("removing %s: %v", c.dataDir, err)
+			}
+		}
+	}
+	// Components exit the process through klog.Fatal when they fail; some
+	// also do when they are stopped halfway through starting (a post-start
+	// hook of kube-apiserver, for instance). After a shutdown request that is
+	// part of stopping, not a failure.
+	klog.OsExit = func(code int) {
+		if ctx.Err() != nil {
+			logf("a component exited while shutting down; stopped")
+			cleanup()
+			os.Exit(0)
+		}
+		os.Exit(code)
+	}
+
+	err = run(ctx, c, readyOut)
+	cleanup()
+	if err != nil && ctx.Err() == nil {
 		klog.Flush()
 		logf("error: %v", err)
 		return 1
 	}
-	logf("stopped")
+	if err != nil {
+		logf("stopped before it was ready (%v)", err)
+	} else {
+		logf("stopped")
+	}
 	return 0
 }
 

@@ -72,6 +72,7 @@ pub struct LocalKube {
     child: Option<Child>,
     ready: ReadyInfo,
     port: u16,
+    keep: bool,
     config: kube::Config,
 }
 
@@ -80,20 +81,13 @@ impl LocalKube {
     /// waits until it is ready (at most [`READY_TIMEOUT`]).
     pub async fn start() -> Result<Self> {
         let binary = binary_path()?;
-        let data_dir = tempfile::Builder::new()
+        let keep = std::env::var(KEEP_ENV).is_ok_and(|v| v == "1");
+        let mut data_dir = tempfile::Builder::new()
             .prefix("localkube-")
             .tempdir()
             .context("creating a data directory for localkube")?;
-        if std::env::var(KEEP_ENV).is_ok_and(|v| v == "1") {
-            let mut data_dir = data_dir;
-            data_dir.disable_cleanup(true);
-            return Self::start_in(binary, data_dir).await;
-        }
-        Self::start_in(binary, data_dir).await
-    }
-
-    async fn start_in(binary: PathBuf, data_dir: TempDir) -> Result<Self> {
-        let (child, ready) = spawn_and_wait(&binary, data_dir.path(), 0).await?;
+        data_dir.disable_cleanup(keep);
+        let (child, ready) = spawn_and_wait(&binary, data_dir.path(), 0, keep).await?;
         let port = port_of(&ready.server)?;
         let config = match kube_config(&ready.kubeconfig).await {
             Ok(config) => config,
@@ -109,6 +103,7 @@ impl LocalKube {
             child: Some(child),
             ready,
             port,
+            keep,
             config,
         };
         // Fail here, not in the first test step, if the kubeconfig is unusable.
@@ -224,7 +219,8 @@ impl LocalKube {
     /// working once it is back.
     pub async fn restart(&mut self) -> Result<()> {
         self.stop().await?;
-        let (child, ready) = spawn_and_wait(&self.binary, self.data_dir.path(), self.port).await?;
+        let (child, ready) =
+            spawn_and_wait(&self.binary, self.data_dir.path(), self.port, self.keep).await?;
         self.child = Some(child);
         self.ready = ready;
         self.config = kube_config(&self.ready.kubeconfig).await?;
@@ -286,8 +282,14 @@ pub fn binary_path() -> Result<PathBuf> {
 
 /// Spawns localkube on `data_dir` (port 0 = any free port) and waits for its
 /// ready line. On failure the child is killed and the error carries the log
-/// tail.
-async fn spawn_and_wait(binary: &Path, data_dir: &Path, port: u16) -> Result<(Child, ReadyInfo)> {
+/// tail. Unless `keep`, localkube deletes `data_dir` itself if this process
+/// dies without dropping the [`LocalKube`].
+async fn spawn_and_wait(
+    binary: &Path,
+    data_dir: &Path,
+    port: u16,
+    keep: bool,
+) -> Result<(Child, ReadyInfo)> {
     let log_path = data_dir.join(LOG_FILE);
     let log = OpenOptions::new()
         .create(true)
@@ -300,8 +302,13 @@ async fn spawn_and_wait(binary: &Path, data_dir: &Path, port: u16) -> Result<(Ch
         .arg("--port")
         .arg(port.to_string())
         // stdin is a pipe held by `Child`: if this test process dies without
-        // running Drop, localkube sees EOF and shuts down by itself.
-        .arg("--exit-with-stdin")
+        // running Drop, localkube sees EOF and shuts down by itself (and
+        // removes the data directory nobody will clean up).
+        .arg(if keep {
+            "--exit-with-stdin"
+        } else {
+            "--remove-data-dir-on-stdin-eof"
+        })
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log))

@@ -47,7 +47,7 @@ struct Setup {
     kube: LocalKube,
     publisher: Publisher,
     tree: FleetTree,
-    server: StoreServer,
+    _server: StoreServer,
     options: AgentOptions,
 }
 
@@ -64,7 +64,7 @@ async fn setup(policy: &str, seed: u8) -> anyhow::Result<Setup> {
         kube,
         publisher,
         tree,
-        server,
+        _server: server,
         options,
     })
 }

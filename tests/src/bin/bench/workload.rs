@@ -1,0 +1,164 @@
+//! The objects the agent benchmarks manage: 1,000 objects across 10 namespaces — per namespace its
+//! Namespace, 79 ConfigMaps of about 1 KB and 20 one-replica Deployments — written both as a Windvane fleet
+//! tree (one app per namespace) and as plain manifests for `kubectl apply -f DIR`, identical but for the
+//! namespace prefix and `${cluster.name}`, which the agent renders and kubectl gets already filled in.
+//! Plus a small release (5 objects) for the agent's idle footprint.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use windvane_tests::fleet::FleetTree;
+
+/// Namespaces of the large release.
+pub const NAMESPACES: usize = 10;
+/// ConfigMaps per namespace.
+pub const CONFIG_MAPS: usize = 79;
+/// Deployments per namespace.
+pub const DEPLOYMENTS: usize = 20;
+/// Objects of the large release: Namespaces, ConfigMaps and Deployments.
+pub const OBJECTS: usize = NAMESPACES * (1 + CONFIG_MAPS + DEPLOYMENTS);
+
+/// The fleet of the large release.
+pub const FLEET: &str = "bench";
+/// The cluster name the agent renders with.
+pub const CLUSTER: &str = "bench-cluster";
+/// Namespace prefix of the agent's objects.
+pub const AGENT_PREFIX: &str = "wv";
+/// Namespace prefix of kubectl's objects.
+pub const KUBECTL_PREFIX: &str = "kc";
+/// The ConfigMap entry the drift trials change.
+pub const DRIFT_KEY: &str = "key-0";
+
+/// The fleet of the small release.
+pub const TINY_FLEET: &str = "tiny";
+/// Objects of the small release.
+pub const TINY_OBJECTS: usize = 5;
+
+/// `prefix-07`.
+pub fn namespace(prefix: &str, index: usize) -> String {
+    format!("{prefix}-{index:02}")
+}
+
+/// `config-042`.
+pub fn config_map_name(index: usize) -> String {
+    format!("config-{index:03}")
+}
+
+/// The value of a ConfigMap entry as the release has it.
+pub fn config_value(namespace_index: usize, config_map: usize, key: usize) -> String {
+    // About 100 bytes per entry, distinct per object so no two bodies are alike.
+    format!(
+        "ns{namespace_index:02}-cm{config_map:03}-k{key}-{}",
+        "v".repeat(84)
+    )
+}
+
+/// The manifests of one namespace: its Namespace, ConfigMaps and Deployments, as one YAML stream.
+/// `cluster` fills the `cluster` entry of every ConfigMap (`${cluster.name}` in a fleet tree).
+fn namespace_manifests(prefix: &str, index: usize, cluster: &str) -> String {
+    let ns = namespace(prefix, index);
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels: {{team: team-{index:02}}}\n"
+    );
+    for cm in 0..CONFIG_MAPS {
+        let _ = write!(
+            out,
+            "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\n  \
+             labels: {{app.kubernetes.io/name: team-{index:02}, tier: backend}}\ndata:\n  cluster: {cluster}\n",
+            name = config_map_name(cm)
+        );
+        for key in 0..8 {
+            let _ = writeln!(out, "  key-{key}: {}", config_value(index, cm, key));
+        }
+    }
+    for deployment in 0..DEPLOYMENTS {
+        let name = format!("web-{deployment:02}");
+        let _ = write!(
+            out,
+            "---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: {ns}\n  \
+             labels: {{app.kubernetes.io/name: {name}}}\nspec:\n  replicas: 1\n  \
+             selector: {{matchLabels: {{app: {name}}}}}\n  template:\n    metadata: {{labels: {{app: {name}}}}}\n    \
+             spec:\n      containers:\n        - name: web\n          image: registry.example.com/web:1.{deployment}\n          \
+             ports: [{{containerPort: 8080}}]\n          resources: {{requests: {{cpu: 10m, memory: 16Mi}}}}\n          \
+             env: [{{name: TEAM, value: team-{index:02}}}]\n"
+        );
+    }
+    out
+}
+
+/// The large release as a fleet tree: one app per namespace.
+pub fn fleet_tree() -> anyhow::Result<FleetTree> {
+    let tree = FleetTree::new()?;
+    let mut fleet = format!("fleet: {FLEET}\napps:\n");
+    for index in 0..NAMESPACES {
+        let _ = write!(
+            fleet,
+            "  - name: team-{index:02}\n    path: apps/team-{index:02}\n"
+        );
+        tree.write(
+            &format!("apps/team-{index:02}/objects.yaml"),
+            &namespace_manifests(AGENT_PREFIX, index, "${cluster.name}"),
+        )?;
+    }
+    tree.write("fleet.yaml", &fleet)?;
+    Ok(tree)
+}
+
+/// The large release as plain manifests for kubectl, one file per namespace (its Namespace first, so
+/// kubectl, which applies files in name order and objects in file order, creates it before its objects).
+pub fn write_kubectl_manifests(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for index in 0..NAMESPACES {
+        std::fs::write(
+            dir.join(format!("{index:02}.yaml")),
+            namespace_manifests(KUBECTL_PREFIX, index, CLUSTER),
+        )?;
+    }
+    Ok(())
+}
+
+/// The small release: a Namespace, three ConfigMaps and a Deployment.
+pub fn tiny_fleet_tree() -> anyhow::Result<FleetTree> {
+    let tree = FleetTree::new()?;
+    tree.write(
+        "fleet.yaml",
+        &format!("fleet: {TINY_FLEET}\napps:\n  - name: tiny\n    path: tiny\n"),
+    )?;
+    let mut manifests = "apiVersion: v1\nkind: Namespace\nmetadata: {name: tiny}\n".to_owned();
+    for cm in 0..3 {
+        let _ = write!(
+            manifests,
+            "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: settings-{cm}, namespace: tiny}}\n\
+             data: {{mode: strict, cluster: '${{cluster.name}}'}}\n"
+        );
+    }
+    manifests.push_str(
+        "---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: tiny}\nspec:\n  \
+         replicas: 1\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    \
+         spec:\n      containers: [{name: web, image: registry.example.com/web:1.0}]\n",
+    );
+    tree.write("tiny/objects.yaml", &manifests)?;
+    Ok(tree)
+}
+
+#[cfg(test)]
+mod tests {
+    use windvane_shared::bundle::BundleLimits;
+
+    use super::*;
+
+    #[test]
+    fn the_large_release_has_a_thousand_objects_in_ten_namespaces() -> anyhow::Result<()> {
+        assert_eq!(OBJECTS, 1_000);
+        let tree = fleet_tree()?;
+        let bundle = windvane_shared::source::load_fleet_dir(tree.path(), BundleLimits::default())?;
+        let objects: usize = bundle.apps.iter().map(|a| a.manifests.len()).sum();
+        assert_eq!((bundle.apps.len(), objects), (NAMESPACES, OBJECTS));
+        let tiny = tiny_fleet_tree()?;
+        let bundle = windvane_shared::source::load_fleet_dir(tiny.path(), BundleLimits::default())?;
+        assert_eq!(bundle.apps[0].manifests.len(), TINY_OBJECTS);
+        Ok(())
+    }
+}
