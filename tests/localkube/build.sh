@@ -27,5 +27,18 @@ cd "$here"
 # Building straight to "$out" (no temporary name) lets go skip the link when
 # the binary there is already up to date.
 start=$(date +%s)
-go build -mod=readonly -buildvcs=false -trimpath -ldflags='-s -w' -o "$out" "$@" .
+
+# Stamp the Kubernetes version (as the upstream build does) so /version,
+# `kubectl version` and the fake node report v1.X.Y, not v0.0.0-master. The
+# stamp only depends on go.mod, so it does not defeat the link cache.
+kube_version="$(go list -mod=readonly -m -f '{{.Version}}' k8s.io/kubernetes)"
+minor="${kube_version#v1.}"
+minor="${minor%%.*}"
+ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+	ldflags+=" -X $pkg.gitVersion=$kube_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+	ldflags+=" -X $pkg.gitCommit= -X $pkg.gitTreeState=clean"
+done
+
+go build -mod=readonly -buildvcs=false -trimpath -ldflags="$ldflags" -o "$out" "$@" .
 echo "built $out ($(du -h "$out" | cut -f1), $(( $(date +%s) - start ))s)" >&2

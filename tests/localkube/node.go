@@ -21,6 +21,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/component-base/version"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 )
@@ -30,8 +31,11 @@ const (
 	nodeLeaseNamespace = "kube-node-lease"
 	nodeLeaseSeconds   = 40
 	nodeLeaseRenew     = 10 * time.Second
-	kubeletVersion     = "v1.37.2"
 )
+
+// kubeletVersion is what the fake node reports: the Kubernetes version
+// build.sh stamps into the binary.
+var kubeletVersion = version.Get().GitVersion
 
 // fakeNode stands in for a scheduler and a kubelet on one Node: it binds every
 // unscheduled pod to its Node, reports bound pods as started and Ready (pods

@@ -134,8 +134,8 @@ impl Identity {
             .await
             .with_context(|| format!("requesting a token for ServiceAccount {name}"))?
             .status
-            .context("the TokenRequest has no status")?
-            .token;
+            .and_then(|s| s.token)
+            .context("the TokenRequest returned no token")?;
 
         let flow_schemas = Api::<FlowSchema>::all(client.clone());
         let subject = json!({"kind": "ServiceAccount", "serviceAccount": {"name": name, "namespace": IDENTITY_NAMESPACE}});
@@ -241,11 +241,6 @@ impl RequestCounts {
                 .map(|c| (*c, self.get(*c) - earlier.get(*c)))
                 .collect(),
         )
-    }
-
-    /// Every request.
-    pub fn total(&self) -> f64 {
-        self.0.values().sum()
     }
 
     /// As JSON: `{"lease-write": n, …}`.

@@ -65,7 +65,9 @@ pub enum Goal {
     AtMost(f64),
     /// Windvane's figure divided by the baseline's is at most this.
     RatioAtMost(f64),
-    /// Windvane's figure divided by the baseline's is at least this.
+    /// Windvane's figure divided by the baseline's is at least this (for throughput, e.g. the source
+    /// server's pointer 304s against nginx, a section not measured here yet).
+    #[allow(dead_code)]
     RatioAtLeast(f64),
 }
 

@@ -1,0 +1,734 @@
+//! `bench`: one command that measures Windvane's performance goals, each side by side with a baseline
+//! measured in the same run on the same machine, prints one table (metric, Windvane, baseline, ratio, goal,
+//! result) and writes the same as JSON.
+//!
+//! ```text
+//! cargo build --release -p windvane-agent
+//! cargo run --release -p windvane-tests --bin bench [-- --quick] [--only SECTION,…] [--json FILE]
+//! ```
+//!
+//! Sections (`--list` prints them): `bundle` (bundle acceptance vs raw SHA-256, no cluster); then, on one
+//! fresh localkube with the release build of the agent managing 1,000 objects: `sync` (first full sync vs
+//! `kubectl apply --server-side`), `rss` (agent memory with 1,000 objects, and idle with 5), `idle`
+//! (apiserver requests in an idle window) and `drift` (drift repair latency vs one server-side apply round
+//! trip). The source server's sections of issue 8 (`pointer-304`, `heartbeat`, `convergence`) are listed
+//! but not measured here yet: add a module, a [`Section`] arm in [`run`] and rows, as the agent sections do.
+//!
+//! Figures are noisy on a shared 2-core machine; that is why every baseline runs in the same run, and
+//! where it matters interleaved with what it is compared to.
+
+// This file is a crate root, so its modules' files are named explicitly: they live in `bench/`.
+#[path = "bench/agent.rs"]
+mod agent;
+#[path = "bench/apiserver.rs"]
+mod apiserver;
+#[path = "bench/bundle.rs"]
+mod bundle;
+#[path = "bench/drift.rs"]
+mod drift;
+#[path = "bench/idle.rs"]
+mod idle;
+#[path = "bench/prom.rs"]
+mod prom;
+#[path = "bench/report.rs"]
+mod report;
+#[path = "bench/sync.rs"]
+mod sync;
+#[path = "bench/workload.rs"]
+mod workload;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+use windvane_tests::fleet::Publisher;
+use windvane_tests::localkube::LocalKube;
+use windvane_tests::store_server::StoreServer;
+
+use crate::agent::{AgentLaunch, AgentProcess};
+use crate::apiserver::{Identity, RequestClass};
+use crate::report::{Goal, Row, Unit};
+
+/// What the benchmark can measure; `--only` takes these names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+enum Section {
+    /// Bundle acceptance of 10 MB (verify_bundle) vs raw SHA-256 of the same bytes.
+    Bundle,
+    /// First full sync of 1,000 objects vs `kubectl apply --server-side` of the same objects.
+    Sync,
+    /// Agent memory managing 1,000 objects (peak) and idle with a 5-object release.
+    Rss,
+    /// Apiserver writes and requests per object per hour in an idle window.
+    Idle,
+    /// Drift repair latency p50/p99 over 100 trials vs one server-side apply round trip.
+    Drift,
+    /// Source server: pointer `304` throughput vs nginx (not measured here yet).
+    #[value(name = "pointer-304")]
+    Pointer304,
+    /// Source server: signed heartbeat ingestion rate, p99, loss (not measured here yet).
+    Heartbeat,
+    /// Source server: convergence of 10,000 simulated agents (not measured here yet).
+    Convergence,
+}
+
+impl Section {
+    fn name(self) -> String {
+        self.to_possible_value()
+            .map(|v| v.get_name().to_owned())
+            .unwrap_or_default()
+    }
+
+    /// Sections this binary measures; the others belong to the source server's benchmarks.
+    fn implemented(self) -> bool {
+        matches!(
+            self,
+            Self::Bundle | Self::Sync | Self::Rss | Self::Idle | Self::Drift
+        )
+    }
+
+    /// Sections that need the agent managing the large release on a localkube.
+    fn needs_cluster(self) -> bool {
+        matches!(self, Self::Sync | Self::Rss | Self::Idle | Self::Drift)
+    }
+}
+
+/// Measures Windvane's performance goals against baselines in the same run.
+#[derive(Debug, Parser)]
+#[command(name = "bench", about, long_about = None)]
+struct Args {
+    /// Run only these sections (repeat or separate with commas); see --list. [default: all measured here]
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "SECTION")]
+    only: Vec<Section>,
+    /// Where to write the results as JSON. [default: target/bench/results.json]
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// A CI-sized run (about 4 minutes): a 60 s idle window unless --idle-window says otherwise, a shorter
+    /// idle wait for the small release and fewer bundle rounds.
+    #[arg(long)]
+    quick: bool,
+    /// Length of the idle window (e.g. 300s, 10m). [default: 300s; 60s with --quick]
+    #[arg(long, value_name = "DURATION")]
+    idle_window: Option<String>,
+    /// Drift trials (one ConfigMap and one foreign manager each).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    drift_trials: usize,
+    /// The agent binary to measure. [default: target/release/windvane-agent]
+    #[arg(long, value_name = "PATH")]
+    agent: Option<PathBuf>,
+    /// Exit with status 1 when a goal is missed.
+    #[arg(long)]
+    strict: bool,
+    /// List the sections and exit.
+    #[arg(long)]
+    list: bool,
+}
+
+/// Settings resolved from the flags.
+#[derive(Debug, Clone)]
+struct Settings {
+    sections: Vec<Section>,
+    json: PathBuf,
+    idle_window: Duration,
+    /// How long the agent with the small release idles before its memory is read.
+    tiny_idle: Duration,
+    bundle_rounds: usize,
+    drift_trials: usize,
+    agent: PathBuf,
+    quick: bool,
+}
+
+impl Settings {
+    fn from_args(args: &Args) -> anyhow::Result<Self> {
+        let mut sections: Vec<Section> = if args.only.is_empty() {
+            Section::value_variants()
+                .iter()
+                .copied()
+                .filter(|s| s.implemented())
+                .collect()
+        } else {
+            args.only.clone()
+        };
+        sections.sort();
+        sections.dedup();
+        let idle_window = match &args.idle_window {
+            Some(text) => windvane_shared::duration::parse_duration(text)
+                .with_context(|| format!("--idle-window {text}"))?,
+            None if args.quick => Duration::from_secs(60),
+            None => Duration::from_secs(300),
+        };
+        Ok(Self {
+            sections,
+            json: args
+                .json
+                .clone()
+                .unwrap_or_else(|| agent::workspace().join("target/bench/results.json")),
+            idle_window,
+            tiny_idle: Duration::from_secs(if args.quick { 10 } else { 30 }),
+            bundle_rounds: if args.quick { 5 } else { 15 },
+            drift_trials: args.drift_trials,
+            agent: args.agent.clone().unwrap_or_else(agent::default_binary),
+            quick: args.quick,
+        })
+    }
+
+    fn wants(&self, section: Section) -> bool {
+        self.sections.contains(&section)
+    }
+}
+
+/// Everything one run produced.
+#[derive(Debug, Default)]
+struct Results {
+    rows: Vec<Row>,
+    details: serde_json::Map<String, Value>,
+    warnings: Vec<String>,
+}
+
+fn started() -> Instant {
+    static STARTED: OnceLock<Instant> = OnceLock::new();
+    *STARTED.get_or_init(Instant::now)
+}
+
+/// A progress line on stderr, with the time since the run started.
+fn progress(message: &str) {
+    eprintln!("[bench {:>6.1}s] {message}", started().elapsed().as_secs_f64());
+}
+
+fn main() -> ExitCode {
+    started();
+    let args = Args::parse();
+    if args.list {
+        for section in Section::value_variants() {
+            let help = section
+                .to_possible_value()
+                .and_then(|v| v.get_help().map(ToString::to_string))
+                .unwrap_or_default();
+            println!("{:<12} {help}", section.name());
+        }
+        return ExitCode::SUCCESS;
+    }
+    let settings = match Settings::from_args(&args) {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: starting the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(&settings)) {
+        Ok(results) => {
+            let missed = results
+                .rows
+                .iter()
+                .any(|r| r.verdict() == report::Verdict::Miss);
+            if args.strict && missed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(error) => {
+            eprintln!("bench failed: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the selected sections, prints the table and writes the JSON.
+async fn run(settings: &Settings) -> anyhow::Result<Results> {
+    // reqwest (the agent's admin endpoints) and kube share one crypto provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut results = Results::default();
+    let not_measured: Vec<String> = settings
+        .sections
+        .iter()
+        .filter(|s| !s.implemented())
+        .map(|s| s.name())
+        .collect();
+
+    if settings.wants(Section::Bundle) {
+        bundle_section(settings, &mut results)?;
+    }
+    if settings.sections.iter().any(|s| s.needs_cluster()) {
+        agent_sections(settings, &mut results).await?;
+    }
+
+    println!();
+    print!("{}", report::table(&results.rows));
+    if !not_measured.is_empty() {
+        println!(
+            "\nNot measured by this binary yet (source-server sections of issue 8): {}",
+            not_measured.join(", ")
+        );
+    }
+    for warning in &results.warnings {
+        println!("\nwarning: {warning}");
+    }
+    let document = json!({
+        "machine": machine(),
+        "startedAt": jiff::Timestamp::now().checked_sub(started().elapsed()).ok().map(|t| t.to_string()),
+        "durationSeconds": started().elapsed().as_secs_f64(),
+        "mode": if settings.quick { "quick" } else { "full" },
+        "sections": settings.sections.iter().map(|s| s.name()).collect::<Vec<_>>(),
+        "notMeasured": not_measured,
+        "agentBinary": settings.agent.display().to_string(),
+        "warnings": results.warnings,
+        "rows": results.rows.iter().map(Row::to_json).collect::<Vec<_>>(),
+        "details": results.details,
+    });
+    if let Some(parent) = settings.json.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(&settings.json, serde_json::to_vec_pretty(&document)?)
+        .with_context(|| format!("writing {}", settings.json.display()))?;
+    println!("\nWrote {}", settings.json.display());
+    Ok(results)
+}
+
+fn bundle_section(settings: &Settings, results: &mut Results) -> anyhow::Result<()> {
+    progress("bundle: building a 10 MB bundle and timing verify_bundle against SHA-256");
+    let measured = bundle::measure(settings.bundle_rounds)?;
+    results.rows.push(
+        Row::new(
+            "bundle",
+            "bundle_accept_mbps",
+            "bundle acceptance, 10 MB (verify_bundle)",
+            Unit::MBps,
+            measured.verify_mbps(),
+        )
+        .baseline("raw SHA-256", measured.sha256_mbps())
+        .note(format!(
+            "{:.1} ms per bundle vs {:.1} ms for its SHA-256 alone ({} bytes, {} ConfigMaps in 50 apps; \
+             median of {} alternating rounds; ratio is throughput relative to SHA-256, no goal set)",
+            measured.verify.as_secs_f64() * 1e3,
+            measured.sha256.as_secs_f64() * 1e3,
+            measured.bytes,
+            measured.objects,
+            measured.rounds
+        )),
+    );
+    results.details.insert(
+        "bundle".into(),
+        json!({"bytes": measured.bytes, "objects": measured.objects, "rounds": measured.rounds,
+               "verifyMs": measured.verify.as_secs_f64() * 1e3, "sha256Ms": measured.sha256.as_secs_f64() * 1e3}),
+    );
+    Ok(())
+}
+
+/// Applies one ConfigMap and one Deployment as the admin, so the apiserver's first-use costs for these
+/// kinds fall on neither contestant, and pages in the kubectl and agent binaries.
+async fn warm_up(kube: &LocalKube, agent_binary: &std::path::Path) -> anyhow::Result<()> {
+    let client = kube.client();
+    let apply = PatchParams::apply("windvane-bench").force();
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            "bench-warmup",
+            &apply,
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench-warmup"}})),
+        )
+        .await?;
+    Api::<ConfigMap>::namespaced(client.clone(), "bench-warmup")
+        .patch(
+            "warmup",
+            &apply,
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "warmup", "namespace": "bench-warmup"}, "data": {"a": "b"}})),
+        )
+        .await?;
+    Api::<Deployment>::namespaced(client, "bench-warmup")
+        .patch(
+            "warmup",
+            &apply,
+            &Patch::Apply(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "warmup", "namespace": "bench-warmup"},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "warmup"}},
+                         "template": {"metadata": {"labels": {"app": "warmup"}},
+                                      "spec": {"containers": [{"name": "c", "image": "registry.example.com/warmup:1"}]}}}})),
+        )
+        .await?;
+    let kubectl = kube.kubectl(["version", "--client"]).output()?;
+    anyhow::ensure!(kubectl.status.success(), "kubectl version failed");
+    let agent = std::process::Command::new(agent_binary)
+        .arg("--version")
+        .output()?;
+    anyhow::ensure!(agent.status.success(), "windvane-agent --version failed");
+    Ok(())
+}
+
+/// The sections that need a cluster: one localkube, kubectl's baseline, then the agent managing the large
+/// release (sync, memory, idle window, drift trials, in that order), then an agent with a small release.
+async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::Result<()> {
+    if let Some(warning) = agent::check_binary(&settings.agent)? {
+        eprintln!("warning: {warning}");
+        results.warnings.push(warning);
+    }
+    let logs = settings
+        .json
+        .parent()
+        .map_or_else(|| PathBuf::from("logs"), |p| p.join("logs"));
+    std::fs::create_dir_all(&logs)?;
+    let work = tempfile::Builder::new().prefix("windvane-bench-").tempdir()?;
+
+    progress("starting localkube");
+    let kube = LocalKube::start().await?;
+    progress("creating the agent's, kubectl's and the probe's identities and FlowSchemas");
+    let agent_identity = Identity::create(&kube, work.path(), "windvane-agent", 20).await?;
+    let kubectl_identity = Identity::create(&kube, work.path(), "kubectl", 30).await?;
+    let probe_identity = Identity::create(&kube, work.path(), "probe", 40).await?;
+    warm_up(&kube, &settings.agent).await?;
+
+    let publisher = Publisher::new(11)?;
+    publisher.publish(&workload::fleet_tree()?, "stable")?;
+    let server = StoreServer::start(publisher.store()).await?;
+
+    let kubectl = if settings.wants(Section::Sync) {
+        progress("sync: kubectl apply --server-side of 1,000 objects");
+        let manifests = work.path().join("manifests");
+        workload::write_kubectl_manifests(&manifests)?;
+        let applied = sync::kubectl_apply(
+            &kube,
+            &kubectl_identity,
+            &manifests,
+            &work.path().join("kubectl-cache"),
+        )
+        .await?;
+        progress(&format!(
+            "sync: kubectl took {:.2} s; waiting for its Deployments to settle",
+            applied.elapsed.as_secs_f64()
+        ));
+        sync::wait_deployments_available(&kube, workload::KUBECTL_PREFIX, Duration::from_secs(300))
+            .await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        Some(applied)
+    } else {
+        None
+    };
+
+    progress("sync: starting the agent with the 1,000-object release");
+    let launch = AgentLaunch {
+        binary: settings.agent.clone(),
+        source: server.url(),
+        trusted_key: publisher.public_key_path(),
+        fleet: workload::FLEET.to_owned(),
+        cluster: workload::CLUSTER.to_owned(),
+        kubeconfig: agent_identity.kubeconfig.clone(),
+        namespace: apiserver::IDENTITY_NAMESPACE.to_owned(),
+        identity: "bench-agent".to_owned(),
+        log: logs.join("agent-1000.log"),
+    };
+    let _ = std::fs::remove_file(&launch.log);
+    let (mut agent, first_sync) = sync::agent_first_sync(&kube, &agent_identity, &launch).await?;
+    progress(&format!(
+        "sync: the agent's first sync finished after {:.2} s",
+        first_sync.elapsed.as_secs_f64()
+    ));
+    results.details.insert(
+        "sync".into(),
+        json!({
+            "agentSeconds": first_sync.elapsed.as_secs_f64(),
+            "agentReportedSyncSeconds": first_sync.reported.as_secs_f64(),
+            "agentWritten": first_sync.written,
+            "agentRequests": first_sync.requests.to_json(),
+            "kubectlSeconds": kubectl.as_ref().map(|k| k.elapsed.as_secs_f64()),
+            "kubectlRequests": kubectl.as_ref().map(|k| k.requests.to_json()),
+        }),
+    );
+    if let Some(kubectl) = &kubectl {
+        results.rows.push(
+            Row::new(
+                "sync",
+                "first_sync_seconds",
+                "first full sync, 1,000 objects",
+                Unit::Seconds,
+                first_sync.elapsed.as_secs_f64(),
+            )
+            .baseline("kubectl apply --server-side", kubectl.elapsed.as_secs_f64())
+            .goal(Goal::RatioAtMost(0.25))
+            .note(format!(
+                "process start until the first sync finished (agent: {:.2} s of it inside its sync; {} objects \
+                 written; requests: {}) vs until kubectl returned (requests: {}); same apiserver, both as \
+                 cluster-admin ServiceAccounts",
+                first_sync.reported.as_secs_f64(),
+                first_sync.written,
+                first_sync.requests.describe(),
+                kubectl.requests.describe()
+            )),
+        );
+    }
+
+    progress("waiting until the agent reports all 1,000 objects Synced");
+    sync::wait_synced(&agent, workload::OBJECTS, Duration::from_secs(300)).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let memory_synced = agent.memory()?;
+
+    let mut memory_after_idle = None;
+    if settings.wants(Section::Idle) {
+        progress(&format!(
+            "idle: watching the apiserver for {} s",
+            settings.idle_window.as_secs()
+        ));
+        let window = idle::measure(&kube, &agent, &agent_identity, settings.idle_window).await?;
+        agent.check_running()?;
+        memory_after_idle = Some(agent.memory()?);
+        idle_rows(&window, results);
+    }
+
+    if settings.wants(Section::Drift) {
+        progress(&format!("drift: {} trials", settings.drift_trials));
+        let probe = probe_identity.client().await?;
+        let trials = drift::run(&kube, &probe, settings.drift_trials).await?;
+        agent.check_running()?;
+        let status = agent.status().await?;
+        drift_rows(&trials, &status, results);
+    }
+
+    if settings.wants(Section::Rss) {
+        let memory_end = agent.memory()?;
+        results.rows.push(
+            Row::new(
+                "rss",
+                "agent_peak_rss_1000_mib",
+                "agent peak RSS (VmHWM), 1,000 objects",
+                Unit::MiB,
+                memory_end.peak_mib,
+            )
+            .goal(Goal::AtMost(32.0))
+            .note(format!(
+                "peak over first sync{}{}; VmRSS {:.1} MiB once Synced{}, {:.1} MiB at the end",
+                if settings.wants(Section::Idle) { ", idle window" } else { "" },
+                if settings.wants(Section::Drift) { ", drift trials" } else { "" },
+                memory_synced.rss_mib,
+                memory_after_idle.map_or_else(String::new, |m| format!(
+                    ", {:.1} MiB after the idle window",
+                    m.rss_mib
+                )),
+                memory_end.rss_mib,
+            )),
+        );
+    }
+    agent.stop();
+
+    if settings.wants(Section::Rss) {
+        progress("rss: an agent with a 5-object release");
+        let memory = tiny_agent_memory(&kube, &agent_identity, settings, &logs).await?;
+        results.rows.push(
+            Row::new(
+                "rss",
+                "agent_idle_rss_5_mib",
+                "agent RSS idle (VmRSS), 5 objects",
+                Unit::MiB,
+                memory.rss_mib,
+            )
+            .goal(Goal::AtMost(15.0))
+            .note(format!(
+                "after {} s idle once Synced; peak (VmHWM) {:.1} MiB",
+                settings.tiny_idle.as_secs(),
+                memory.peak_mib
+            )),
+        );
+    }
+    drop(server);
+    progress("done with the cluster");
+    Ok(())
+}
+
+fn idle_rows(window: &idle::IdleWindow, results: &mut Results) {
+    let minutes = window.length.as_secs_f64() / 60.0;
+    let lease_writes = window.agent.get(RequestClass::LeaseWrite);
+    let others: Vec<String> = window
+        .all_writes
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    results.rows.push(
+        Row::new(
+            "idle",
+            "idle_writes",
+            &format!("apiserver writes by the agent, {minutes:.0} min idle"),
+            Unit::Count,
+            window.agent_writes(),
+        )
+        .baseline("all clients", window.all_writes_total())
+        .goal(Goal::AtMost(0.0))
+        .note(format!(
+            "Leases and Events apart (Lease renewals: next row; Events by the agent: {}); the agent's own \
+             apply counter moved by {}; it polled the store {} times (304s, no apiserver traffic). All \
+             clients' writes in the window (apiserver_request_total): {}",
+            window.agent.get(RequestClass::Event),
+            window.agent_applies,
+            window.agent_polls,
+            if others.is_empty() { "none".to_owned() } else { others.join(", ") }
+        )),
+    );
+    results.rows.push(
+        Row::new(
+            "idle",
+            "requests_per_object_hour",
+            "agent requests per managed object per hour",
+            Unit::PerObjectHour,
+            window.requests_per_object_hour(workload::OBJECTS),
+        )
+        .goal(Goal::AtMost(1.0))
+        .note(format!(
+            "every verb but Lease traffic and watches, over the {minutes:.0} min window, 1,000 objects \
+             (agent requests in the window: {}). An hourly backstop dry-run of every object, when the agent \
+             runs one, adds 1.0 per object per hour that a window this short cannot see",
+            window.agent.describe()
+        )),
+    );
+    results.rows.push(
+        Row::new(
+            "idle",
+            "lease_writes",
+            &format!("Lease renewals by the agent, {minutes:.0} min idle"),
+            Unit::Count,
+            lease_writes,
+        )
+        .note(format!(
+            "leader election renews its Lease every 5 s (a GET and a PUT: {} Lease reads), \
+             {:.0} writes an hour whatever the number of objects — not counted as object writes",
+            window.agent.get(RequestClass::LeaseRead),
+            lease_writes / window.length.as_secs_f64() * 3600.0
+        )),
+    );
+    results.details.insert(
+        "idle".into(),
+        json!({
+            "windowSeconds": window.length.as_secs_f64(),
+            "agentRequests": window.agent.to_json(),
+            "allClientWrites": window.all_writes,
+            "agentApplies": window.agent_applies,
+            "agentPolls": window.agent_polls,
+        }),
+    );
+}
+
+fn drift_rows(trials: &drift::DriftTrials, status: &Value, results: &mut Results) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let repairs = trials.repair_samples();
+    let mut round_trips = trials.round_trips.clone();
+    round_trips.sort();
+    let count = repairs.len();
+    let contested = status["counts"]["Contested"].as_u64().unwrap_or(0);
+    let unrepaired = if trials.unrepaired == 0 {
+        String::new()
+    } else {
+        format!(
+            "; {} trials not repaired within {:?}, counted as that",
+            trials.unrepaired,
+            drift::TRIAL_TIMEOUT
+        )
+    };
+    results.rows.push(
+        Row::new(
+            "drift",
+            "drift_repair_p50_ms",
+            &format!("drift repair p50, {count} trials"),
+            Unit::Millis,
+            ms(drift::quantile(&repairs, 0.5)),
+        )
+        .baseline("one SSA round trip, p50", ms(drift::quantile(&round_trips, 0.5)))
+        .goal(Goal::AtMost(50.0))
+        .goal(Goal::RatioAtMost(3.0))
+        .note(format!(
+            "from the foreign merge patch's response to the watch event showing the value restored; one \
+             ConfigMap and one manager per trial; min {:.1} ms, max {:.1} ms; {contested} objects Contested \
+             afterwards{unrepaired}",
+            ms(repairs.first().copied().unwrap_or_default()),
+            ms(repairs.last().copied().unwrap_or_default()),
+        )),
+    );
+    results.rows.push(
+        Row::new(
+            "drift",
+            "drift_repair_p99_ms",
+            &format!("drift repair p99, {count} trials"),
+            Unit::Millis,
+            ms(drift::quantile(&repairs, 0.99)),
+        )
+        .baseline("one SSA round trip, p99", ms(drift::quantile(&round_trips, 0.99)))
+        .goal(Goal::AtMost(250.0)),
+    );
+    results.details.insert(
+        "drift".into(),
+        json!({
+            "repairsMs": repairs.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
+            "roundTripsMs": round_trips.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
+            "unrepaired": trials.unrepaired,
+            "contestedAfter": contested,
+        }),
+    );
+}
+
+/// Starts an agent with the small release (its own fleet, state namespace and Lease), waits until it is
+/// Synced, lets it idle and reads its memory.
+async fn tiny_agent_memory(
+    kube: &LocalKube,
+    identity: &Identity,
+    settings: &Settings,
+    logs: &std::path::Path,
+) -> anyhow::Result<agent::Memory> {
+    let publisher = Publisher::new(12)?;
+    publisher.publish(&workload::tiny_fleet_tree()?, "stable")?;
+    let server = StoreServer::start(publisher.store()).await?;
+    let launch = AgentLaunch {
+        binary: settings.agent.clone(),
+        source: server.url(),
+        trusted_key: publisher.public_key_path(),
+        fleet: workload::TINY_FLEET.to_owned(),
+        cluster: "tiny-cluster".to_owned(),
+        kubeconfig: identity.kubeconfig.clone(),
+        namespace: "windvane-tiny".to_owned(),
+        identity: "tiny-agent".to_owned(),
+        log: logs.join("agent-5.log"),
+    };
+    let _ = std::fs::remove_file(&launch.log);
+    AgentProcess::prepare_namespace(kube, &launch.namespace).await?;
+    let mut agent = AgentProcess::start(&launch)?;
+    sync::wait_synced(&agent, workload::TINY_OBJECTS, Duration::from_secs(120))
+        .await
+        .with_context(|| format!("the small release; agent log tail:\n{}", agent.log_tail()))?;
+    tokio::time::sleep(settings.tiny_idle).await;
+    agent.check_running()?;
+    let memory = agent.memory()?;
+    agent.stop();
+    Ok(memory)
+}
+
+/// The machine the figures come from.
+fn machine() -> Value {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, m)| m.trim().to_owned());
+    let memory_kib: Option<u64> = read("/proc/meminfo")
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok());
+    json!({
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).ok(),
+        "cpuModel": model,
+        "memoryGiB": memory_kib.map(|k| (k as f64 / 1024.0 / 1024.0 * 10.0).round() / 10.0),
+        "kernel": read("/proc/sys/kernel/osrelease").trim(),
+    })
+}

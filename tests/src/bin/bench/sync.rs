@@ -1,0 +1,259 @@
+//! First full sync of the large release: the agent from process start until its first sync finished (every
+//! object applied, none failed), against `kubectl apply --server-side` of the same rendered objects from
+//! process start until the command returns, on the same apiserver in the same run.
+//!
+//! Fairness: both run as a ServiceAccount bound to cluster-admin (RBAC is evaluated for both), both start
+//! cold — kubectl with an empty discovery cache, the agent with nothing in the cluster — and both are
+//! timed as a user experiences them, process start-up and discovery included. The agent's time also
+//! includes what kubectl does not do: leader election, fetching and verifying the signed release,
+//! persisting it as last known good and persisting the inventory. kubectl runs first; the agent then
+//! syncs into a cluster that already holds kubectl's objects and pods (a slight handicap for the agent).
+//! Neither waits for Deployments to become Available: kubectl returns once its objects are applied, and the
+//! agent's sync is finished then too.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, ListParams};
+use serde_json::Value;
+use windvane_tests::localkube::{self, LocalKube, wait_for};
+
+use crate::agent::{AgentLaunch, AgentProcess};
+use crate::apiserver::{Identity, RequestCounts, scrape};
+use crate::prom;
+use crate::workload;
+
+/// kubectl's run.
+#[derive(Debug, Clone)]
+pub struct KubectlApply {
+    pub elapsed: Duration,
+    pub requests: RequestCounts,
+}
+
+/// Runs `kubectl apply --server-side --field-manager=bench -f DIR` as `identity` with a fresh discovery
+/// cache, and checks that every object is there afterwards.
+pub async fn kubectl_apply(
+    kube: &LocalKube,
+    identity: &Identity,
+    manifests: &Path,
+    cache_dir: &Path,
+) -> anyhow::Result<KubectlApply> {
+    let admin = kube.client();
+    let before = identity.requests(&scrape(&admin).await?);
+    let mut command = std::process::Command::new(localkube::binary_path()?);
+    command
+        .arg("kubectl")
+        .arg("--kubeconfig")
+        .arg(&identity.kubeconfig)
+        .arg("--cache-dir")
+        .arg(cache_dir)
+        .args(["apply", "--server-side", "--field-manager=bench", "-f"])
+        .arg(manifests)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let started = Instant::now();
+    let output = tokio::process::Command::from(command)
+        .output()
+        .await
+        .context("running kubectl")?;
+    let elapsed = started.elapsed();
+    anyhow::ensure!(
+        output.status.success(),
+        "kubectl apply failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let applied = String::from_utf8_lossy(&output.stdout).lines().count();
+    anyhow::ensure!(
+        applied == workload::OBJECTS,
+        "kubectl reported {applied} objects, expected {}",
+        workload::OBJECTS
+    );
+    let present = count_objects(kube, workload::KUBECTL_PREFIX).await?;
+    anyhow::ensure!(
+        present == workload::OBJECTS,
+        "{present} of kubectl's objects are present"
+    );
+    let requests = identity.requests(&scrape(&admin).await?).since(&before);
+    Ok(KubectlApply { elapsed, requests })
+}
+
+/// The agent's first sync.
+#[derive(Debug, Clone)]
+pub struct AgentSync {
+    /// From starting the process until the first sync was seen finished.
+    pub elapsed: Duration,
+    /// The sync's own duration as the agent measured it (render, apply, prune, persist).
+    pub reported: Duration,
+    /// The agent's requests until then.
+    pub requests: RequestCounts,
+    /// Objects written (`windvane_apply_total{result="written"}`).
+    pub written: f64,
+}
+
+/// How often the agent's `/metrics` is read while waiting for the first sync.
+const SYNC_POLL: Duration = Duration::from_millis(10);
+/// The longest a first sync may take.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Starts the agent and waits until its first sync finished: `windvane_sync_duration_seconds_count ≥ 1`,
+/// then checks that `/status` counts every object with none Failed and that they are all in the cluster.
+pub async fn agent_first_sync(
+    kube: &LocalKube,
+    identity: &Identity,
+    launch: &AgentLaunch,
+) -> anyhow::Result<(AgentProcess, AgentSync)> {
+    let admin = kube.client();
+    AgentProcess::prepare_namespace(kube, &launch.namespace).await?;
+    let before = identity.requests(&scrape(&admin).await?);
+    let started = Instant::now();
+    let mut agent = AgentProcess::start(launch)?;
+    let metrics = loop {
+        if let Ok(metrics) = agent.metrics().await
+            && prom::sum(&metrics, "windvane_sync_duration_seconds_count", |_| true) >= 1.0
+        {
+            break metrics;
+        }
+        agent.check_running()?;
+        anyhow::ensure!(
+            started.elapsed() < SYNC_TIMEOUT,
+            "no sync finished within {SYNC_TIMEOUT:?}; agent log tail:\n{}",
+            agent.log_tail()
+        );
+        tokio::time::sleep(SYNC_POLL).await;
+    };
+    let elapsed = started.elapsed();
+    let requests = identity.requests(&scrape(&admin).await?).since(&before);
+
+    let status = agent.status().await?;
+    let counts = &status["counts"];
+    let total: u64 = counts
+        .as_object()
+        .map(|c| c.values().filter_map(Value::as_u64).sum())
+        .unwrap_or(0);
+    let failed = counts["Failed"].as_u64().unwrap_or(0);
+    anyhow::ensure!(
+        total == workload::OBJECTS as u64 && failed == 0,
+        "after the first sync the agent counts {counts} (expected {} objects, none Failed); problems: {}",
+        workload::OBJECTS,
+        problems(&status)
+    );
+    let present = count_objects(kube, workload::AGENT_PREFIX).await?;
+    anyhow::ensure!(
+        present == workload::OBJECTS,
+        "{present} of the agent's objects are present"
+    );
+    let sync = AgentSync {
+        elapsed,
+        reported: Duration::from_secs_f64(prom::sum(
+            &metrics,
+            "windvane_sync_duration_seconds_sum",
+            |_| true,
+        )),
+        requests,
+        written: prom::sum(&metrics, "windvane_apply_total", |s| {
+            s.label("result") == "written"
+        }),
+    };
+    Ok((agent, sync))
+}
+
+/// Objects whose state is not Synced, briefly.
+pub fn problems(status: &Value) -> String {
+    let listed: Vec<String> = status["objects"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|o| o["state"] != "Synced")
+        .take(5)
+        .map(|o| format!("{} {}: {}", o["object"], o["state"], o["message"]))
+        .collect();
+    if listed.is_empty() {
+        "none".to_owned()
+    } else {
+        listed.join("; ")
+    }
+}
+
+/// Waits until the agent reports every object Synced (Deployments Available), so later measurements start
+/// from a quiet cluster.
+pub async fn wait_synced(agent: &AgentProcess, expected: usize, timeout: Duration) -> anyhow::Result<()> {
+    let last = std::sync::Mutex::new(Value::Null);
+    let result = wait_for("every object Synced", timeout, || async {
+        let status = agent.status().await?;
+        let synced = status["counts"]["Synced"].as_u64().unwrap_or(0);
+        let done = status["state"] == "Synced" && synced == expected as u64;
+        *last.lock().expect("lock") = status;
+        Ok(done.then_some(()))
+    })
+    .await;
+    result.with_context(|| {
+        let last = last.lock().expect("lock");
+        format!("counts {}; problems: {}", last["counts"], problems(&last))
+    })
+}
+
+/// Waits until every Deployment in the namespaces `prefix-*` has its replica available.
+pub async fn wait_deployments_available(kube: &LocalKube, prefix: &str, timeout: Duration) -> anyhow::Result<()> {
+    let deployments = Api::<Deployment>::all(kube.client());
+    let expected = workload::NAMESPACES * workload::DEPLOYMENTS;
+    wait_for(&format!("{prefix}-* Deployments available"), timeout, || async {
+        let available = deployments
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|d| in_prefix(d.metadata.namespace.as_deref(), prefix))
+            .filter(|d| {
+                d.status
+                    .as_ref()
+                    .and_then(|s| s.available_replicas)
+                    .is_some_and(|n| n >= 1)
+            })
+            .count();
+        Ok((available == expected).then_some(()))
+    })
+    .await
+}
+
+fn in_prefix(namespace: Option<&str>, prefix: &str) -> bool {
+    namespace.is_some_and(|ns| ns.starts_with(&format!("{prefix}-")))
+}
+
+/// How many of the large release's objects exist in the namespaces `prefix-*`.
+async fn count_objects(kube: &LocalKube, prefix: &str) -> anyhow::Result<usize> {
+    let client = kube.client();
+    let all = ListParams::default();
+    let namespaces = Api::<Namespace>::all(client.clone())
+        .list(&all)
+        .await?
+        .items
+        .iter()
+        .filter(|n| {
+            n.metadata
+                .name
+                .as_deref()
+                .is_some_and(|name| name.starts_with(&format!("{prefix}-")))
+        })
+        .count();
+    let config_maps = Api::<ConfigMap>::all(client.clone())
+        .list(&ListParams::default().labels("tier=backend"))
+        .await?
+        .items
+        .iter()
+        .filter(|c| in_prefix(c.metadata.namespace.as_deref(), prefix))
+        .count();
+    let deployments = Api::<Deployment>::all(client)
+        .list(&all)
+        .await?
+        .items
+        .iter()
+        .filter(|d| in_prefix(d.metadata.namespace.as_deref(), prefix))
+        .count();
+    Ok(namespaces + config_maps + deployments)
+}
