@@ -59,7 +59,6 @@ func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki)
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--shutdown-delay-duration=0s",
-		"--enable-garbage-collector=true",
 	}
 
 	s := apiserveroptions.NewServerRunOptions()
