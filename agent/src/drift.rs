@@ -263,10 +263,10 @@ impl ContestTracker {
         Some(backoff)
     }
 
-    /// Forgets an object (it left the release).
-    pub fn forget(&mut self, key: &ObjectKey) {
-        self.takes.retain(|(k, _), _| k != key);
-        self.wars.remove(key);
+    /// Keeps only the objects for which `keep` holds (the others left the release).
+    pub fn retain(&mut self, mut keep: impl FnMut(&ObjectKey) -> bool) {
+        self.takes.retain(|(key, _), _| keep(key));
+        self.wars.retain(|key, _| keep(key));
     }
 }
 

@@ -127,18 +127,8 @@ impl Healer {
             .retain(|key, _| self.desired.contains_key(key));
         self.episodes
             .retain(|key, _| self.desired.contains_key(key));
-        let gone: Vec<ObjectKey> = self
-            .contest_keys()
-            .into_iter()
-            .filter(|k| !self.desired.contains_key(k))
-            .collect();
-        for key in gone {
-            self.contest.forget(&key);
-        }
-    }
-
-    fn contest_keys(&self) -> Vec<ObjectKey> {
-        self.episodes.keys().cloned().collect()
+        let desired = &self.desired;
+        self.contest.retain(|key| desired.contains_key(key));
     }
 
     /// Records what an apply returned: the fields Windvane owns from now on.
