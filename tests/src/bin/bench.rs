@@ -11,11 +11,18 @@
 //! fresh localkube with the release build of the agent managing 1,000 objects: `sync` (first full sync vs
 //! `kubectl apply --server-side`), `rss` (agent memory with 1,000 objects, and idle with 5), `idle`
 //! (apiserver requests in an idle window) and `drift` (drift repair latency vs one server-side apply round
-//! trip). The source server's sections of issue 8 (`pointer-304`, `heartbeat`, `convergence`) are listed
-//! but not measured here yet: add a module, a [`Section`] arm in [`run`] and rows, as the agent sections do.
+//! trip), each started from a quiet control plane. The source server's sections of issue 8 (`pointer-304`,
+//! `heartbeat`, `convergence`) are listed but not measured here yet.
 //!
-//! Figures are noisy on a shared 2-core machine; that is why every baseline runs in the same run, and
-//! where it matters interleaved with what it is compared to.
+//! Adding a section (the source server's): a module under `bench/`, its [`Section`] variant marked
+//! implemented, a call in [`run`] that pushes [`report::Row`]s (with a baseline and goals) and any raw
+//! figures into `details`; the table, JSON and `--only` follow.
+//!
+//! Figures are noisy on a shared 2-core machine; that is why every baseline runs in the same run (where it
+//! matters interleaved with what it is compared to), and why the sync records where the machine's CPU went.
+//! The full run takes about 6 minutes, `--quick` about 2. To profile the agent, `--agent-wrapper` runs it
+//! under a profiler (`"heaptrack -o FILE"`, `"perf record -g -o FILE"`) and `--agent-env` tries settings
+//! (e.g. `GLIBC_TUNABLES=…`); such runs are marked as profiling runs in the output.
 
 // This file is a crate root, so its modules' files are named explicitly: they live in `bench/`.
 #[path = "bench/agent.rs"]
@@ -24,6 +31,8 @@ mod agent;
 mod apiserver;
 #[path = "bench/bundle.rs"]
 mod bundle;
+#[path = "bench/cpu.rs"]
+mod cpu;
 #[path = "bench/drift.rs"]
 mod drift;
 #[path = "bench/idle.rs"]
@@ -54,7 +63,9 @@ use windvane_tests::store_server::StoreServer;
 
 use crate::agent::{AgentLaunch, AgentProcess};
 use crate::apiserver::{Identity, RequestClass};
+use crate::cpu::{Contestant, CpuMeter, CpuUse};
 use crate::report::{Goal, Row, Unit};
+use crate::sync::localkube_pid;
 
 /// What the benchmark can measure; `--only` takes these names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
@@ -101,7 +112,11 @@ impl Section {
 
 /// Measures Windvane's performance goals against baselines in the same run.
 #[derive(Debug, Parser)]
-#[command(name = "bench", about, long_about = None)]
+#[command(
+    name = "bench",
+    about = "Measures Windvane's performance goals against baselines measured in the same run",
+    long_about = None
+)]
 struct Args {
     /// Run only these sections (repeat or separate with commas); see --list. [default: all measured here]
     #[arg(long, value_enum, value_delimiter = ',', value_name = "SECTION")]
@@ -109,7 +124,7 @@ struct Args {
     /// Where to write the results as JSON. [default: target/bench/results.json]
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
-    /// A CI-sized run (about 4 minutes): a 60 s idle window unless --idle-window says otherwise, a shorter
+    /// A CI-sized run (about 2 minutes): a 60 s idle window unless --idle-window says otherwise, a shorter
     /// idle wait for the small release and fewer bundle rounds.
     #[arg(long)]
     quick: bool,
@@ -122,6 +137,14 @@ struct Args {
     /// The agent binary to measure. [default: target/release/windvane-agent]
     #[arg(long, value_name = "PATH")]
     agent: Option<PathBuf>,
+    /// An environment variable for the agent, KEY=VALUE (repeatable), e.g. MALLOC_ARENA_MAX=2 to try
+    /// allocator settings.
+    #[arg(long = "agent-env", value_name = "KEY=VALUE")]
+    agent_env: Vec<String>,
+    /// Run the agent under this command, split at spaces (e.g. "heaptrack -o target/bench/agent"), to
+    /// profile it. Memory and CPU figures are then the wrapper's.
+    #[arg(long = "agent-wrapper", value_name = "COMMAND")]
+    agent_wrapper: Option<String>,
     /// Exit with status 1 when a goal is missed.
     #[arg(long)]
     strict: bool,
@@ -141,6 +164,8 @@ struct Settings {
     bundle_rounds: usize,
     drift_trials: usize,
     agent: PathBuf,
+    agent_env: Vec<(String, String)>,
+    agent_wrapper: Vec<String>,
     quick: bool,
 }
 
@@ -174,6 +199,20 @@ impl Settings {
             bundle_rounds: if args.quick { 5 } else { 15 },
             drift_trials: args.drift_trials,
             agent: args.agent.clone().unwrap_or_else(agent::default_binary),
+            agent_env: args
+                .agent_env
+                .iter()
+                .map(|kv| {
+                    kv.split_once('=')
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .with_context(|| format!("--agent-env {kv}: expected KEY=VALUE"))
+                })
+                .collect::<anyhow::Result<_>>()?,
+            agent_wrapper: args
+                .agent_wrapper
+                .as_deref()
+                .map(|w| w.split_whitespace().map(str::to_owned).collect())
+                .unwrap_or_default(),
             quick: args.quick,
         })
     }
@@ -198,7 +237,10 @@ fn started() -> Instant {
 
 /// A progress line on stderr, with the time since the run started.
 fn progress(message: &str) {
-    eprintln!("[bench {:>6.1}s] {message}", started().elapsed().as_secs_f64());
+    eprintln!(
+        "[bench {:>6.1}s] {message}",
+        started().elapsed().as_secs_f64()
+    );
 }
 
 fn main() -> ExitCode {
@@ -371,111 +413,110 @@ async fn warm_up(kube: &LocalKube, agent_binary: &std::path::Path) -> anyhow::Re
     Ok(())
 }
 
-/// The sections that need a cluster: one localkube, kubectl's baseline, then the agent managing the large
-/// release (sync, memory, idle window, drift trials, in that order), then an agent with a small release.
+/// What the sections on the cluster share.
+#[derive(Debug)]
+struct ClusterBench<'a> {
+    settings: &'a Settings,
+    kube: LocalKube,
+    /// Kubeconfigs, manifests, kubectl's discovery cache.
+    work: tempfile::TempDir,
+    /// The agents' logs.
+    logs: PathBuf,
+    agent_identity: Identity,
+    kubectl_identity: Identity,
+    probe_identity: Identity,
+}
+
+/// The first-sync comparison.
+#[derive(Debug)]
+struct SyncComparison {
+    agent: sync::AgentSync,
+    /// The control plane's CPU from the agent's start until it was quiet again (all rolled out).
+    agent_converged: CpuUse,
+    kubectl: sync::KubectlApply,
+    kubectl_converged: CpuUse,
+    /// The bare in-process client's time and CPU.
+    bare: (Duration, CpuUse),
+}
+
+/// The sections that need a cluster: one localkube; kubectl's baseline; the agent managing the large
+/// release (first sync, then the bare-client floor, memory, idle window, drift trials, in that order);
+/// then an agent with the small release.
 async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::Result<()> {
     if let Some(warning) = agent::check_binary(&settings.agent)? {
         eprintln!("warning: {warning}");
         results.warnings.push(warning);
+    }
+    if !settings.agent_wrapper.is_empty() || !settings.agent_env.is_empty() {
+        results.warnings.push(format!(
+            "the agent ran with environment {:?} under {:?}: a profiling run, not a reference one",
+            settings.agent_env, settings.agent_wrapper
+        ));
     }
     let logs = settings
         .json
         .parent()
         .map_or_else(|| PathBuf::from("logs"), |p| p.join("logs"));
     std::fs::create_dir_all(&logs)?;
-    let work = tempfile::Builder::new().prefix("windvane-bench-").tempdir()?;
-
+    let work = tempfile::Builder::new()
+        .prefix("windvane-bench-")
+        .tempdir()?;
     progress("starting localkube");
     let kube = LocalKube::start().await?;
     progress("creating the agent's, kubectl's and the probe's identities and FlowSchemas");
-    let agent_identity = Identity::create(&kube, work.path(), "windvane-agent", 20).await?;
-    let kubectl_identity = Identity::create(&kube, work.path(), "kubectl", 30).await?;
-    let probe_identity = Identity::create(&kube, work.path(), "probe", 40).await?;
-    warm_up(&kube, &settings.agent).await?;
+    let bench = ClusterBench {
+        settings,
+        agent_identity: Identity::create(&kube, work.path(), "windvane-agent", 20).await?,
+        kubectl_identity: Identity::create(&kube, work.path(), "kubectl", 30).await?,
+        probe_identity: Identity::create(&kube, work.path(), "probe", 40).await?,
+        kube,
+        work,
+        logs,
+    };
+    warm_up(&bench.kube, &settings.agent).await?;
 
     let publisher = Publisher::new(11)?;
     publisher.publish(&workload::fleet_tree()?, "stable")?;
     let server = StoreServer::start(publisher.store()).await?;
 
     let kubectl = if settings.wants(Section::Sync) {
-        progress("sync: kubectl apply --server-side of 1,000 objects");
-        let manifests = work.path().join("manifests");
-        workload::write_kubectl_manifests(&manifests)?;
-        let applied = sync::kubectl_apply(
-            &kube,
-            &kubectl_identity,
-            &manifests,
-            &work.path().join("kubectl-cache"),
-        )
-        .await?;
-        progress(&format!(
-            "sync: kubectl took {:.2} s; waiting for its Deployments to settle",
-            applied.elapsed.as_secs_f64()
-        ));
-        sync::wait_deployments_available(&kube, workload::KUBECTL_PREFIX, Duration::from_secs(300))
-            .await?;
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        Some(applied)
+        Some(bench.kubectl_baseline().await?)
     } else {
         None
     };
-
     progress("sync: starting the agent with the 1,000-object release");
-    let launch = AgentLaunch {
-        binary: settings.agent.clone(),
-        source: server.url(),
-        trusted_key: publisher.public_key_path(),
-        fleet: workload::FLEET.to_owned(),
-        cluster: workload::CLUSTER.to_owned(),
-        kubeconfig: agent_identity.kubeconfig.clone(),
-        namespace: apiserver::IDENTITY_NAMESPACE.to_owned(),
-        identity: "bench-agent".to_owned(),
-        log: logs.join("agent-1000.log"),
-    };
-    let _ = std::fs::remove_file(&launch.log);
-    let (mut agent, first_sync) = sync::agent_first_sync(&kube, &agent_identity, &launch).await?;
+    let launch = bench.launch(
+        &server,
+        &publisher,
+        workload::FLEET,
+        apiserver::IDENTITY_NAMESPACE,
+        "agent-1000",
+    );
+    let converging = CpuMeter::start(localkube_pid(&bench.kube)?)?;
+    let (mut agent, first_sync) =
+        sync::agent_first_sync(&bench.kube, &bench.agent_identity, &launch).await?;
     progress(&format!(
-        "sync: the agent's first sync finished after {:.2} s",
+        "sync: the agent's first sync finished after {:.2} s; waiting until all 1,000 objects are Synced",
         first_sync.elapsed.as_secs_f64()
     ));
-    results.details.insert(
-        "sync".into(),
-        json!({
-            "agentSeconds": first_sync.elapsed.as_secs_f64(),
-            "agentReportedSyncSeconds": first_sync.reported.as_secs_f64(),
-            "agentWritten": first_sync.written,
-            "agentRequests": first_sync.requests.to_json(),
-            "kubectlSeconds": kubectl.as_ref().map(|k| k.elapsed.as_secs_f64()),
-            "kubectlRequests": kubectl.as_ref().map(|k| k.requests.to_json()),
-        }),
-    );
-    if let Some(kubectl) = &kubectl {
-        results.rows.push(
-            Row::new(
-                "sync",
-                "first_sync_seconds",
-                "first full sync, 1,000 objects",
-                Unit::Seconds,
-                first_sync.elapsed.as_secs_f64(),
-            )
-            .baseline("kubectl apply --server-side", kubectl.elapsed.as_secs_f64())
-            .goal(Goal::RatioAtMost(0.25))
-            .note(format!(
-                "process start until the first sync finished (agent: {:.2} s of it inside its sync; {} objects \
-                 written; requests: {}) vs until kubectl returned (requests: {}); same apiserver, both as \
-                 cluster-admin ServiceAccounts",
-                first_sync.reported.as_secs_f64(),
-                first_sync.written,
-                first_sync.requests.describe(),
-                kubectl.requests.describe()
-            )),
-        );
-    }
-
-    progress("waiting until the agent reports all 1,000 objects Synced");
     sync::wait_synced(&agent, workload::OBJECTS, Duration::from_secs(300)).await?;
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    sync::wait_control_plane_quiet(&bench.kube).await?;
+    let agent_converged = converging.stop(
+        localkube_pid(&bench.kube)?,
+        Contestant::Process(agent.pid()?),
+    )?;
     let memory_synced = agent.memory()?;
+    if let Some((kubectl, kubectl_converged)) = kubectl {
+        let comparison = SyncComparison {
+            agent: first_sync,
+            agent_converged,
+            kubectl,
+            kubectl_converged,
+            // After the agent, so that the agent does not sync into a cluster holding yet more objects.
+            bare: bench.bare_floor().await?,
+        };
+        sync_results(&comparison, results);
+    }
 
     let mut memory_after_idle = None;
     if settings.wants(Section::Idle) {
@@ -483,23 +524,32 @@ async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::R
             "idle: watching the apiserver for {} s",
             settings.idle_window.as_secs()
         ));
-        let window = idle::measure(&kube, &agent, &agent_identity, settings.idle_window).await?;
+        let window = idle::measure(
+            &bench.kube,
+            &agent,
+            &bench.agent_identity,
+            settings.idle_window,
+        )
+        .await?;
         agent.check_running()?;
         memory_after_idle = Some(agent.memory()?);
         idle_rows(&window, results);
     }
-
     if settings.wants(Section::Drift) {
         progress(&format!("drift: {} trials", settings.drift_trials));
-        let probe = probe_identity.client().await?;
-        let trials = drift::run(&kube, &probe, settings.drift_trials).await?;
+        let probe = bench.probe_identity.client().await?;
+        let trials = drift::run(&bench.kube, &probe, settings.drift_trials).await?;
         agent.check_running()?;
-        let status = agent.status().await?;
-        drift_rows(&trials, &status, results);
+        drift_rows(&trials, &agent.status().await?, results);
     }
-
     if settings.wants(Section::Rss) {
         let memory_end = agent.memory()?;
+        let mut covered = vec!["first sync"];
+        covered.extend(settings.wants(Section::Idle).then_some("idle window"));
+        covered.extend(settings.wants(Section::Drift).then_some("drift trials"));
+        let after_idle = memory_after_idle
+            .map(|m| format!("; after the idle window: {}", m.describe()))
+            .unwrap_or_default();
         results.rows.push(
             Row::new(
                 "rss",
@@ -510,15 +560,10 @@ async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::R
             )
             .goal(Goal::AtMost(32.0))
             .note(format!(
-                "peak over first sync{}{}; VmRSS {:.1} MiB once Synced{}, {:.1} MiB at the end",
-                if settings.wants(Section::Idle) { ", idle window" } else { "" },
-                if settings.wants(Section::Drift) { ", drift trials" } else { "" },
-                memory_synced.rss_mib,
-                memory_after_idle.map_or_else(String::new, |m| format!(
-                    ", {:.1} MiB after the idle window",
-                    m.rss_mib
-                )),
-                memory_end.rss_mib,
+                "peak over {}. Once Synced: {}{after_idle}; at the end: {}",
+                covered.join(", "),
+                memory_synced.describe(),
+                memory_end.describe(),
             )),
         );
     }
@@ -526,7 +571,7 @@ async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::R
 
     if settings.wants(Section::Rss) {
         progress("rss: an agent with a 5-object release");
-        let memory = tiny_agent_memory(&kube, &agent_identity, settings, &logs).await?;
+        let memory = bench.small_agent_memory().await?;
         results.rows.push(
             Row::new(
                 "rss",
@@ -537,15 +582,164 @@ async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::R
             )
             .goal(Goal::AtMost(15.0))
             .note(format!(
-                "after {} s idle once Synced; peak (VmHWM) {:.1} MiB",
+                "after {} s idle once Synced: {}",
                 settings.tiny_idle.as_secs(),
-                memory.peak_mib
+                memory.describe()
             )),
         );
     }
-    drop(server);
     progress("done with the cluster");
     Ok(())
+}
+
+impl ClusterBench<'_> {
+    /// How to start an agent against `server`'s store, with its own state namespace and log.
+    fn launch(
+        &self,
+        server: &StoreServer,
+        publisher: &Publisher,
+        fleet: &str,
+        namespace: &str,
+        name: &str,
+    ) -> AgentLaunch {
+        let log = self.logs.join(format!("{name}.log"));
+        let _ = std::fs::remove_file(&log);
+        AgentLaunch {
+            binary: self.settings.agent.clone(),
+            source: server.url(),
+            trusted_key: publisher.public_key_path(),
+            fleet: fleet.to_owned(),
+            cluster: format!("{fleet}-cluster"),
+            kubeconfig: self.agent_identity.kubeconfig.clone(),
+            namespace: namespace.to_owned(),
+            identity: name.to_owned(),
+            log,
+            env: self.settings.agent_env.clone(),
+            wrapper: self.settings.agent_wrapper.clone(),
+        }
+    }
+
+    /// kubectl's run on a quiet control plane, and the control plane's CPU until its Deployments rolled out.
+    async fn kubectl_baseline(&self) -> anyhow::Result<(sync::KubectlApply, CpuUse)> {
+        let manifests = self.work.path().join("manifests");
+        workload::write_kubectl_manifests(&manifests)?;
+        sync::wait_control_plane_quiet(&self.kube).await?;
+        progress("sync: kubectl apply --server-side of 1,000 objects");
+        let converging = CpuMeter::start(localkube_pid(&self.kube)?)?;
+        let applied = sync::kubectl_apply(
+            &self.kube,
+            &self.kubectl_identity,
+            &manifests,
+            &self.work.path().join("kubectl-cache"),
+        )
+        .await?;
+        progress(&format!(
+            "sync: kubectl took {:.2} s; waiting for its Deployments to roll out",
+            applied.elapsed.as_secs_f64()
+        ));
+        sync::wait_deployments_available(
+            &self.kube,
+            workload::KUBECTL_PREFIX,
+            Duration::from_secs(300),
+        )
+        .await?;
+        sync::wait_control_plane_quiet(&self.kube).await?;
+        let converged = converging.stop(localkube_pid(&self.kube)?, Contestant::Child)?;
+        Ok((applied, converged))
+    }
+
+    /// The bare in-process client's run, left to roll out before the next section.
+    async fn bare_floor(&self) -> anyhow::Result<(Duration, CpuUse)> {
+        progress(
+            "sync: the same objects from a bare in-process SSA client, 16 at a time (the floor)",
+        );
+        let bare =
+            sync::bare_client_apply(&self.kube, &self.probe_identity.client().await?).await?;
+        sync::wait_deployments_available(
+            &self.kube,
+            workload::BARE_PREFIX,
+            Duration::from_secs(300),
+        )
+        .await?;
+        sync::wait_control_plane_quiet(&self.kube).await?;
+        Ok(bare)
+    }
+
+    /// Starts an agent with the small release (its own fleet, state namespace and Lease), waits until it is
+    /// Synced, lets it idle and reads its memory.
+    async fn small_agent_memory(&self) -> anyhow::Result<agent::Memory> {
+        let publisher = Publisher::new(12)?;
+        publisher.publish(&workload::tiny_fleet_tree()?, "stable")?;
+        let server = StoreServer::start(publisher.store()).await?;
+        let launch = self.launch(
+            &server,
+            &publisher,
+            workload::TINY_FLEET,
+            "windvane-tiny",
+            "agent-5",
+        );
+        AgentProcess::prepare_namespace(&self.kube, &launch.namespace).await?;
+        let mut agent = AgentProcess::start(&launch)?;
+        sync::wait_synced(&agent, workload::TINY_OBJECTS, Duration::from_secs(120))
+            .await
+            .with_context(|| format!("the small release; agent log tail:\n{}", agent.log_tail()))?;
+        tokio::time::sleep(self.settings.tiny_idle).await;
+        agent.check_running()?;
+        let memory = agent.memory()?;
+        agent.stop();
+        Ok(memory)
+    }
+}
+
+fn sync_results(sync: &SyncComparison, results: &mut Results) {
+    let (bare, bare_cpu) = sync.bare;
+    results.rows.push(
+        Row::new(
+            "sync",
+            "first_sync_seconds",
+            "first full sync, 1,000 objects",
+            Unit::Seconds,
+            sync.agent.elapsed.as_secs_f64(),
+        )
+        .baseline("kubectl apply --server-side", sync.kubectl.elapsed.as_secs_f64())
+        .goal(Goal::RatioAtMost(0.25))
+        .note(format!(
+            "process start until the first sync finished vs until kubectl returned; same apiserver, both as \
+             cluster-admin ServiceAccounts, each started on a quiet control plane. Agent: {:.2} s inside its \
+             sync, {} objects written, requests: {}; {}. kubectl: requests: {}; {}. Until the control plane \
+             was quiet again (Deployments rolled out): control plane {:.1} s CPU after the agent, {:.1} s \
+             after kubectl. Floor: a bare in-process SSA client, 16 at a time, no start-up (run after the \
+             agent): {:.2} s ({:.2}× kubectl; {})",
+            sync.agent.reported.as_secs_f64(),
+            sync.agent.written,
+            sync.agent.requests.describe(),
+            sync.agent.cpu.describe("agent"),
+            sync.kubectl.requests.describe(),
+            sync.kubectl.cpu.describe("kubectl"),
+            sync.agent_converged.control_plane.as_secs_f64(),
+            sync.kubectl_converged.control_plane.as_secs_f64(),
+            bare.as_secs_f64(),
+            bare.as_secs_f64() / sync.kubectl.elapsed.as_secs_f64(),
+            bare_cpu.describe("client"),
+        )),
+    );
+    results.details.insert(
+        "sync".into(),
+        json!({
+            "agentSeconds": sync.agent.elapsed.as_secs_f64(),
+            "agentReportedSyncSeconds": sync.agent.reported.as_secs_f64(),
+            "agentWritten": sync.agent.written,
+            "agentRequests": sync.agent.requests.to_json(),
+            "agentCpu": sync.agent.cpu.to_json(),
+            "agentCpuUntilConverged": sync.agent_converged.to_json(),
+            "kubectlSeconds": sync.kubectl.elapsed.as_secs_f64(),
+            "kubectlRequests": sync.kubectl.requests.to_json(),
+            "kubectlCpu": sync.kubectl.cpu.to_json(),
+            "kubectlCpuUntilConverged": sync.kubectl_converged.to_json(),
+            "bareClientSeconds": bare.as_secs_f64(),
+            "bareClientCpu": bare_cpu.to_json(),
+        }),
+    );
 }
 
 fn idle_rows(window: &idle::IdleWindow, results: &mut Results) {
@@ -626,6 +820,15 @@ fn drift_rows(trials: &drift::DriftTrials, status: &Value, results: &mut Results
     round_trips.sort();
     let count = repairs.len();
     let contested = status["counts"]["Contested"].as_u64().unwrap_or(0);
+    let early = if trials.before_response == 0 {
+        String::new()
+    } else {
+        format!(
+            "; in {} trials the repair reached the watch before the update's response reached the bench \
+             (the apiserver answered after its watchers saw the change): counted as 0 ms",
+            trials.before_response
+        )
+    };
     let unrepaired = if trials.unrepaired == 0 {
         String::new()
     } else {
@@ -649,7 +852,7 @@ fn drift_rows(trials: &drift::DriftTrials, status: &Value, results: &mut Results
         .note(format!(
             "from the foreign merge patch's response to the watch event showing the value restored; one \
              ConfigMap and one manager per trial; min {:.1} ms, max {:.1} ms; {contested} objects Contested \
-             afterwards{unrepaired}",
+             afterwards{early}{unrepaired}",
             ms(repairs.first().copied().unwrap_or_default()),
             ms(repairs.last().copied().unwrap_or_default()),
         )),
@@ -662,7 +865,10 @@ fn drift_rows(trials: &drift::DriftTrials, status: &Value, results: &mut Results
             Unit::Millis,
             ms(drift::quantile(&repairs, 0.99)),
         )
-        .baseline("one SSA round trip, p99", ms(drift::quantile(&round_trips, 0.99)))
+        .baseline(
+            "one SSA round trip, p99",
+            ms(drift::quantile(&round_trips, 0.99)),
+        )
         .goal(Goal::AtMost(250.0)),
     );
     results.details.insert(
@@ -671,44 +877,10 @@ fn drift_rows(trials: &drift::DriftTrials, status: &Value, results: &mut Results
             "repairsMs": repairs.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
             "roundTripsMs": round_trips.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
             "unrepaired": trials.unrepaired,
+            "beforeResponse": trials.before_response,
             "contestedAfter": contested,
         }),
     );
-}
-
-/// Starts an agent with the small release (its own fleet, state namespace and Lease), waits until it is
-/// Synced, lets it idle and reads its memory.
-async fn tiny_agent_memory(
-    kube: &LocalKube,
-    identity: &Identity,
-    settings: &Settings,
-    logs: &std::path::Path,
-) -> anyhow::Result<agent::Memory> {
-    let publisher = Publisher::new(12)?;
-    publisher.publish(&workload::tiny_fleet_tree()?, "stable")?;
-    let server = StoreServer::start(publisher.store()).await?;
-    let launch = AgentLaunch {
-        binary: settings.agent.clone(),
-        source: server.url(),
-        trusted_key: publisher.public_key_path(),
-        fleet: workload::TINY_FLEET.to_owned(),
-        cluster: "tiny-cluster".to_owned(),
-        kubeconfig: identity.kubeconfig.clone(),
-        namespace: "windvane-tiny".to_owned(),
-        identity: "tiny-agent".to_owned(),
-        log: logs.join("agent-5.log"),
-    };
-    let _ = std::fs::remove_file(&launch.log);
-    AgentProcess::prepare_namespace(kube, &launch.namespace).await?;
-    let mut agent = AgentProcess::start(&launch)?;
-    sync::wait_synced(&agent, workload::TINY_OBJECTS, Duration::from_secs(120))
-        .await
-        .with_context(|| format!("the small release; agent log tail:\n{}", agent.log_tail()))?;
-    tokio::time::sleep(settings.tiny_idle).await;
-    agent.check_running()?;
-    let memory = agent.memory()?;
-    agent.stop();
-    Ok(memory)
 }
 
 /// The machine the figures come from.

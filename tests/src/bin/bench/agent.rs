@@ -30,6 +30,11 @@ pub struct AgentLaunch {
     pub namespace: String,
     pub identity: String,
     pub log: PathBuf,
+    /// Extra environment variables for the agent (e.g. allocator settings to experiment with).
+    pub env: Vec<(String, String)>,
+    /// A command the agent runs under (e.g. `heaptrack -o FILE`); empty to run it directly. Memory and CPU
+    /// figures are then the wrapper's.
+    pub wrapper: Vec<String>,
 }
 
 /// A running agent; killed on drop.
@@ -47,6 +52,20 @@ pub struct Memory {
     pub rss_mib: f64,
     /// Peak resident set so far (VmHWM), MiB.
     pub peak_mib: f64,
+    /// Of the resident set now: anonymous memory (heap, stacks), MiB.
+    pub anon_mib: f64,
+    /// Of the resident set now: file-backed pages (the binary's code and data), MiB.
+    pub file_mib: f64,
+}
+
+impl Memory {
+    /// `VmRSS 20.1 MiB (anonymous 12.0, file-backed 8.1), VmHWM 25.0 MiB`.
+    pub fn describe(&self) -> String {
+        format!(
+            "VmRSS {:.1} MiB (anonymous {:.1}, file-backed {:.1}), VmHWM {:.1} MiB",
+            self.rss_mib, self.anon_mib, self.file_mib, self.peak_mib
+        )
+    }
 }
 
 impl AgentProcess {
@@ -66,7 +85,7 @@ impl AgentProcess {
     /// never the apiserver.
     pub fn start(launch: &AgentLaunch) -> anyhow::Result<Self> {
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let args: Vec<String> = [
+        let agent_args = [
             "run",
             "--source",
             &launch.source,
@@ -89,16 +108,19 @@ impl AgentProcess {
             "--identity",
             &launch.identity,
         ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-        let process = ChildProcess::start(
-            "windvane-agent",
-            &launch.binary,
-            &args,
-            &[("WINDVANE_LOG", "info,kube=warn,hyper=warn,rustls=warn")],
-            &launch.log,
-        )?;
+        .map(str::to_owned);
+        let (program, args) = match launch.wrapper.split_first() {
+            None => (launch.binary.clone(), agent_args.to_vec()),
+            Some((wrapper, wrapper_args)) => {
+                let mut args = wrapper_args.to_vec();
+                args.push(launch.binary.display().to_string());
+                args.extend(agent_args);
+                (PathBuf::from(wrapper), args)
+            }
+        };
+        let mut env = vec![("WINDVANE_LOG", "info,kube=warn,hyper=warn,rustls=warn")];
+        env.extend(launch.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let process = ChildProcess::start("windvane-agent", &program, &args, &env, &launch.log)?;
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(5))
             .build()?;
@@ -131,8 +153,12 @@ impl AgentProcess {
 
     /// The agent's memory now.
     pub fn memory(&self) -> anyhow::Result<Memory> {
-        let pid = self.process.pid().context("the agent is not running")?;
-        read_memory(pid)
+        read_memory(self.pid()?)
+    }
+
+    /// The agent's process id.
+    pub fn pid(&self) -> anyhow::Result<u32> {
+        self.process.pid().context("the agent is not running")
     }
 
     /// The last lines of the agent's log, for error messages.
@@ -175,6 +201,8 @@ pub fn read_memory(pid: u32) -> anyhow::Result<Memory> {
     Ok(Memory {
         rss_mib: field("VmRSS:")?,
         peak_mib: field("VmHWM:")?,
+        anon_mib: field("RssAnon:")?,
+        file_mib: field("RssFile:")?,
     })
 }
 
@@ -223,7 +251,11 @@ fn newest_file(dir: &Path) -> Option<(SystemTime, PathBuf)> {
         let candidate = if path.is_dir() {
             newest_file(&path)
         } else {
-            entry.metadata().and_then(|m| m.modified()).ok().map(|t| (t, path))
+            entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .map(|t| (t, path))
         };
         if let Some(candidate) = candidate
             && newest.as_ref().is_none_or(|(t, _)| candidate.0 > *t)

@@ -28,7 +28,14 @@ use crate::prom::{self, Sample};
 pub const IDENTITY_NAMESPACE: &str = "windvane-system";
 
 const WRITE_VERBS: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
-const WRITE_HTTP_VERBS: [&str; 6] = ["POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION", "APPLY"];
+const WRITE_HTTP_VERBS: [&str; 6] = [
+    "POST",
+    "PUT",
+    "PATCH",
+    "DELETE",
+    "DELETECOLLECTION",
+    "APPLY",
+];
 
 /// A class of request, counted apart for each identity. Classes are matched in this order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -73,8 +80,16 @@ impl RequestClass {
     fn resource_rule(self) -> Value {
         let all = json!(["*"]);
         let (verbs, groups, resources) = match self {
-            Self::LeaseWrite => (json!(WRITE_VERBS), json!(["coordination.k8s.io"]), json!(["leases"])),
-            Self::LeaseRead => (all.clone(), json!(["coordination.k8s.io"]), json!(["leases"])),
+            Self::LeaseWrite => (
+                json!(WRITE_VERBS),
+                json!(["coordination.k8s.io"]),
+                json!(["leases"]),
+            ),
+            Self::LeaseRead => (
+                all.clone(),
+                json!(["coordination.k8s.io"]),
+                json!(["leases"]),
+            ),
             Self::Event => (all.clone(), json!(["", "events.k8s.io"]), json!(["events"])),
             Self::Write => (json!(WRITE_VERBS), all.clone(), all.clone()),
             Self::Watch => (json!(["watch"]), all.clone(), all.clone()),
@@ -97,7 +112,12 @@ impl Identity {
     /// Creates the ServiceAccount, binds it to `cluster-admin`, writes a token kubeconfig into `dir` and
     /// installs its FlowSchemas at `precedence`…`precedence + 5` (below the built-in ones, above `exempt`'s
     /// system:masters, which a ServiceAccount is not). Waits until the apiserver classifies its requests.
-    pub async fn create(kube: &LocalKube, dir: &Path, name: &str, precedence: u32) -> anyhow::Result<Self> {
+    pub async fn create(
+        kube: &LocalKube,
+        dir: &Path,
+        name: &str,
+        precedence: u32,
+    ) -> anyhow::Result<Self> {
         let client = kube.client();
         let apply = PatchParams::apply("windvane-bench").force();
         Api::<Namespace>::all(client.clone())
@@ -128,7 +148,8 @@ impl Identity {
                 })),
             )
             .await?;
-        let request: TokenRequest = serde_json::from_value(json!({"spec": {"expirationSeconds": 86_400}}))?;
+        let request: TokenRequest =
+            serde_json::from_value(json!({"spec": {"expirationSeconds": 86_400}}))?;
         let token = accounts
             .create_token_request(name, &PostParams::default(), &request)
             .await
@@ -167,11 +188,17 @@ impl Identity {
         };
         // The apiserver picks FlowSchemas up asynchronously: wait until a read of ours is counted as ours.
         let own = identity.client().await?;
-        wait_for(&format!("FlowSchemas of {name}"), Duration::from_secs(30), || async {
-            Api::<Namespace>::all(own.clone()).get(IDENTITY_NAMESPACE).await?;
-            let scrape = scrape(&client).await?;
-            Ok((identity.requests(&scrape).get(RequestClass::Read) > 0.0).then_some(()))
-        })
+        wait_for(
+            &format!("FlowSchemas of {name}"),
+            Duration::from_secs(30),
+            || async {
+                Api::<Namespace>::all(own.clone())
+                    .get(IDENTITY_NAMESPACE)
+                    .await?;
+                let scrape = scrape(&client).await?;
+                Ok((identity.requests(&scrape).get(RequestClass::Read) > 0.0).then_some(()))
+            },
+        )
         .await?;
         Ok(identity)
     }
@@ -188,9 +215,11 @@ impl Identity {
         let mut counts = RequestCounts::default();
         for class in RequestClass::ALL {
             let schema = flow_schema_name(&self.name, class);
-            let count = prom::sum(scrape, "apiserver_flowcontrol_dispatched_requests_total", |s| {
-                s.label("flow_schema") == schema
-            });
+            let count = prom::sum(
+                scrape,
+                "apiserver_flowcontrol_dispatched_requests_total",
+                |s| s.label("flow_schema") == schema,
+            );
             counts.0.insert(class, count);
         }
         counts
@@ -304,7 +333,10 @@ pub fn writes_by_resource(scrape: &[Sample]) -> BTreeMap<String, f64> {
 }
 
 /// `after - before` per key, keeping only keys that changed.
-pub fn difference(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+pub fn difference(
+    after: &BTreeMap<String, f64>,
+    before: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
     after
         .iter()
         .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))

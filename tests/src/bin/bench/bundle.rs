@@ -14,7 +14,8 @@ use windvane_shared::bundle::{BUNDLE_API_VERSION, Bundle, BundleLimits};
 use windvane_shared::digest::sha256_hex;
 use windvane_shared::keys::{TrustedKeys, signing_key_from_seed};
 use windvane_shared::release::{
-    BundleRef, DEFAULT_MAX_BUNDLE_BYTES, PointerExpectations, ReleasePointer, verify_bundle, verify_pointer,
+    BundleRef, DEFAULT_MAX_BUNDLE_BYTES, PointerExpectations, ReleasePointer, verify_bundle,
+    verify_pointer,
 };
 
 const FLEET: &str = "bench";
@@ -74,7 +75,9 @@ fn bundle_of_about(target: usize) -> anyhow::Result<(Vec<u8>, usize)> {
             json!({"name": format!("app-{app}"), "values": {"replicas": 2}, "manifests": manifests})
         })
         .collect();
-    let raw = serde_json::to_vec(&json!({"apiVersion": BUNDLE_API_VERSION, "fleet": FLEET, "apps": apps}))?;
+    let raw = serde_json::to_vec(
+        &json!({"apiVersion": BUNDLE_API_VERSION, "fleet": FLEET, "apps": apps}),
+    )?;
     let bytes = Bundle::from_json_slice(&raw, BundleLimits::default())?.to_json_bytes();
     Ok((bytes, objects))
 }
@@ -98,7 +101,11 @@ fn verified_pointer(bundle: &[u8]) -> anyhow::Result<ReleasePointer> {
     let mut trusted = TrustedKeys::new();
     trusted.insert(key.verifying_key())?;
     let envelope = pointer.sign(&key).to_json_bytes();
-    Ok(verify_pointer(&envelope, &PointerExpectations::new(&trusted, FLEET, "stable", now))?.pointer)
+    Ok(verify_pointer(
+        &envelope,
+        &PointerExpectations::new(&trusted, FLEET, "stable", now),
+    )?
+    .pointer)
 }
 
 fn median(mut samples: Vec<Duration>) -> Duration {
@@ -110,7 +117,14 @@ fn median(mut samples: Vec<Duration>) -> Duration {
 pub fn measure(rounds: usize) -> anyhow::Result<BundleAcceptance> {
     let (bytes, objects) = bundle_of_about(TARGET_BYTES)?;
     let pointer = verified_pointer(&bytes)?;
-    let accept = || verify_bundle(black_box(&bytes), &pointer, DEFAULT_MAX_BUNDLE_BYTES, BundleLimits::default());
+    let accept = || {
+        verify_bundle(
+            black_box(&bytes),
+            &pointer,
+            DEFAULT_MAX_BUNDLE_BYTES,
+            BundleLimits::default(),
+        )
+    };
     accept()?;
     black_box(Sha256::digest(black_box(bytes.as_slice())));
     let (mut verify, mut sha256) = (Vec::new(), Vec::new());

@@ -20,6 +20,7 @@ use anyhow::Context;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -51,6 +52,10 @@ pub struct DriftTrials {
     pub repairs: Vec<Duration>,
     /// Trials not repaired within [`TRIAL_TIMEOUT`].
     pub unrepaired: usize,
+    /// Trials whose repair event reached the benchmark's watch before the foreign update's response
+    /// reached the benchmark (the apiserver answered the update after its watchers, the agent among them,
+    /// had seen it); counted as 0 ms.
+    pub before_response: usize,
     /// Server-side apply round trips.
     pub round_trips: Vec<Duration>,
 }
@@ -82,54 +87,107 @@ fn resource_version(cm: &ConfigMap) -> u64 {
         .unwrap_or(0)
 }
 
-/// Watches the agent's ConfigMaps, stamping each event with its arrival time. Returns once the watch has
-/// listed them all.
-async fn watch_config_maps(kube: &LocalKube) -> anyhow::Result<mpsc::UnboundedReceiver<Seen>> {
-    let api: Api<ConfigMap> = Api::all(kube.client());
-    let config = watcher::Config::default().labels(&format!("{FLEET_LABEL}={}", workload::FLEET));
-    let (sender, receiver) = mpsc::unbounded_channel();
-    let (ready, listed) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let mut ready = Some(ready);
-        let mut stream = watcher::watcher(api, config).boxed();
-        while let Some(event) = stream.next().await {
-            let at = Instant::now();
-            match event {
-                Ok(Event::Apply(cm)) => {
-                    let seen = Seen {
-                        at,
-                        namespace: cm.metadata.namespace.clone().unwrap_or_default(),
-                        name: cm.metadata.name.clone().unwrap_or_default(),
-                        value: cm
-                            .data
-                            .as_ref()
-                            .and_then(|d| d.get(workload::DRIFT_KEY))
-                            .cloned(),
-                        resource_version: resource_version(&cm),
-                    };
-                    if sender.send(seen).is_err() {
-                        return;
+/// The benchmark's watch on the agent's ConfigMaps. It runs on its own thread with its own runtime and
+/// client, so that stamping an event's arrival never waits for the trials' work; it stops on drop.
+struct ConfigMapWatch {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ConfigMapWatch {
+    /// Starts watching; returns once the watch has listed the ConfigMaps, with the receiver of what it sees.
+    async fn start(kube: &LocalKube) -> anyhow::Result<(Self, mpsc::UnboundedReceiver<Seen>)> {
+        let config = kube.kube_config().clone();
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let (listed_tx, listed) = tokio::sync::oneshot::channel();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let thread = std::thread::Builder::new()
+            .name("drift-watch".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    tokio::select! {
+                        result = watch_loop(config, sender, listed_tx) => {
+                            if let Err(error) = result {
+                                eprintln!("bench: the drift watch failed: {error:#}");
+                            }
+                        }
+                        _ = &mut stopped => {}
                     }
-                }
-                Ok(Event::InitDone) => {
-                    if let Some(ready) = ready.take() {
-                        let _ = ready.send(());
-                    }
-                }
-                Ok(_) => {}
-                Err(error) => eprintln!("bench: drift watch error (the watcher retries): {error}"),
-            }
+                });
+            })?;
+        let watch = Self {
+            stop: Some(stop),
+            thread: Some(thread),
+        };
+        tokio::time::timeout(Duration::from_secs(60), listed)
+            .await
+            .context("the drift watch did not list the ConfigMaps in time")??;
+        Ok((watch, receiver))
+    }
+}
+
+impl Drop for ConfigMapWatch {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
         }
-    });
-    tokio::time::timeout(Duration::from_secs(60), listed)
-        .await
-        .context("the drift watch did not list the ConfigMaps in time")??;
-    Ok(receiver)
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Watches the agent's ConfigMaps, stamping each event with its arrival time.
+async fn watch_loop(
+    config: kube::Config,
+    sender: mpsc::UnboundedSender<Seen>,
+    listed: tokio::sync::oneshot::Sender<()>,
+) -> anyhow::Result<()> {
+    let api: Api<ConfigMap> = Api::all(kube::Client::try_from(config)?);
+    let config = watcher::Config::default().labels(&format!("{FLEET_LABEL}={}", workload::FLEET));
+    let mut listed = Some(listed);
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    while let Some(event) = stream.next().await {
+        let at = Instant::now();
+        match event {
+            Ok(Event::Apply(cm)) => {
+                let seen = Seen {
+                    at,
+                    namespace: cm.metadata.namespace.clone().unwrap_or_default(),
+                    name: cm.metadata.name.clone().unwrap_or_default(),
+                    value: cm
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get(workload::DRIFT_KEY))
+                        .cloned(),
+                    resource_version: resource_version(&cm),
+                };
+                if sender.send(seen).is_err() {
+                    return Ok(());
+                }
+            }
+            Ok(Event::InitDone) => {
+                if let Some(listed) = listed.take() {
+                    let _ = listed.send(());
+                }
+            }
+            Ok(_) => {}
+            Err(error) => eprintln!("bench: drift watch error (the watcher retries): {error}"),
+        }
+    }
+    Ok(())
 }
 
 /// Runs `trials` drift trials against the agent's ConfigMaps, alternating with as many server-side apply
 /// round trips made by `probe` (a client with the agent's kind of identity).
-pub async fn run(kube: &LocalKube, probe: &kube::Client, trials: usize) -> anyhow::Result<DriftTrials> {
+pub async fn run(
+    kube: &LocalKube,
+    probe: &kube::Client,
+    trials: usize,
+) -> anyhow::Result<DriftTrials> {
     anyhow::ensure!(
         trials <= workload::NAMESPACES * workload::CONFIG_MAPS,
         "at most {} drift trials (one per ConfigMap)",
@@ -146,7 +204,12 @@ pub async fn run(kube: &LocalKube, probe: &kube::Client, trials: usize) -> anyho
     let probes = Api::<ConfigMap>::namespaced(probe.clone(), PROBE_NAMESPACE);
     let probe_body = |round: usize| {
         let data: serde_json::Map<String, serde_json::Value> = (0..8)
-            .map(|key| (format!("key-{key}"), json!(workload::config_value(round % 2, 0, key))))
+            .map(|key| {
+                (
+                    format!("key-{key}"),
+                    json!(workload::config_value(round % 2, 0, key)),
+                )
+            })
             .collect();
         json!({"apiVersion": "v1", "kind": "ConfigMap",
                "metadata": {"name": "ssa-probe", "namespace": PROBE_NAMESPACE,
@@ -159,7 +222,7 @@ pub async fn run(kube: &LocalKube, probe: &kube::Client, trials: usize) -> anyho
         .patch("ssa-probe", &apply, &Patch::Apply(probe_body(1)))
         .await?;
 
-    let mut seen = watch_config_maps(kube).await?;
+    let (_watch, mut seen) = ConfigMapWatch::start(kube).await?;
     let mut results = DriftTrials::default();
     for trial in 0..trials {
         // Baseline: one server-side apply round trip that changes a value.
@@ -199,7 +262,7 @@ pub async fn run(kube: &LocalKube, probe: &kube::Client, trials: usize) -> anyho
                         && event.resource_version > changed_version
                         && event.value.as_deref() == Some(original.as_str()) =>
                 {
-                    break Some(event.at.saturating_duration_since(changed_at));
+                    break Some(event.at.checked_duration_since(changed_at));
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => anyhow::bail!("the drift watch stopped"),
@@ -207,9 +270,15 @@ pub async fn run(kube: &LocalKube, probe: &kube::Client, trials: usize) -> anyho
             }
         };
         match repaired {
-            Some(latency) => results.repairs.push(latency),
+            Some(Some(latency)) => results.repairs.push(latency),
+            Some(None) => {
+                results.before_response += 1;
+                results.repairs.push(Duration::ZERO);
+            }
             None => {
-                eprintln!("bench: drift trial {trial} ({namespace}/{name}) not repaired within {TRIAL_TIMEOUT:?}");
+                eprintln!(
+                    "bench: drift trial {trial} ({namespace}/{name}) not repaired within {TRIAL_TIMEOUT:?}"
+                );
                 results.unrepaired += 1;
             }
         }

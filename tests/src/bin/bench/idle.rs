@@ -75,8 +75,11 @@ pub async fn measure(
             &apiserver::writes_by_resource(&after),
             &apiserver::writes_by_resource(&before),
         ),
-        agent_applies: prom::sum(&agent_after, "windvane_apply_total", |s| s.label("result") == "written")
-            - prom::sum(&agent_before, "windvane_apply_total", |s| s.label("result") == "written"),
+        agent_applies: prom::sum(&agent_after, "windvane_apply_total", |s| {
+            s.label("result") == "written"
+        }) - prom::sum(&agent_before, "windvane_apply_total", |s| {
+            s.label("result") == "written"
+        }),
         agent_polls: agent_counter(&agent_after, "windvane_source_fetch_total")
             - agent_counter(&agent_before, "windvane_source_fetch_total"),
     })

@@ -44,6 +44,8 @@ impl Unit {
 
     /// `value` with its unit, rounded for reading.
     pub fn format(self, value: f64) -> String {
+        // Sums of nothing are -0.0 in Rust; print them as 0.
+        let value = value + 0.0;
         let number = match self {
             Self::Count => format!("{value:.0}"),
             Self::PerObjectHour => format!("{value:.3}"),
@@ -130,7 +132,13 @@ pub struct Row {
 
 impl Row {
     /// A row without baseline or goal; add them with the builder methods.
-    pub fn new(section: &'static str, key: &'static str, metric: &str, unit: Unit, value: f64) -> Self {
+    pub fn new(
+        section: &'static str,
+        key: &'static str,
+        metric: &str,
+        unit: Unit,
+        value: f64,
+    ) -> Self {
         Self {
             section,
             key,
@@ -230,7 +238,8 @@ pub fn table(rows: &[Row]) -> String {
                 row.metric.clone(),
                 row.unit.format(row.windvane),
                 baseline,
-                row.ratio().map_or_else(|| "—".to_owned(), |r| format!("{r:.2}×")),
+                row.ratio()
+                    .map_or_else(|| "—".to_owned(), |r| format!("{r:.2}×")),
                 row.goal_text(),
                 row.verdict().as_str().to_owned(),
             ]
@@ -260,14 +269,10 @@ pub fn table(rows: &[Row]) -> String {
     for row in &cells {
         line(&mut out, row);
     }
-    let notes: Vec<(usize, &Row)> = rows
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| !r.note.is_empty())
-        .collect();
+    let notes: Vec<&Row> = rows.iter().filter(|r| !r.note.is_empty()).collect();
     if !notes.is_empty() {
         let _ = writeln!(out, "\nNotes:");
-        for (i, row) in notes {
+        for (i, row) in notes.iter().enumerate() {
             let _ = writeln!(out, "  {}. {}: {}", i + 1, row.metric, row.note);
         }
     }

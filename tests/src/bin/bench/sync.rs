@@ -10,20 +10,28 @@
 //! syncs into a cluster that already holds kubectl's objects and pods (a slight handicap for the agent).
 //! Neither waits for Deployments to become Available: kubectl returns once its objects are applied, and the
 //! agent's sync is finished then too.
+//!
+//! For context, a third run applies the same objects from a bare in-process server-side apply client at the
+//! agent's concurrency (16): no process start, no discovery, nothing verified or persisted. It is the floor
+//! this machine's apiserver allows any client; the agent's time is best read against it. CPU use of the
+//! control plane, the contestant and everything else on the machine is recorded for each run
+//! ([`crate::cpu`]), so a miss can be traced to the agent, the apiserver or a noisy neighbour.
 
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::Value;
 use windvane_tests::localkube::{self, LocalKube, wait_for};
 
 use crate::agent::{AgentLaunch, AgentProcess};
 use crate::apiserver::{Identity, RequestCounts, scrape};
+use crate::cpu::{self, Contestant, CpuMeter, CpuUse};
 use crate::prom;
 use crate::workload;
 
@@ -32,6 +40,8 @@ use crate::workload;
 pub struct KubectlApply {
     pub elapsed: Duration,
     pub requests: RequestCounts,
+    /// Where the CPU went meanwhile.
+    pub cpu: CpuUse,
 }
 
 /// Runs `kubectl apply --server-side --field-manager=bench -f DIR` as `identity` with a fresh discovery
@@ -56,12 +66,14 @@ pub async fn kubectl_apply(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    let meter = CpuMeter::start(localkube_pid(kube)?)?;
     let started = Instant::now();
     let output = tokio::process::Command::from(command)
         .output()
         .await
         .context("running kubectl")?;
     let elapsed = started.elapsed();
+    let cpu = meter.stop(localkube_pid(kube)?, Contestant::Child)?;
     anyhow::ensure!(
         output.status.success(),
         "kubectl apply failed ({}): {}",
@@ -80,7 +92,97 @@ pub async fn kubectl_apply(
         "{present} of kubectl's objects are present"
     );
     let requests = identity.requests(&scrape(&admin).await?).since(&before);
-    Ok(KubectlApply { elapsed, requests })
+    Ok(KubectlApply {
+        elapsed,
+        requests,
+        cpu,
+    })
+}
+
+/// localkube's process id.
+pub fn localkube_pid(kube: &LocalKube) -> anyhow::Result<u32> {
+    kube.pid().context("localkube is not running")
+}
+
+/// Waits until the control plane is quiet (below a fifth of a core over a second), so a timed run does not
+/// inherit the work of what came before it (controllers settling the previous contestant's Deployments).
+pub async fn wait_control_plane_quiet(kube: &LocalKube) -> anyhow::Result<()> {
+    const WINDOW: Duration = Duration::from_secs(1);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let before = cpu::process(localkube_pid(kube)?)?;
+        tokio::time::sleep(WINDOW).await;
+        let used = cpu::process(localkube_pid(kube)?)?.saturating_sub(before);
+        if used <= WINDOW / 5 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the control plane is still busy ({used:?} CPU per second)"
+        );
+    }
+}
+
+/// Objects the bare client applies at once: the agent's default apply concurrency.
+const BARE_CONCURRENCY: usize = 16;
+
+/// The floor on this machine: the same objects applied by a bare in-process server-side apply client,
+/// Namespaces first, then 16 at a time — no process start, no discovery, no release to verify, nothing
+/// persisted. What the apiserver allows, against which the agent's time is judged.
+pub async fn bare_client_apply(
+    kube: &LocalKube,
+    client: &kube::Client,
+) -> anyhow::Result<(Duration, CpuUse)> {
+    let objects = workload::objects(workload::BARE_PREFIX)?;
+    let apply = PatchParams::apply("bench-bare").force();
+    let apply_one = |object: Value| {
+        let client = client.clone();
+        let apply = apply.clone();
+        async move {
+            let name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let namespace = object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let patch = Patch::Apply(&object);
+            match object["kind"].as_str() {
+                Some("Namespace") => Api::<Namespace>::all(client)
+                    .patch(&name, &apply, &patch)
+                    .await
+                    .map(drop),
+                Some("ConfigMap") => Api::<ConfigMap>::namespaced(client, &namespace)
+                    .patch(&name, &apply, &patch)
+                    .await
+                    .map(drop),
+                _ => Api::<Deployment>::namespaced(client, &namespace)
+                    .patch(&name, &apply, &patch)
+                    .await
+                    .map(drop),
+            }
+        }
+    };
+    let namespaces = objects.iter().filter(|o| o["kind"] == "Namespace").count();
+    let meter = CpuMeter::start(localkube_pid(kube)?)?;
+    let started = Instant::now();
+    let mut objects = objects.into_iter();
+    for object in objects.by_ref().take(namespaces) {
+        apply_one(object).await?;
+    }
+    futures::stream::iter(objects.map(apply_one))
+        .buffer_unordered(BARE_CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let elapsed = started.elapsed();
+    let cpu = meter.stop(localkube_pid(kube)?, Contestant::Benchmark)?;
+    let present = count_objects(kube, workload::BARE_PREFIX).await?;
+    anyhow::ensure!(
+        present == workload::OBJECTS,
+        "{present} of the bare client's objects are present"
+    );
+    Ok((elapsed, cpu))
 }
 
 /// The agent's first sync.
@@ -94,6 +196,8 @@ pub struct AgentSync {
     pub requests: RequestCounts,
     /// Objects written (`windvane_apply_total{result="written"}`).
     pub written: f64,
+    /// Where the CPU went meanwhile.
+    pub cpu: CpuUse,
 }
 
 /// How often the agent's `/metrics` is read while waiting for the first sync.
@@ -111,6 +215,7 @@ pub async fn agent_first_sync(
     let admin = kube.client();
     AgentProcess::prepare_namespace(kube, &launch.namespace).await?;
     let before = identity.requests(&scrape(&admin).await?);
+    let meter = CpuMeter::start(localkube_pid(kube)?)?;
     let started = Instant::now();
     let mut agent = AgentProcess::start(launch)?;
     let metrics = loop {
@@ -128,6 +233,7 @@ pub async fn agent_first_sync(
         tokio::time::sleep(SYNC_POLL).await;
     };
     let elapsed = started.elapsed();
+    let cpu = meter.stop(localkube_pid(kube)?, Contestant::Process(agent.pid()?))?;
     let requests = identity.requests(&scrape(&admin).await?).since(&before);
 
     let status = agent.status().await?;
@@ -159,6 +265,7 @@ pub async fn agent_first_sync(
         written: prom::sum(&metrics, "windvane_apply_total", |s| {
             s.label("result") == "written"
         }),
+        cpu,
     };
     Ok((agent, sync))
 }
@@ -182,7 +289,11 @@ pub fn problems(status: &Value) -> String {
 
 /// Waits until the agent reports every object Synced (Deployments Available), so later measurements start
 /// from a quiet cluster.
-pub async fn wait_synced(agent: &AgentProcess, expected: usize, timeout: Duration) -> anyhow::Result<()> {
+pub async fn wait_synced(
+    agent: &AgentProcess,
+    expected: usize,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     let last = std::sync::Mutex::new(Value::Null);
     let result = wait_for("every object Synced", timeout, || async {
         let status = agent.status().await?;
@@ -199,25 +310,33 @@ pub async fn wait_synced(agent: &AgentProcess, expected: usize, timeout: Duratio
 }
 
 /// Waits until every Deployment in the namespaces `prefix-*` has its replica available.
-pub async fn wait_deployments_available(kube: &LocalKube, prefix: &str, timeout: Duration) -> anyhow::Result<()> {
+pub async fn wait_deployments_available(
+    kube: &LocalKube,
+    prefix: &str,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     let deployments = Api::<Deployment>::all(kube.client());
     let expected = workload::NAMESPACES * workload::DEPLOYMENTS;
-    wait_for(&format!("{prefix}-* Deployments available"), timeout, || async {
-        let available = deployments
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .filter(|d| in_prefix(d.metadata.namespace.as_deref(), prefix))
-            .filter(|d| {
-                d.status
-                    .as_ref()
-                    .and_then(|s| s.available_replicas)
-                    .is_some_and(|n| n >= 1)
-            })
-            .count();
-        Ok((available == expected).then_some(()))
-    })
+    wait_for(
+        &format!("{prefix}-* Deployments available"),
+        timeout,
+        || async {
+            let available = deployments
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter(|d| in_prefix(d.metadata.namespace.as_deref(), prefix))
+                .filter(|d| {
+                    d.status
+                        .as_ref()
+                        .and_then(|s| s.available_replicas)
+                        .is_some_and(|n| n >= 1)
+                })
+                .count();
+            Ok((available == expected).then_some(()))
+        },
+    )
     .await
 }
 

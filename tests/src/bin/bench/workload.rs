@@ -20,12 +20,14 @@ pub const OBJECTS: usize = NAMESPACES * (1 + CONFIG_MAPS + DEPLOYMENTS);
 
 /// The fleet of the large release.
 pub const FLEET: &str = "bench";
-/// The cluster name the agent renders with.
+/// The cluster name the agent renders with (`<fleet>-cluster`, as the benchmark names agents' clusters).
 pub const CLUSTER: &str = "bench-cluster";
 /// Namespace prefix of the agent's objects.
 pub const AGENT_PREFIX: &str = "wv";
 /// Namespace prefix of kubectl's objects.
 pub const KUBECTL_PREFIX: &str = "kc";
+/// Namespace prefix of the bare in-process client's objects.
+pub const BARE_PREFIX: &str = "bare";
 /// The ConfigMap entry the drift trials change.
 pub const DRIFT_KEY: &str = "key-0";
 
@@ -104,6 +106,26 @@ pub fn fleet_tree() -> anyhow::Result<FleetTree> {
     }
     tree.write("fleet.yaml", &fleet)?;
     Ok(tree)
+}
+
+/// The large release as JSON objects for an in-process client: the Namespaces first, then the rest.
+pub fn objects(prefix: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut namespaces = Vec::new();
+    let mut rest = Vec::new();
+    for index in 0..NAMESPACES {
+        let text = namespace_manifests(prefix, index, CLUSTER);
+        for (_, object) in
+            windvane_shared::yaml::documents_to_json(&text, "generated", Default::default())?
+        {
+            if object["kind"] == "Namespace" {
+                namespaces.push(object);
+            } else {
+                rest.push(object);
+            }
+        }
+    }
+    namespaces.extend(rest);
+    Ok(namespaces)
 }
 
 /// The large release as plain manifests for kubectl, one file per namespace (its Namespace first, so
