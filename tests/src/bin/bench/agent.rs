@@ -32,6 +32,8 @@ pub struct AgentLaunch {
     pub log: PathBuf,
     /// Extra environment variables for the agent (e.g. allocator settings to experiment with).
     pub env: Vec<(String, String)>,
+    /// Extra flags for `windvane-agent run`.
+    pub args: Vec<String>,
     /// A command the agent runs under (e.g. `heaptrack -o FILE`); empty to run it directly. Memory and CPU
     /// figures are then the wrapper's.
     pub wrapper: Vec<String>,
@@ -108,9 +110,11 @@ impl AgentProcess {
             "--identity",
             &launch.identity,
         ]
-        .map(str::to_owned);
+        .map(str::to_owned)
+        .into_iter()
+        .chain(launch.args.iter().cloned());
         let (program, args) = match launch.wrapper.split_first() {
-            None => (launch.binary.clone(), agent_args.to_vec()),
+            None => (launch.binary.clone(), agent_args.collect()),
             Some((wrapper, wrapper_args)) => {
                 let mut args = wrapper_args.to_vec();
                 args.push(launch.binary.display().to_string());

@@ -46,7 +46,8 @@ pub enum RequestClass {
     LeaseRead,
     /// Kubernetes Events, read or written.
     Event,
-    /// Every other create, update, patch or delete.
+    /// Every other create, update, patch or delete (dry runs included: API Priority and Fairness cannot
+    /// tell them apart).
     Write,
     /// Watches: long-lived, one per watched kind, counted when they (re)start.
     Watch,
@@ -309,13 +310,15 @@ pub async fn scrape(client: &kube::Client) -> anyhow::Result<Vec<Sample>> {
 
 /// Writes by every client of the apiserver (`apiserver_request_total`, verbs POST, PUT, PATCH, DELETE,
 /// DELETECOLLECTION and APPLY), keyed `VERB group/resource[/subresource]`. Leases and Events are left out:
-/// leader election and node heartbeats renew Leases all the time, and Events are reports, not state.
+/// leader election and node heartbeats renew Leases all the time, and Events are reports, not state. Dry
+/// runs are left out too: they change nothing (the agent's backstop is one per object).
 pub fn writes_by_resource(scrape: &[Sample]) -> BTreeMap<String, f64> {
     let mut writes = BTreeMap::new();
     for sample in scrape
         .iter()
         .filter(|s| s.name == "apiserver_request_total")
         .filter(|s| WRITE_HTTP_VERBS.contains(&s.label("verb")))
+        .filter(|s| s.label("dry_run").is_empty())
         .filter(|s| !matches!(s.label("resource"), "leases" | "events"))
     {
         let mut key = format!(
@@ -330,6 +333,13 @@ pub fn writes_by_resource(scrape: &[Sample]) -> BTreeMap<String, f64> {
         *writes.entry(key).or_insert(0.0) += sample.value;
     }
     writes
+}
+
+/// Dry-run requests by every client (`apiserver_request_total{dry_run!=""}`).
+pub fn dry_runs(scrape: &[Sample]) -> f64 {
+    prom::sum(scrape, "apiserver_request_total", |s| {
+        !s.label("dry_run").is_empty()
+    })
 }
 
 /// `after - before` per key, keeping only keys that changed.
