@@ -723,8 +723,26 @@ impl ClusterBench<'_> {
     }
 }
 
+/// Other processes using more than this share of a core during a timed run make the run noisy.
+const NOISY_CORES: f64 = 0.25;
+
 fn sync_results(sync: &SyncComparison, results: &mut Results) {
     let (bare, bare_cpu) = sync.bare;
+    for (who, elapsed, cpu) in [
+        ("kubectl's run", sync.kubectl.elapsed, sync.kubectl.cpu),
+        ("the agent's sync", sync.agent.elapsed, sync.agent.cpu),
+        ("the bare client's run", bare, bare_cpu),
+    ] {
+        let cores = cpu.other.as_secs_f64() / elapsed.as_secs_f64();
+        if cores > NOISY_CORES {
+            results.warnings.push(format!(
+                "noisy run: other processes on the machine used {cores:.2} cores during {who} ({:.1} s CPU \
+                 in {:.1} s); its time is inflated — re-run when the machine is quiet",
+                cpu.other.as_secs_f64(),
+                elapsed.as_secs_f64()
+            ));
+        }
+    }
     results.rows.push(
         Row::new(
             "sync",
