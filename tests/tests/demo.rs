@@ -1,0 +1,246 @@
+//! The one-command demo, run as its user runs it: the built `demo` binary (with the workspace's other
+//! binaries beside it) tells its story, waits for Ctrl-C, gets SIGINT, and stops. The test checks the
+//! story's outcomes in what it printed, that it exited cleanly, and that nothing it started is left: no
+//! process it reported (nor any in a localkube's process group, nor any naming its work directory) and no
+//! directory it created.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+/// The story takes 1–2 minutes; a loaded machine may need much more.
+const STORY: Duration = Duration::from_secs(480);
+/// Stopping everything after Ctrl-C.
+const SHUTDOWN: Duration = Duration::from_secs(120);
+
+/// Numbers that follow `marker` in `line` (`"localkube pid 12, agent pid 13"`, marker `"pid "`).
+fn numbers_after(line: &str, marker: &str) -> Vec<u32> {
+    line.split(marker)
+        .skip(1)
+        .filter_map(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|n| n.parse().ok())
+        })
+        .collect()
+}
+
+/// Whether a process runs with this id and a command line mentioning `what` (so a reused id is not
+/// mistaken for ours). Zombies count as gone.
+fn running(pid: u32, what: &[&str]) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+    if state == Some(Some('Z')) {
+        return false;
+    }
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    what.iter().any(|w| cmdline.contains(w))
+}
+
+/// Every live process: id, process group and command line.
+fn processes() -> Vec<(u32, u32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (_, rest) = stat.rsplit_once(") ")?;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            if fields.first() == Some(&"Z") {
+                return None;
+            }
+            let pgid = fields.get(2)?.parse().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            Some((
+                pid,
+                pgid,
+                String::from_utf8_lossy(&cmdline).replace('\0', " "),
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn the_demo_tells_its_story_and_leaves_nothing_behind() -> anyhow::Result<()> {
+    let stderr_file = tempfile::NamedTempFile::new()?;
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_demo"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(stderr_file.reopen()?))
+        .spawn()
+        .context("starting the demo")?;
+    let pid = child.id();
+    let stdout = child.stdout.take().context("stdout")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut output = String::new();
+    let failed = |output: &str, why: &str| {
+        anyhow::anyhow!(
+            "{why}\n--- demo stdout ---\n{output}\n--- demo stderr ---\n{}",
+            std::fs::read_to_string(stderr_file.path()).unwrap_or_default()
+        )
+    };
+
+    // The story, up to its invitation to press Ctrl-C.
+    let deadline = Instant::now() + STORY;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                output.push_str(&line);
+                output.push('\n');
+                if line.contains("Press Ctrl-C") {
+                    break;
+                }
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(failed(
+                    &output,
+                    "the demo did not reach the end of its story",
+                ));
+            }
+        }
+    }
+    let story = started.elapsed();
+    eprintln!("the story took {:.1}s", story.as_secs_f64());
+
+    // Ctrl-C, as its user would press it.
+    let status = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()?;
+    anyhow::ensure!(status.success(), "kill -INT {pid}: {status}");
+    let deadline = Instant::now() + SHUTDOWN;
+    let exit = loop {
+        while let Ok(line) = rx.try_recv() {
+            output.push_str(&line);
+            output.push('\n');
+        }
+        if let Some(exit) = child.try_wait()? {
+            break exit;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(failed(
+                &output,
+                "the demo did not stop within its deadline after Ctrl-C",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(5)) {
+        output.push_str(&line);
+        output.push('\n');
+    }
+    if !exit.success() {
+        return Err(failed(&output, &format!("the demo exited with {exit}")));
+    }
+
+    // The story's outcomes, as it read them from the running system.
+    let expect = |needle: &str| -> anyhow::Result<()> {
+        if output.contains(needle) {
+            Ok(())
+        } else {
+            Err(failed(&output, &format!("the demo never said {needle:?}")))
+        }
+    };
+    expect("published fleet acme on channel stable: serial 1")?;
+    expect("All three enrolled and Synced")?;
+    expect("prometheus --storage.tsdb.retention.time=30d, external label region: eu")?;
+    expect("prometheus --storage.tsdb.retention.time=15d, external label region: us")?;
+    expect("no monitoring (it is env=staging); api HPA minReplicas 1, LOG_LEVEL debug")?;
+    expect("/spec/replicas  changed by kubectl")?;
+    expect("prometheus replicas 1 (again); api replicas 5 — the HPA's field, no drift recorded")?;
+    expect("prod-ap Synced at release 1")?;
+    expect("prometheus --storage.tsdb.retention.time=15d, external label region: ap")?;
+    expect("prod-us is Unknown")?;
+    expect("last reported Synced")?;
+    expect("shows the same: prod-us Unknown, last reported Synced")?;
+    expect("Unknown 1 · Synced 2 (total 3)")?;
+    expect("Unknown 1 · Synced 3 (total 4)")?;
+    expect("Everything stopped.")?;
+
+    // Nothing it started is left.
+    let mut localkubes = BTreeSet::new();
+    let mut agents = BTreeSet::new();
+    for line in output.lines().filter(|l| l.contains("localkube pid ")) {
+        localkubes.extend(numbers_after(line, "localkube pid "));
+        agents.extend(numbers_after(line, "agent pid "));
+    }
+    let stopped: BTreeSet<u32> = output
+        .lines()
+        .find(|l| l.contains("stopped pids:"))
+        .map(|l| {
+            l.split("stopped pids:")
+                .nth(1)
+                .unwrap_or_default()
+                .split_whitespace()
+                .map_while(|n| n.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(localkubes.len(), 4, "four localkubes: {output}");
+    assert_eq!(agents.len(), 4, "four agents: {output}");
+    assert!(
+        localkubes.is_subset(&stopped) && agents.is_subset(&stopped),
+        "the demo reports stopping every process it started:\n{output}"
+    );
+    assert_eq!(
+        stopped.len(),
+        9,
+        "server + 4 localkubes + 4 agents: {output}"
+    );
+    for pid in &stopped {
+        assert!(
+            !running(*pid, &["windvane", "localkube"]),
+            "pid {pid} is still running after the demo exited"
+        );
+    }
+    let removed: Vec<&str> = output
+        .lines()
+        .find_map(|l| l.split_once("removed: ").map(|(_, r)| r))
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        removed.len(),
+        5,
+        "the work directory and 4 localkube data directories: {output}"
+    );
+    assert!(removed[0].contains("windvane-demo-"), "{removed:?}");
+    for dir in &removed {
+        assert!(!std::path::Path::new(dir).exists(), "{dir} is left behind");
+    }
+    let left: Vec<(u32, u32, String)> = processes()
+        .into_iter()
+        .filter(|(_, pgid, cmdline)| {
+            localkubes.contains(pgid) || removed.iter().any(|d| cmdline.contains(d))
+        })
+        .collect();
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    eprintln!(
+        "the demo ran {:.1}s in all (story {:.1}s)",
+        started.elapsed().as_secs_f64(),
+        story.as_secs_f64()
+    );
+    Ok(())
+}

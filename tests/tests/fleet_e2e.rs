@@ -1,0 +1,685 @@
+//! The fleet end to end: one real `windvane-server` and four localkube clusters, each with the real
+//! `windvane-agent` enrolled and heartbeating, running the example fleet `acme` (`deploy/examples/fleet`:
+//! monitoring for `env=prod` with an EU customization, api everywhere). The clusters are shared by the
+//! scenarios of one test, in order, because each localkube costs seconds and hundreds of MiB:
+//!
+//! 1. each cluster gets its own rendering of its labels (EU retention, per-region labels, staging values);
+//! 2. a new cluster labelled `env=prod` is deployed with no manifest written and no release published;
+//! 3. the roll-up counts 3/3 prod clusters Synced (and the page, the API and `windvane status` agree);
+//! 4. a cluster whose agent stopped becomes Unknown, counted apart from Synced (the three views still
+//!    agree), and Synced again when the agent is back;
+//! 5. with the source server down the agents keep healing drift from their last known good, and once it is
+//!    back they report again (with the drift they repaired meanwhile) and pick up the release published
+//!    while it was down;
+//! 6. a new release reaches every cluster its selector picks and changes nothing on the others.
+//!
+//! Every fact is read from the real system: the clusters' API servers, the server's JSON API and page,
+//! and the `windvane` command line.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+use windvane_tests::fleet::{AgentOptions, Cluster, FleetTree, Publisher, SourceServer};
+use windvane_tests::localkube::{LocalKube, wait_for};
+use windvane_tests::process::binary;
+
+/// Deadline of every wait: generous, for a loaded 2-core machine.
+const WAIT: Duration = Duration::from_secs(120);
+/// The agents' heartbeat interval and the server's silence grace period: short, so the test is quick.
+const HEARTBEAT: &str = "1s";
+const UNKNOWN_AFTER: &str = "5s";
+
+/// The clusters, their labels, and whether the test starts them at once (prod-ap joins later).
+const PROD_EU: &str = "prod-eu";
+const PROD_US: &str = "prod-us";
+const STAGING_EU: &str = "staging-eu";
+const PROD_AP: &str = "prod-ap";
+
+fn labels(cluster: &str) -> Vec<String> {
+    let (env, region) = match cluster {
+        PROD_EU => ("prod", "eu"),
+        PROD_US => ("prod", "us"),
+        STAGING_EU => ("staging", "eu"),
+        _ => ("prod", "ap"),
+    };
+    vec![format!("env={env}"), format!("region={region}")]
+}
+
+/// The running fleet.
+struct Fleet {
+    publisher: Publisher,
+    tree: FleetTree,
+    server: SourceServer,
+    clusters: BTreeMap<String, Cluster>,
+}
+
+impl Fleet {
+    fn cluster(&self, name: &str) -> anyhow::Result<&Cluster> {
+        self.clusters
+            .get(name)
+            .with_context(|| format!("no cluster {name}"))
+    }
+
+    fn kube(&self, name: &str) -> anyhow::Result<&LocalKube> {
+        Ok(&self.cluster(name)?.kube)
+    }
+
+    async fn start_cluster(&self, name: &str) -> anyhow::Result<Cluster> {
+        let mut options =
+            AgentOptions::new(&self.server.url, &self.publisher.public_key_path(), name)
+                .reporting_to(&self.server.url, &self.server.token_file, HEARTBEAT);
+        options.labels = labels(name);
+        Cluster::start(options)
+            .await
+            .with_context(|| format!("starting cluster {name}"))
+    }
+
+    /// Waits until the server shows `name` Synced at `serial`.
+    async fn wait_synced(&self, name: &str, serial: u64) -> anyhow::Result<Value> {
+        let view = self
+            .server
+            .wait_cluster(
+                name,
+                &format!("{name} Synced at serial {serial}"),
+                WAIT,
+                |v| v["cluster"]["state"] == "Synced" && v["cluster"]["appliedSerial"] == serial,
+            )
+            .await;
+        view.with_context(|| agent_log_tail(self, name))
+    }
+}
+
+fn agent_log_tail(fleet: &Fleet, name: &str) -> String {
+    fleet.clusters.get(name).map_or_else(String::new, |c| {
+        format!(
+            "agent log of {name}:\n{}",
+            windvane_tests::fleet::tail(&c.agent_log(), 40)
+        )
+    })
+}
+
+/// The example fleet, copied into a tree the test can change for later releases.
+fn example_tree() -> anyhow::Result<FleetTree> {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/fleet");
+    let tree = FleetTree::new()?;
+    copy_tree(&example, &example, &tree)?;
+    Ok(tree)
+}
+
+fn copy_tree(root: &Path, dir: &Path, tree: &FleetTree) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            copy_tree(root, &path, tree)?;
+        } else {
+            let relative = path.strip_prefix(root)?.display().to_string();
+            tree.write(&relative, &std::fs::read_to_string(&path)?)?;
+        }
+    }
+    Ok(())
+}
+
+async fn prometheus_args(kube: &LocalKube) -> anyhow::Result<Vec<String>> {
+    let deployment = Api::<Deployment>::namespaced(kube.client(), "monitoring")
+        .get("prometheus")
+        .await?;
+    Ok(deployment
+        .spec
+        .template
+        .spec
+        .and_then(|s| s.containers.into_iter().next())
+        .and_then(|c| c.args)
+        .unwrap_or_default())
+}
+
+async fn config_map(kube: &LocalKube, namespace: &str, name: &str) -> anyhow::Result<ConfigMap> {
+    Api::<ConfigMap>::namespaced(kube.client(), namespace)
+        .get(name)
+        .await
+        .with_context(|| format!("ConfigMap {namespace}/{name}"))
+}
+
+async fn config_map_opt(
+    kube: &LocalKube,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<Option<ConfigMap>> {
+    Ok(Api::<ConfigMap>::namespaced(kube.client(), namespace)
+        .get_opt(name)
+        .await?)
+}
+
+fn data(cm: &ConfigMap, key: &str) -> String {
+    cm.data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn resource_version(cm: &ConfigMap) -> String {
+    cm.metadata.resource_version.clone().unwrap_or_default()
+}
+
+async fn namespace_exists(kube: &LocalKube, name: &str) -> anyhow::Result<bool> {
+    Ok(Api::<Namespace>::all(kube.client())
+        .get_opt(name)
+        .await?
+        .is_some())
+}
+
+async fn replicas(kube: &LocalKube, namespace: &str, name: &str) -> anyhow::Result<i32> {
+    let deployment = Api::<Deployment>::namespaced(kube.client(), namespace)
+        .get(name)
+        .await?;
+    Ok(deployment.spec.replicas.unwrap_or(1))
+}
+
+/// Runs the `windvane` command line; its exit success, stdout and stderr.
+fn windvane(args: &[&str]) -> anyhow::Result<(bool, String, String)> {
+    let output = Command::new(binary("windvane")?).args(args).output()?;
+    Ok((
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
+}
+
+/// Cluster name → state, and state → count, as one of the three views shows them.
+#[derive(Debug, PartialEq, Eq)]
+struct Shown {
+    states: BTreeMap<String, String>,
+    counts: BTreeMap<String, u64>,
+}
+
+fn from_api(fleet: &Value) -> Shown {
+    let states = fleet["clusters"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap_or("?").to_owned(),
+                c["state"].as_str().unwrap_or("?").to_owned(),
+            )
+        })
+        .collect();
+    let counts = fleet["counts"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(_, n)| n.as_u64().unwrap_or(0) > 0)
+                .map(|(s, n)| (s.clone(), n.as_u64().unwrap_or(0)))
+                .collect()
+        })
+        .unwrap_or_default();
+    Shown { states, counts }
+}
+
+/// Reads the fleet page's rows (`<tr class="s-STATE"><td><a href="/clusters/NAME">`) and its counters
+/// (`id="count-STATE" …><div class="n">N</div>`).
+fn from_page(html: &str) -> Shown {
+    let mut states = BTreeMap::new();
+    for row in html.split("<tr class=\"s-").skip(1) {
+        let state = row.split('"').next().unwrap_or("?").to_owned();
+        if let Some(name) = row
+            .split("href=\"/clusters/")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+        {
+            states.insert(name.to_owned(), state);
+        }
+    }
+    let mut counts = BTreeMap::new();
+    for counter in html.split("id=\"count-").skip(1) {
+        let state = counter.split('"').next().unwrap_or("?");
+        let n = counter
+            .split("<div class=\"n\">")
+            .nth(1)
+            .and_then(|r| r.split('<').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+        if state != "total" && n > 0 {
+            counts.insert(state.to_owned(), n);
+        }
+    }
+    Shown { states, counts }
+}
+
+/// Reads `windvane status`'s table: `N clusters: Synced 3 · Unknown 1`, a header, one row per cluster.
+fn from_status_table(text: &str) -> Shown {
+    let mut lines = text.lines();
+    let summary = lines.next().unwrap_or_default();
+    let counts = summary
+        .split_once(": ")
+        .map(|(_, parts)| {
+            parts
+                .split(" · ")
+                .filter_map(|p| p.rsplit_once(' '))
+                .filter_map(|(s, n)| Some((s.to_owned(), n.parse().ok()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let states = lines
+        .skip_while(|l| !l.starts_with("CLUSTER"))
+        .skip(1)
+        .filter_map(|l| {
+            let mut cells = l.split_whitespace();
+            Some((cells.next()?.to_owned(), cells.next()?.to_owned()))
+        })
+        .collect();
+    Shown { states, counts }
+}
+
+/// The page, the JSON API and `windvane status` show the same clusters in the same states with the same
+/// counts. Returns what they show.
+async fn three_views_agree(server: &SourceServer) -> anyhow::Result<Shown> {
+    let api = from_api(&server.fleet(None).await?);
+    let (code, html) = server.get("/").await?;
+    anyhow::ensure!(code == 200, "GET /: {code}");
+    let page = from_page(&html);
+    let (_, table, stderr) = windvane(&["status", "--server", &server.url])?;
+    let cli = from_status_table(&table);
+    anyhow::ensure!(!api.states.is_empty(), "the API lists no cluster: {api:?}");
+    anyhow::ensure!(
+        api == page,
+        "the page and the API disagree:\nAPI  {api:?}\npage {page:?}"
+    );
+    anyhow::ensure!(
+        api == cli,
+        "`windvane status` and the API disagree:\nAPI    {api:?}\nstatus {cli:?}\n{table}{stderr}"
+    );
+    Ok(api)
+}
+
+/// Runs one scenario, naming it in any failure.
+async fn scenario<T>(
+    name: &str,
+    future: impl Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    let started = Instant::now();
+    eprintln!("scenario {name}: started");
+    let result = future.await.with_context(|| format!("scenario {name}"));
+    eprintln!(
+        "scenario {name}: {} after {:.1}s",
+        if result.is_ok() { "passed" } else { "FAILED" },
+        started.elapsed().as_secs_f64()
+    );
+    result
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_scenarios_across_four_clusters() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let publisher = Publisher::new(71)?;
+    let tree = example_tree()?;
+    publisher.publish(&tree, "stable")?;
+    let server =
+        SourceServer::start(&publisher.store(), &["--unknown-after", UNKNOWN_AFTER]).await?;
+    let mut fleet = Fleet {
+        publisher,
+        tree,
+        server,
+        clusters: BTreeMap::new(),
+    };
+    let (eu, us, staging) = tokio::try_join!(
+        fleet.start_cluster(PROD_EU),
+        fleet.start_cluster(PROD_US),
+        fleet.start_cluster(STAGING_EU),
+    )?;
+    for cluster in [eu, us, staging] {
+        fleet.clusters.insert(cluster.name().to_owned(), cluster);
+    }
+    eprintln!(
+        "three clusters up after {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+
+    scenario("each_cluster_gets_its_own_rendering", own_rendering(&fleet)).await?;
+    let joined = scenario(
+        "a_new_prod_cluster_is_deployed_with_no_new_manifest",
+        new_prod_cluster(&fleet),
+    )
+    .await?;
+    fleet.clusters.insert(PROD_AP.to_owned(), joined);
+    scenario("rollup_three_of_three_prod_synced", rollup(&fleet)).await?;
+    scenario(
+        "an_unreachable_cluster_is_unknown_apart_from_synced_then_synced_again",
+        unknown_then_back(&mut fleet),
+    )
+    .await?;
+    scenario(
+        "source_down_agents_heal_from_last_known_good_then_resume",
+        source_down(&mut fleet),
+    )
+    .await?;
+    scenario(
+        "a_new_release_reaches_every_selected_cluster_and_no_other",
+        selected_only(&fleet),
+    )
+    .await?;
+
+    for cluster in fleet.clusters.values_mut() {
+        cluster.stop().await?;
+    }
+    fleet.server.stop().await;
+    eprintln!("whole test: {:.1}s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Scenario 1: prod-eu gets the EU retention, prod-us the default; each its own region label; staging-eu
+/// no monitoring at all and the staging values of api.
+async fn own_rendering(fleet: &Fleet) -> anyhow::Result<()> {
+    for name in [PROD_EU, PROD_US, STAGING_EU] {
+        fleet.wait_synced(name, 1).await?;
+    }
+    let eu = prometheus_args(fleet.kube(PROD_EU)?).await?;
+    let us = prometheus_args(fleet.kube(PROD_US)?).await?;
+    assert!(
+        eu.contains(&"--storage.tsdb.retention.time=30d".to_owned()),
+        "prod-eu gets the EU retention: {eu:?}"
+    );
+    assert!(
+        us.contains(&"--storage.tsdb.retention.time=15d".to_owned()),
+        "prod-us keeps the default retention: {us:?}"
+    );
+    for (name, region) in [(PROD_EU, "eu"), (PROD_US, "us")] {
+        let config = data(
+            &config_map(fleet.kube(name)?, "monitoring", "prometheus-config").await?,
+            "prometheus.yml",
+        );
+        assert!(
+            config.contains(&format!("region: {region}"))
+                && config.contains(&format!("cluster: {name}")),
+            "{name} renders its own labels into prometheus.yml:\n{config}"
+        );
+    }
+    assert!(
+        !namespace_exists(fleet.kube(STAGING_EU)?, "monitoring").await?,
+        "staging-eu is not env=prod: no monitoring"
+    );
+    let hpa_min = |kube: &LocalKube| {
+        let api = Api::<HorizontalPodAutoscaler>::namespaced(kube.client(), "api");
+        async move { anyhow::Ok(api.get("api").await?.spec.min_replicas.unwrap_or(0)) }
+    };
+    assert_eq!(hpa_min(fleet.kube(STAGING_EU)?).await?, 1, "staging values");
+    assert_eq!(hpa_min(fleet.kube(PROD_EU)?).await?, 3, "prod values");
+    let staging_config = config_map(fleet.kube(STAGING_EU)?, "api", "api-config").await?;
+    assert_eq!(data(&staging_config, "LOG_LEVEL"), "debug");
+    assert_eq!(data(&staging_config, "CLUSTER"), STAGING_EU);
+    Ok(())
+}
+
+/// Scenario 2: prod-ap enrols and gets monitoring and api at the release already published — the store is
+/// not touched.
+async fn new_prod_cluster(fleet: &Fleet) -> anyhow::Result<Cluster> {
+    let pointer = std::fs::read(fleet.publisher.pointer_path("stable"))?;
+    let joined = fleet.start_cluster(PROD_AP).await?;
+    let view = fleet
+        .server
+        .wait_cluster(PROD_AP, "prod-ap Synced at serial 1", WAIT, |v| {
+            v["cluster"]["state"] == "Synced" && v["cluster"]["appliedSerial"] == 1
+        })
+        .await
+        .with_context(|| windvane_tests::fleet::tail(&joined.agent_log(), 40))?;
+    let apps: Vec<&str> = view["report"]["apps"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|a| a["name"].as_str())
+        .collect();
+    assert!(
+        apps.contains(&"monitoring") && apps.contains(&"api"),
+        "prod-ap reports both apps: {view}"
+    );
+    let args = prometheus_args(&joined.kube).await?;
+    assert!(
+        args.contains(&"--storage.tsdb.retention.time=15d".to_owned()),
+        "{args:?}"
+    );
+    let config = data(
+        &config_map(&joined.kube, "monitoring", "prometheus-config").await?,
+        "prometheus.yml",
+    );
+    assert!(config.contains("region: ap"), "{config}");
+    assert_eq!(
+        std::fs::read(fleet.publisher.pointer_path("stable"))?,
+        pointer,
+        "no release was published for the new cluster"
+    );
+    Ok(joined)
+}
+
+/// Scenario 3: three prod clusters, all Synced; staging counted only without the selector; the page, the
+/// API and `windvane status` agree.
+async fn rollup(fleet: &Fleet) -> anyhow::Result<()> {
+    let prod = wait_for("3/3 prod clusters Synced", WAIT, || async {
+        let prod = fleet.server.fleet(Some("env=prod")).await?;
+        Ok((prod["counts"]["Synced"] == 3).then_some(prod))
+    })
+    .await?;
+    assert_eq!(prod["total"], 3, "{prod}");
+    let names: Vec<&str> = prod["clusters"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names, [PROD_AP, PROD_EU, PROD_US], "{prod}");
+    let (ok, table, stderr) = windvane(&[
+        "status",
+        "--server",
+        &fleet.server.url,
+        "--selector",
+        "env=prod",
+    ])?;
+    assert!(
+        ok,
+        "`windvane status --selector env=prod` passes: {table}{stderr}"
+    );
+    assert!(table.starts_with("3 clusters: Synced 3\n"), "{table}");
+    let shown = three_views_agree(&fleet.server).await?;
+    assert_eq!(shown.states.len(), 4, "{shown:?}");
+    Ok(())
+}
+
+/// Scenario 4: prod-us's agent stops; after the grace period it is Unknown with its last reported state,
+/// counted apart from Synced (and `windvane status` fails); back to Synced once the agent runs again.
+async fn unknown_then_back(fleet: &mut Fleet) -> anyhow::Result<()> {
+    let stopped_at = Instant::now();
+    let cluster = fleet.clusters.get_mut(PROD_US).context("no prod-us")?;
+    assert!(cluster.stop_agent().await, "the agent exits on SIGTERM");
+    let view = fleet
+        .server
+        .wait_cluster(PROD_US, "prod-us Unknown", WAIT, |v| {
+            v["cluster"]["state"] == "Unknown"
+        })
+        .await?;
+    eprintln!(
+        "prod-us Unknown {:.1}s after its agent stopped",
+        stopped_at.elapsed().as_secs_f64()
+    );
+    let age = view["cluster"]["heartbeatAgeSeconds"].as_u64().unwrap_or(0);
+    assert!(
+        age >= 5 && view["cluster"]["graceSeconds"] == 5,
+        "Unknown only once the last heartbeat is older than the grace period ({UNKNOWN_AFTER}): {view}"
+    );
+    assert_eq!(view["cluster"]["lastReported"], "Synced", "{view}");
+    let prod = fleet.server.fleet(Some("env=prod")).await?;
+    assert_eq!(prod["counts"]["Unknown"], 1, "{prod}");
+    assert_eq!(
+        prod["counts"]["Synced"], 2,
+        "Unknown is not counted as Synced: {prod}"
+    );
+    assert_eq!(prod["total"], 3, "{prod}");
+    let (ok, _, stderr) = windvane(&[
+        "status",
+        "--server",
+        &fleet.server.url,
+        "--selector",
+        "env=prod",
+    ])?;
+    assert!(!ok, "`windvane status` fails while a cluster is Unknown");
+    assert!(stderr.contains("prod-us is Unknown"), "{stderr}");
+    let shown = three_views_agree(&fleet.server).await?;
+    assert_eq!(
+        shown.states.get(PROD_US).map(String::as_str),
+        Some("Unknown")
+    );
+    assert_eq!(shown.counts.get("Unknown"), Some(&1), "{shown:?}");
+    assert_eq!(shown.counts.get("Synced"), Some(&3), "{shown:?}");
+
+    let cluster = fleet.clusters.get_mut(PROD_US).context("no prod-us")?;
+    cluster.start_agent().await?;
+    fleet.wait_synced(PROD_US, 1).await?;
+    let prod = fleet.server.fleet(Some("env=prod")).await?;
+    assert_eq!(prod["counts"]["Synced"], 3, "{prod}");
+    assert_eq!(prod["counts"]["Unknown"], 0, "{prod}");
+    Ok(())
+}
+
+/// Scenario 5: the source server stops. prod-eu's agent notices (source stale) and still reverts drift
+/// made meanwhile; a release published meanwhile (monitoring scrapes every 15 s) arrives once the server
+/// is back, and the drift repaired during the outage reaches the drift log.
+async fn source_down(fleet: &mut Fleet) -> anyhow::Result<()> {
+    assert!(fleet.server.stop().await, "the server exits on SIGTERM");
+    let eu = fleet.cluster(PROD_EU)?;
+    eu.agent()?
+        .wait_status("prod-eu sees the source down", WAIT, |s| {
+            !s["source"]["staleSince"].is_null()
+        })
+        .await?;
+
+    let params = PatchParams {
+        field_manager: Some("kubectl-scale".into()),
+        ..PatchParams::default()
+    };
+    Api::<Deployment>::namespaced(eu.kube.client(), "monitoring")
+        .patch_scale(
+            "prometheus",
+            &params,
+            &Patch::Merge(json!({"spec": {"replicas": 5}})),
+        )
+        .await?;
+    wait_for("prometheus back to 1 replica on prod-eu", WAIT, || async {
+        Ok((replicas(&eu.kube, "monitoring", "prometheus").await? == 1).then_some(()))
+    })
+    .await
+    .with_context(|| windvane_tests::fleet::tail(&eu.agent_log(), 40))?;
+    let status = eu.agent()?.status().await?;
+    assert!(
+        !status["source"]["staleSince"].is_null(),
+        "healed while the source was still down: {status}"
+    );
+    let staging_api_config =
+        resource_version(&config_map(fleet.kube(STAGING_EU)?, "api", "api-config").await?);
+
+    let fleet_yaml = std::fs::read_to_string(fleet.tree.path().join("fleet.yaml"))?;
+    anyhow::ensure!(fleet_yaml.contains("scrapeInterval: 30s"), "{fleet_yaml}");
+    fleet.tree.write(
+        "fleet.yaml",
+        &fleet_yaml.replace("scrapeInterval: 30s", "scrapeInterval: 15s"),
+    )?;
+    let pointer = fleet.publisher.publish(&fleet.tree, "stable")?;
+    assert_eq!(pointer.serial, 2);
+
+    fleet.server.restart().await?;
+    for name in [PROD_EU, PROD_US, STAGING_EU, PROD_AP] {
+        fleet.wait_synced(name, 2).await?;
+    }
+    for name in [PROD_EU, PROD_US, PROD_AP] {
+        let config = data(
+            &config_map(fleet.kube(name)?, "monitoring", "prometheus-config").await?,
+            "prometheus.yml",
+        );
+        assert!(config.contains("scrape_interval: 15s"), "{name}: {config}");
+    }
+    assert!(!namespace_exists(fleet.kube(STAGING_EU)?, "monitoring").await?);
+    assert_eq!(
+        resource_version(&config_map(fleet.kube(STAGING_EU)?, "api", "api-config").await?),
+        staging_api_config,
+        "release 2 changes nothing on staging-eu"
+    );
+    let drift = wait_for("the outage's drift in the audit log", WAIT, || async {
+        let drift = fleet.server.api("/api/v1/drift?cluster=prod-eu").await?;
+        let found = drift["drift"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .find(|e| {
+                e["record"]["name"] == "prometheus"
+                    && e["record"]["manager"] == "kubectl-scale"
+                    && !e["record"]["revertedAt"].is_null()
+            })
+            .cloned();
+        Ok(found)
+    })
+    .await?;
+    assert!(
+        drift["record"]["fields"]
+            .to_string()
+            .contains("/spec/replicas"),
+        "{drift}"
+    );
+    Ok(())
+}
+
+/// Scenario 6: release 3 adds an app for `region=eu`: prod-eu and staging-eu get it; prod-us and prod-ap
+/// accept release 3 and nothing of theirs is written.
+async fn selected_only(fleet: &Fleet) -> anyhow::Result<()> {
+    let mut untouched = BTreeMap::new();
+    for name in [PROD_US, PROD_AP] {
+        let cm = config_map(fleet.kube(name)?, "monitoring", "prometheus-config").await?;
+        untouched.insert(name, resource_version(&cm));
+    }
+    let mut fleet_yaml = std::fs::read_to_string(fleet.tree.path().join("fleet.yaml"))?;
+    if !fleet_yaml.ends_with('\n') {
+        fleet_yaml.push('\n');
+    }
+    fleet_yaml.push_str(
+        "\n  - name: eu-audit\n    path: apps/eu-audit\n    selector:\n      matchLabels:\n        region: eu\n",
+    );
+    fleet.tree.write("fleet.yaml", &fleet_yaml)?;
+    fleet.tree.write(
+        "apps/eu-audit/configmap.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: audit-policy\n  namespace: default\ndata:\n  cluster: ${cluster.name}\n  region: ${cluster.labels.region}\n",
+    )?;
+    assert_eq!(fleet.publisher.publish(&fleet.tree, "stable")?.serial, 3);
+    for name in [PROD_EU, PROD_US, STAGING_EU, PROD_AP] {
+        fleet.wait_synced(name, 3).await?;
+    }
+    for name in [PROD_EU, STAGING_EU] {
+        let cm = config_map_opt(fleet.kube(name)?, "default", "audit-policy")
+            .await?
+            .with_context(|| format!("{name} is region=eu and gets eu-audit"))?;
+        assert_eq!(data(&cm, "cluster"), name);
+        assert_eq!(data(&cm, "region"), "eu");
+    }
+    for name in [PROD_US, PROD_AP] {
+        assert!(
+            config_map_opt(fleet.kube(name)?, "default", "audit-policy")
+                .await?
+                .is_none(),
+            "{name} is not region=eu"
+        );
+        let cm = config_map(fleet.kube(name)?, "monitoring", "prometheus-config").await?;
+        assert_eq!(
+            resource_version(&cm),
+            untouched[name],
+            "release 3 rewrites nothing on {name}"
+        );
+    }
+    Ok(())
+}
