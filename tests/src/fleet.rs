@@ -136,6 +136,8 @@ pub struct AgentOptions {
     pub labels: Vec<String>,
     pub poll_interval: String,
     pub identity: String,
+    /// The kubeconfig the agent uses; `None`: the localkube's admin kubeconfig.
+    pub kubeconfig: Option<PathBuf>,
     pub extra: Vec<String>,
 }
 
@@ -151,6 +153,7 @@ impl AgentOptions {
             labels: Vec::new(),
             poll_interval: "1s".to_owned(),
             identity: format!("{cluster}-agent"),
+            kubeconfig: None,
             extra: Vec::new(),
         }
     }
@@ -229,7 +232,12 @@ impl Agent {
             "--cluster".to_owned(),
             options.cluster.clone(),
             "--kubeconfig".to_owned(),
-            kube.kubeconfig_path().display().to_string(),
+            options
+                .kubeconfig
+                .as_deref()
+                .unwrap_or(kube.kubeconfig_path())
+                .display()
+                .to_string(),
             "--poll-interval".to_owned(),
             options.poll_interval.clone(),
             "--admin-listen".to_owned(),
