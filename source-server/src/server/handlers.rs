@@ -32,6 +32,9 @@ type Body = Full<Bytes>;
 
 /// Largest enrolment or admin request body.
 const MAX_SMALL_BODY: u64 = 64 * 1024;
+/// Longest time a client may take to send a request body, once its headers are in (hyper bounds the headers
+/// to 30 s), so that a trickled body cannot hold a connection open.
+const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most drift entries one page or API call returns.
 const DRIFT_LIMIT: u32 = 500;
 
@@ -318,8 +321,8 @@ fn forget_key(app: &App, cluster: &str) {
         .remove(cluster);
 }
 
-/// Reads a body of at most `limit` bytes: refused from `Content-Length` before reading, or as soon as more
-/// arrives than the limit.
+/// Reads a body of at most `limit` bytes within [`BODY_TIMEOUT`]: refused from `Content-Length` before reading,
+/// or as soon as more arrives than the limit.
 async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, Refusal> {
     let declared = request
         .headers()
@@ -333,7 +336,12 @@ async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, Refu
         request.into_body(),
         usize::try_from(limit).unwrap_or(usize::MAX),
     );
-    match limited.collect().await {
+    let Ok(collected) = tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await else {
+        return Err(Refusal::BodyTimeout {
+            seconds: BODY_TIMEOUT.as_secs(),
+        });
+    };
+    match collected {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(error) if error.is::<http_body_util::LengthLimitError>() => {
             Err(Refusal::TooLarge { limit })
@@ -476,6 +484,10 @@ async fn admin(
             .get(header::AUTHORIZATION)
             .map(HeaderValue::as_bytes),
     );
+    // The body means nothing here, but it is bounded like every other request's.
+    if let Err(refusal) = read_body(request, MAX_SMALL_BODY).await {
+        return refusal_response(&refusal);
+    }
     if !offered.is_some_and(|t| app.registration_token.verify(&t)) {
         return token_failed(app, peer);
     }
@@ -687,10 +699,18 @@ fn json_error(status: StatusCode, reason: &str, message: &str) -> Response<Body>
 
 fn refusal_response(refusal: &Refusal) -> Response<Body> {
     let mut response = json_error(refusal.status(), refusal.reason(), &refusal.message());
-    if let Refusal::Overloaded { retry_after } = refusal {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
+    match refusal {
+        Refusal::Overloaded { retry_after } => {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
+        }
+        Refusal::BodyTimeout { .. } => {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        _ => {}
     }
     response
 }

@@ -37,6 +37,10 @@ pub enum Refusal {
     TooLarge {
         limit: u64,
     },
+    /// The body did not arrive in time (a stalled or trickling client).
+    BodyTimeout {
+        seconds: u64,
+    },
     UnknownCluster(String),
     BadSignature(String),
     ClusterMismatch {
@@ -68,6 +72,7 @@ impl Refusal {
         match self {
             Refusal::Malformed(_) | Refusal::ClockSkew { .. } => StatusCode::BAD_REQUEST,
             Refusal::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Refusal::UnknownCluster(_) => StatusCode::NOT_FOUND,
             Refusal::BadSignature(_) => StatusCode::UNAUTHORIZED,
             Refusal::ClusterMismatch { .. } | Refusal::FleetMismatch { .. } => {
@@ -83,13 +88,14 @@ impl Refusal {
     pub fn reason(&self) -> &'static str {
         match self {
             Refusal::KeyConflict(_) => "key_conflict",
+            Refusal::BodyTimeout { .. } => "body_timeout",
             other => other.metric().as_str(),
         }
     }
 
     pub fn metric(&self) -> HeartbeatResult {
         match self {
-            Refusal::Malformed(_) => HeartbeatResult::Malformed,
+            Refusal::Malformed(_) | Refusal::BodyTimeout { .. } => HeartbeatResult::Malformed,
             Refusal::TooLarge { .. } => HeartbeatResult::TooLarge,
             Refusal::UnknownCluster(_) => HeartbeatResult::UnknownCluster,
             Refusal::BadSignature(_) | Refusal::KeyConflict(_) => HeartbeatResult::BadSignature,
@@ -107,6 +113,9 @@ impl Refusal {
         match self {
             Refusal::Malformed(detail) => format!("malformed request: {detail}"),
             Refusal::TooLarge { limit } => format!("body larger than {limit} bytes"),
+            Refusal::BodyTimeout { seconds } => {
+                format!("the request body did not arrive within {seconds} s")
+            }
             Refusal::UnknownCluster(name) => {
                 format!("cluster {name} is not enrolled: enrol it first")
             }

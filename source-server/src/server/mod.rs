@@ -3,12 +3,14 @@
 //!
 //! [`Server::bind`] opens the database ([`db`]), binds the listener and starts the background tasks: the
 //! ingest writer ([`ingest::run_writer`], group commit), the notifier ([`notify::run`], when configured) and
-//! the heartbeat-log pruner. [`Server::run`] accepts HTTP/1.1 connections (hyper) until the shutdown future
-//! completes, then lets open requests finish and drains the ingest queue. Requests are routed by the pure
+//! the heartbeat-log pruner. [`Server::run`] accepts HTTP/1.1 connections (hyper; at most [`conns`]' limit, the
+//! oldest idle one closed to make room) until the shutdown future completes, then lets open requests finish
+//! and drains the ingest queue. Requests are routed by the pure
 //! [`route::route`] and handled in [`handlers`]. Status is computed at read time from what the database
 //! holds ([`status`], [`view`]), so every replica shows the same fleet.
 
 pub mod auth;
+mod conns;
 pub mod db;
 mod files;
 mod handlers;
@@ -179,6 +181,11 @@ impl Server {
             background,
         } = self;
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let connections = conns::Connections::new(conns::default_limit());
+        tracing::info!(
+            limit = connections.limit(),
+            "open connections are limited (an eighth of the open-file limit is kept in reserve)"
+        );
         tokio::pin!(shutdown);
         loop {
             let (stream, peer) = tokio::select! {
@@ -192,11 +199,32 @@ impl Server {
                 },
                 () = &mut shutdown => break,
             };
+            let (admitted, evicted) = match connections.admit() {
+                conns::Admission::Admitted {
+                    connection,
+                    evicted,
+                } => {
+                    if evicted {
+                        tracing::debug!(%peer, "connection limit reached: closing the oldest idle connection");
+                    }
+                    (connection, evicted)
+                }
+                conns::Admission::Full => {
+                    tracing::warn!(%peer, limit = connections.limit(), "connection limit reached and every connection is busy: refusing a connection");
+                    continue;
+                }
+            };
             let _ = stream.set_nodelay(true);
             let app = Arc::clone(&app);
+            let busy = admitted.busy();
             let service = service_fn(move |request| {
                 let app = Arc::clone(&app);
-                async move { Ok::<_, Infallible>(handlers::handle(&app, request, peer).await) }
+                let request_guard = busy.request();
+                async move {
+                    let response = handlers::handle(&app, request, peer).await;
+                    drop(request_guard);
+                    Ok::<_, Infallible>(response)
+                }
             });
             let connection = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -204,10 +232,19 @@ impl Server {
                 .serve_connection(TokioIo::new(stream), service);
             let connection = graceful.watch(connection);
             tokio::spawn(async move {
-                if let Err(error) = connection.await {
-                    tracing::debug!(%error, %peer, "connection ended with an error");
+                let mut admitted = admitted;
+                tokio::select! {
+                    result = connection => if let Err(error) = result {
+                        tracing::debug!(%error, %peer, "connection ended with an error");
+                    },
+                    Ok(()) = &mut admitted.closed => {
+                        tracing::debug!(%peer, "closed an idle connection to make room");
+                    }
                 }
             });
+            if evicted {
+                connections.wait_for_room(Duration::from_secs(1)).await;
+            }
         }
         drop(listener);
         tracing::info!("shutting down: finishing open requests");

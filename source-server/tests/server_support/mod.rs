@@ -90,6 +90,12 @@ pub struct Options {
     pub unknown_after: Option<String>,
     pub database_url: Option<String>,
     pub extra: Vec<String>,
+    /// A command the server is started through, which must `exec` it (so the pid stays the server's): e.g.
+    /// `prlimit --nofile=128 --`, or `sh -c 'trap "" XFSZ; exec "$@"' sh`.
+    pub wrapper: Vec<String>,
+    /// Send the server's stderr through a pipe that the test process copies into `server.log`, so that the
+    /// log is written even when the server itself cannot write files (a full disk).
+    pub log_through_pipe: bool,
 }
 
 /// A `windvane-server` process on a loopback port, with its own temp dir (store, data, secrets, log).
@@ -134,7 +140,15 @@ impl ServerProcess {
     }
 
     fn spawn(&mut self) {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_windvane-server"));
+        let server = env!("CARGO_BIN_EXE_windvane-server");
+        let mut command = match self.options.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(server);
+                command
+            }
+            None => Command::new(server),
+        };
         command
             .arg("serve")
             .arg("--root")
@@ -169,9 +183,24 @@ impl ServerProcess {
             .expect("log file");
         command
             .stdout(Stdio::piped())
-            .stderr(log)
             .env("WINDVANE_LOG", "info,windvane_source_server=debug");
-        let mut child = command.spawn().expect("start windvane-server");
+        if self.options.log_through_pipe {
+            command.stderr(Stdio::piped());
+        } else {
+            command.stderr(log.try_clone().expect("log file"));
+        }
+        let mut child = command.spawn().unwrap_or_else(|e| {
+            panic!(
+                "start windvane-server through {:?}: {e}",
+                self.options.wrapper
+            )
+        });
+        if let Some(mut stderr) = child.stderr.take() {
+            let mut log = log;
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut stderr, &mut log);
+            });
+        }
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -188,6 +217,16 @@ impl ServerProcess {
         // Restarts reuse the port, so URLs held by tests stay valid.
         self.listen = url.trim_start_matches("http://").to_owned();
         self.child = Some(child);
+    }
+
+    /// The server's process id (the wrapper's, which exec'd the server).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server running").id()
+    }
+
+    /// `host:port` of the listener, for raw TCP clients.
+    pub fn addr(&self) -> String {
+        self.url.trim_start_matches("http://").to_owned()
     }
 
     /// SIGKILL: no shutdown code runs.
@@ -244,6 +283,19 @@ pub fn client() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .no_gzip()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
+/// Like [`client`], but connecting from `local` (another loopback address is another client address to the
+/// server), and opening a fresh connection for every request.
+pub fn client_from(local: std::net::IpAddr) -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .no_gzip()
+        .local_address(local)
+        .pool_max_idle_per_host(0)
         .timeout(Duration::from_secs(30))
         .build()
         .expect("client")
@@ -382,6 +434,17 @@ pub async fn json_of(response: reqwest::Response) -> serde_json::Value {
     let bytes = response.bytes().await.expect("body");
     serde_json::from_slice(&bytes)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
+}
+
+/// Asserts that `response` is a refusal with `status` and the JSON `reason`, and a non-empty `error` message;
+/// returns the message.
+pub async fn assert_refused(response: reqwest::Response, status: u16, reason: &str) -> String {
+    assert_eq!(response.status(), status);
+    let body = json_of(response).await;
+    assert_eq!(body["reason"], reason, "{body}");
+    let message = body["error"].as_str().unwrap_or_default().to_owned();
+    assert!(!message.is_empty(), "{body}");
+    message
 }
 
 /// A JSON POST body.
