@@ -33,6 +33,16 @@ pub struct ApplyFailure {
     pub message: String,
 }
 
+/// What a delete request achieved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Deletion {
+    /// The object is gone (or was gone already).
+    Gone,
+    /// The API server accepted the deletion, but the object is still there: it waits for its finalizers
+    /// (named, when it has any in its metadata) or for its graceful termination.
+    Pending { finalizers: Vec<String> },
+}
+
 /// A Kubernetes client with a discovery cache.
 #[derive(Clone)]
 pub struct Cluster {
@@ -147,17 +157,24 @@ impl Cluster {
         }
     }
 
-    /// Deletes an object with background propagation; already gone counts as deleted.
+    /// Deletes an object with background propagation; already gone counts as deleted. An object that is still
+    /// there after the request (finalizers, graceful termination) is [`Deletion::Pending`].
     #[instrument(skip(self, resolved), fields(object = %id))]
-    pub async fn delete(&self, id: &ObjectRef, resolved: &Resolved) -> Result<()> {
+    pub async fn delete(&self, id: &ObjectRef, resolved: &Resolved) -> Result<Deletion> {
         let api = self.api(resolved, id.namespace.as_deref());
         let params = DeleteParams {
             propagation_policy: Some(PropagationPolicy::Background),
             ..DeleteParams::default()
         };
         match api.delete(&id.name, &params).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            // The API server answers with the object, not a Status, while the deletion has not completed.
+            Ok(answer) => Ok(match answer.left() {
+                Some(object) if object.metadata.deletion_timestamp.is_some() => Deletion::Pending {
+                    finalizers: object.metadata.finalizers.unwrap_or_default(),
+                },
+                _ => Deletion::Gone,
+            }),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(Deletion::Gone),
             Err(error) => Err(Error::Prune {
                 object: id.to_string(),
                 detail: api_message(&error),

@@ -20,7 +20,7 @@ use windvane_shared::status::SyncState;
 use crate::allowlist::Allowlist;
 use crate::apply::{ApplyOptions, Outcome, apply_all};
 use crate::backoff::{full_jitter, jittered, random_unit};
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Deletion};
 use crate::drift::ContestTracker;
 use crate::heal::Healer;
 use crate::health::assess;
@@ -252,8 +252,16 @@ impl Engine {
                 Ok(Poll::Changed(bytes)) => bytes,
                 Err(error) => {
                     self.metrics.source_fetch(error.reason());
-                    warn!(%error, "source unavailable; enforcing the last known good release");
-                    self.mark_source_stale(&error);
+                    if matches!(error, Error::Release(_)) {
+                        // The source answered, with what no pointer can be (over the size cap): refused, as a
+                        // bad release is, not mistaken for an outage; the next poll reads the pointer whole.
+                        self.source.forget_etag();
+                        warn!(reason = error.reason(), %error, "refusing the release; enforcing the last known good one");
+                        self.status.write().expect("status lock").refuse(error.reason(), error.to_string(), Timestamp::now());
+                    } else {
+                        warn!(%error, "source unavailable; enforcing the last known good release");
+                        self.mark_source_stale(&error);
+                    }
                     return Err(error);
                 }
             };
@@ -334,9 +342,11 @@ impl Engine {
 
     fn mark_source_fresh(&self) {
         self.status.write().expect("status lock").source.stale_since = None;
+        self.metrics.set_source_stale(false);
     }
 
     fn mark_source_stale(&self, error: &Error) {
+        self.metrics.set_source_stale(true);
         let mut status = self.status.write().expect("status lock");
         status.source.stale_since.get_or_insert_with(Timestamp::now);
         status.last_error = Some(error.to_string());
@@ -467,7 +477,19 @@ impl Engine {
                     Err(error) => Err(error),
                 };
                 match deleted {
-                    Ok(()) => info!(object = %id, app = %entry.app, "pruned"),
+                    Ok(Deletion::Gone) => info!(object = %id, app = %entry.app, "pruned"),
+                    // Still there (finalizers, graceful termination): it stays in the inventory and the prune
+                    // is checked again with the retries, until it is gone.
+                    Ok(Deletion::Pending { finalizers }) => {
+                        let waiting = if finalizers.is_empty() {
+                            "its termination".to_owned()
+                        } else {
+                            format!("finalizers {}", finalizers.join(", "))
+                        };
+                        info!(object = %id, app = %entry.app, %waiting, "prune pending; will check again");
+                        prune_errors.push(format!("pruning {id}: deletion pending on {waiting}"));
+                        next.entries.insert(entry.key(), entry.clone());
+                    }
                     Err(error) => {
                         warn!(object = %id, %error, "prune failed; will retry");
                         prune_errors.push(error.to_string());

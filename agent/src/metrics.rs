@@ -16,6 +16,7 @@ struct Values {
     source_fetch: BTreeMap<String, u64>,
     apply: BTreeMap<String, u64>,
     release_serial: Option<u64>,
+    source_stale: bool,
     objects: BTreeMap<SyncState, u64>,
     sync_buckets: [u64; SYNC_BUCKETS.len()],
     sync_count: u64,
@@ -46,6 +47,11 @@ impl Metrics {
     /// The serial of the release being enforced.
     pub fn set_release_serial(&self, serial: u64) {
         self.lock().release_serial = Some(serial);
+    }
+
+    /// Whether the source is stale: it cannot be reached, so the last known good release is enforced.
+    pub fn set_source_stale(&self, stale: bool) {
+        self.lock().source_stale = stale;
     }
 
     /// Object counts per state.
@@ -101,6 +107,16 @@ impl Metrics {
         if let Some(serial) = values.release_serial {
             let _ = writeln!(out, "windvane_release_serial {serial}");
         }
+        let _ = writeln!(
+            out,
+            "# HELP windvane_source_stale 1 while the release source cannot be reached (the last known good release is enforced), else 0."
+        );
+        let _ = writeln!(out, "# TYPE windvane_source_stale gauge");
+        let _ = writeln!(
+            out,
+            "windvane_source_stale {}",
+            u8::from(values.source_stale)
+        );
         let _ = writeln!(out, "# HELP windvane_objects Managed objects, by state.");
         let _ = writeln!(out, "# TYPE windvane_objects gauge");
         for state in SyncState::ALL {
@@ -157,6 +173,9 @@ mod tests {
         );
         assert!(text.contains("windvane_apply_total{result=\"written\"} 1"));
         assert!(text.contains("windvane_release_serial 7"));
+        assert!(text.contains("windvane_source_stale 0"));
+        metrics.set_source_stale(true);
+        assert!(metrics.render().contains("windvane_source_stale 1"));
         assert!(text.contains("windvane_objects{state=\"Synced\"} 3"));
         assert!(text.contains("windvane_objects{state=\"Failed\"} 0"));
         assert!(text.contains("windvane_sync_duration_seconds_bucket{le=\"0.25\"} 0"));

@@ -1,22 +1,25 @@
 //! A static file server for a Windvane store directory, for end-to-end tests that need a source they can
 //! break on purpose: serve normally (with ETags and 304s, as any static host does), answer 503 with
-//! Retry-After, serve tampered bytes, or stop listening. Real HTTP on loopback; the agent cannot tell it from
-//! nginx or a CDN.
+//! Retry-After, serve tampered bytes, cut a body short, stream a body that never ends, or stop listening —
+//! for every file or only the channel pointers or only the bundles. Real HTTP on loopback; the agent cannot
+//! tell it from nginx or a CDN.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Bytes, Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 /// How the server answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// Serve the store as it is.
     Normal,
@@ -24,16 +27,58 @@ pub enum Mode {
     Unavailable,
     /// Serve every file with one byte flipped in the middle.
     Tampered,
+    /// Announce the whole file in `Content-Length`, send its first half, then drop the connection.
+    Truncated,
+    /// `200 OK` with no length, streaming filler bytes until the client hangs up (or [`ENDLESS_LIMIT`] is
+    /// reached, so a client that never stops cannot keep the test busy forever).
+    Endless,
 }
+
+/// Which requests a [`Mode`] applies to; the others are served normally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// Every file.
+    All,
+    /// `channels/*.json` only.
+    Pointers,
+    /// `bundles/*.json` only.
+    Bundles,
+}
+
+impl Target {
+    fn matches(self, path: &str) -> bool {
+        match self {
+            Target::All => true,
+            Target::Pointers => path.starts_with("/channels/"),
+            Target::Bundles => path.starts_with("/bundles/"),
+        }
+    }
+}
+
+/// Most bytes one [`Mode::Endless`] response sends.
+pub const ENDLESS_LIMIT: u64 = 1 << 30;
+
+static ENDLESS_CHUNK: [u8; 64 * 1024] = [b' '; 64 * 1024];
+
+type Body = BoxBody<Bytes, std::io::Error>;
 
 /// A running store server; stops on drop.
 #[derive(Debug)]
 pub struct StoreServer {
     addr: SocketAddr,
     root: PathBuf,
-    mode: Arc<Mutex<Mode>>,
-    requests: Arc<Mutex<Vec<String>>>,
+    faults: Arc<Faults>,
     task: Option<JoinHandle<()>>,
+}
+
+/// What the server does wrong, and what it saw.
+#[derive(Debug)]
+struct Faults {
+    mode: Mutex<(Mode, Target)>,
+    requests: Mutex<Vec<String>>,
+    /// Bytes sent by endless responses, and the most any one of them sent.
+    endless_total: AtomicU64,
+    endless_max: AtomicU64,
 }
 
 impl StoreServer {
@@ -45,19 +90,17 @@ impl StoreServer {
     async fn start_on(root: PathBuf, addr: SocketAddr) -> anyhow::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let mode = Arc::new(Mutex::new(Mode::Normal));
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let task = tokio::spawn(serve(
-            listener,
-            root.clone(),
-            mode.clone(),
-            requests.clone(),
-        ));
+        let faults = Arc::new(Faults {
+            mode: Mutex::new((Mode::Normal, Target::All)),
+            requests: Mutex::new(Vec::new()),
+            endless_total: AtomicU64::new(0),
+            endless_max: AtomicU64::new(0),
+        });
+        let task = tokio::spawn(serve(listener, root.clone(), faults.clone()));
         Ok(Self {
             addr,
             root,
-            mode,
-            requests,
+            faults,
             task: Some(task),
         })
     }
@@ -67,17 +110,31 @@ impl StoreServer {
         format!("http://{}", self.addr)
     }
 
-    /// Changes how the server answers from now on.
+    /// Changes how the server answers every request from now on.
     pub fn set_mode(&self, mode: Mode) {
-        *self.mode.lock().expect("mode lock") = mode;
+        self.set_mode_for(Target::All, mode);
+    }
+
+    /// Answers the requests of `target` in `mode` from now on, and every other request normally.
+    pub fn set_mode_for(&self, target: Target, mode: Mode) {
+        *self.faults.mode.lock().expect("mode lock") = (mode, target);
     }
 
     /// Paths requested so far.
     pub fn requests(&self) -> Vec<String> {
-        self.requests.lock().expect("requests lock").clone()
+        self.faults.requests.lock().expect("requests lock").clone()
     }
 
-    /// Stops listening: connections are refused until [`StoreServer::resume`].
+    /// Bytes sent by [`Mode::Endless`] responses so far: in total, and the most any one response sent
+    /// before its client hung up.
+    pub fn endless_bytes(&self) -> (u64, u64) {
+        (
+            self.faults.endless_total.load(Ordering::Relaxed),
+            self.faults.endless_max.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Stops listening and closes open connections: connections are refused until [`StoreServer::resume`].
     pub fn stop(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
@@ -91,8 +148,7 @@ impl StoreServer {
         self.task = Some(tokio::spawn(serve(
             listener,
             self.root.clone(),
-            self.mode.clone(),
-            self.requests.clone(),
+            self.faults.clone(),
         )));
         Ok(())
     }
@@ -104,20 +160,22 @@ impl Drop for StoreServer {
     }
 }
 
-async fn serve(
-    listener: TcpListener,
-    root: PathBuf,
-    mode: Arc<Mutex<Mode>>,
-    requests: Arc<Mutex<Vec<String>>>,
-) {
+async fn serve(listener: TcpListener, root: PathBuf, faults: Arc<Faults>) {
+    // Connections live in this task's set, so stopping the server (aborting this task) also closes the
+    // keep-alive connections clients hold, as a server that goes down would.
+    let mut connections = tokio::task::JoinSet::new();
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => continue,
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
         };
-        let (root, mode, requests) = (root.clone(), mode.clone(), requests.clone());
-        tokio::spawn(async move {
+        let (root, faults) = (root.clone(), faults.clone());
+        connections.spawn(async move {
             let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                let response = respond(&request, &root, &mode, &requests);
+                let response = respond(&request, &root, &faults);
                 async move { Ok::<_, Infallible>(response) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
@@ -127,27 +185,45 @@ async fn serve(
     }
 }
 
+fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
 fn respond(
     request: &Request<Incoming>,
     root: &std::path::Path,
-    mode: &Mutex<Mode>,
-    requests: &Mutex<Vec<String>>,
-) -> Response<Full<Bytes>> {
+    faults: &Arc<Faults>,
+) -> Response<Body> {
     let path = request.uri().path().to_owned();
-    requests.lock().expect("requests lock").push(path.clone());
-    let mode = mode.lock().expect("mode lock").clone();
+    faults
+        .requests
+        .lock()
+        .expect("requests lock")
+        .push(path.clone());
+    let (mode, target) = *faults.mode.lock().expect("mode lock");
+    let mode = if target.matches(&path) {
+        mode
+    } else {
+        Mode::Normal
+    };
     let plain = |status: StatusCode| {
         Response::builder()
             .status(status)
-            .body(Full::new(Bytes::new()))
+            .body(full(Bytes::new()))
             .expect("valid response")
     };
-    if mode == Mode::Unavailable {
-        let mut response = plain(StatusCode::SERVICE_UNAVAILABLE);
-        response
-            .headers_mut()
-            .insert("retry-after", "1".parse().expect("valid header"));
-        return response;
+    match mode {
+        Mode::Unavailable => {
+            let mut response = plain(StatusCode::SERVICE_UNAVAILABLE);
+            response
+                .headers_mut()
+                .insert("retry-after", "1".parse().expect("valid header"));
+            return response;
+        }
+        Mode::Endless => return endless(faults.clone()),
+        Mode::Normal | Mode::Tampered | Mode::Truncated => {}
     }
     let relative = path.trim_start_matches('/');
     let allowed = relative.split('/').count() == 2
@@ -162,6 +238,21 @@ fn respond(
     if mode == Mode::Tampered && !bytes.is_empty() {
         let middle = bytes.len() / 2;
         bytes[middle] ^= 0x01;
+    }
+    if mode == Mode::Truncated {
+        // The announced length is the whole file; the body ends with an error after half of it, which makes
+        // hyper drop the connection mid-body, as a proxy that dies or a network that breaks would.
+        let length = bytes.len();
+        bytes.truncate(length / 2);
+        let frames: Vec<Result<Frame<Bytes>, std::io::Error>> = vec![
+            Ok(Frame::data(Bytes::from(bytes))),
+            Err(std::io::Error::other("connection cut on purpose")),
+        ];
+        return Response::builder()
+            .header("content-length", length)
+            .header("content-type", "application/json")
+            .body(StreamBody::new(futures::stream::iter(frames)).boxed())
+            .expect("valid response");
     }
     let etag = format!("\"{}\"", windvane_shared::digest::sha256_hex(&bytes));
     if request
@@ -179,6 +270,41 @@ fn respond(
     Response::builder()
         .header("etag", etag)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(bytes)))
+        .body(full(bytes))
+        .expect("valid response")
+}
+
+/// Counts what one endless response sent; the count is published when the body is dropped (the client hung
+/// up, or the limit was reached).
+struct EndlessCount {
+    faults: Arc<Faults>,
+    sent: u64,
+}
+
+impl Drop for EndlessCount {
+    fn drop(&mut self) {
+        self.faults
+            .endless_max
+            .fetch_max(self.sent, Ordering::Relaxed);
+    }
+}
+
+fn endless(faults: Arc<Faults>) -> Response<Body> {
+    let count = EndlessCount { faults, sent: 0 };
+    let stream = futures::stream::unfold(count, |mut count| async move {
+        if count.sent >= ENDLESS_LIMIT {
+            return None;
+        }
+        let chunk = Bytes::from_static(&ENDLESS_CHUNK);
+        count.sent += chunk.len() as u64;
+        count
+            .faults
+            .endless_total
+            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        Some((Ok::<_, std::io::Error>(Frame::data(chunk)), count))
+    });
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(StreamBody::new(stream).boxed())
         .expect("valid response")
 }
