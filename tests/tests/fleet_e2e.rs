@@ -8,9 +8,9 @@
 //! 3. the roll-up counts 3/3 prod clusters Synced (and the page, the API and `windvane status` agree);
 //! 4. a cluster whose agent stopped becomes Unknown, counted apart from Synced (the three views still
 //!    agree), and Synced again when the agent is back;
-//! 5. with the source server down the agents keep healing drift from their last known good, and once it is
-//!    back they report again (with the drift they repaired meanwhile) and pick up the release published
-//!    while it was down;
+//! 5. with the source server down the agents keep healing drift from their last known good (one restarted
+//!    during the outage, so from what it persisted), and once the server is back they report again (with the
+//!    drift they repaired meanwhile) and pick up the release published while it was down;
 //! 6. a new release reaches every cluster its selector picks and changes nothing on the others.
 //!
 //! Every fact is read from the real system: the clusters' API servers, the server's JSON API and page,
@@ -549,15 +549,25 @@ async fn unknown_then_back(fleet: &mut Fleet) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Scenario 5: the source server stops. prod-eu's agent notices (source stale) and still reverts drift
-/// made meanwhile; a release published meanwhile (monitoring scrapes every 15 s) arrives once the server
+/// Scenario 5: the source server stops, and prod-eu's agent is restarted during the outage. It enforces its
+/// persisted last known good, notices the source is down (stale), and still reverts drift made meanwhile; a release published meanwhile (monitoring scrapes every 15 s) arrives once the server
 /// is back, and the drift repaired during the outage reaches the drift log.
 async fn source_down(fleet: &mut Fleet) -> anyhow::Result<()> {
     assert!(fleet.server.stop().await, "the server exits on SIGTERM");
+    // A fresh agent process has nothing in memory: what it enforces comes from the last known good it
+    // persisted in the cluster.
+    let eu = fleet.clusters.get_mut(PROD_EU).context("no prod-eu")?;
+    assert!(eu.stop_agent().await, "the agent exits on SIGTERM");
+    eu.start_agent().await?;
     let eu = fleet.cluster(PROD_EU)?;
+    wait_for("prod-eu's restarted agent ready", WAIT, || async {
+        Ok((eu.agent()?.readyz().await? == 200).then_some(()))
+    })
+    .await
+    .with_context(|| windvane_tests::fleet::tail(&eu.agent_log(), 40))?;
     eu.agent()?
         .wait_status("prod-eu sees the source down", WAIT, |s| {
-            !s["source"]["staleSince"].is_null()
+            !s["source"]["staleSince"].is_null() && s["source"]["appliedSerial"] == 1
         })
         .await?;
 
