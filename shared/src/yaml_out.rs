@@ -18,10 +18,22 @@ pub fn to_yaml_string(value: &Value) -> String {
     out
 }
 
+/// YAML readers refuse an implicit (`key: value`) key longer than 1024 characters; longer keys are written
+/// as explicit ones (`? key`, then `: value` on the next line).
+const MAX_IMPLICIT_KEY_CHARS: usize = 1024;
+
 fn write_map(out: &mut String, map: &serde_json::Map<String, Value>, indent: usize) {
     for (key, value) in map {
+        let key = scalar_string(key, indent, true);
         out.push_str(&" ".repeat(indent));
-        out.push_str(&scalar_string(key, indent, true));
+        if key.chars().count() >= MAX_IMPLICIT_KEY_CHARS {
+            out.push_str("? ");
+            out.push_str(&key);
+            out.push('\n');
+            out.push_str(&" ".repeat(indent));
+        } else {
+            out.push_str(&key);
+        }
         out.push(':');
         write_child(out, value, indent, false);
     }
@@ -93,6 +105,13 @@ fn literal_block(s: &str, indent: usize) -> Option<String> {
     {
         return None;
     }
+    // At column 0 (a top-level string), a line starting with `---` or `...` would be a document marker.
+    if indent == 0
+        && s.lines()
+            .any(|l| l.starts_with("---") || l.starts_with("..."))
+    {
+        return None;
+    }
     let (indicator, body) = match s.strip_suffix('\n') {
         Some(body) => ("|", body),
         None => ("|-", s),
@@ -120,7 +139,8 @@ fn is_plain_safe(s: &str) -> bool {
     {
         return false;
     }
-    if s.ends_with([':', ' ']) || s.contains(": ") || s.contains(" #") {
+    // `...` at the start of a line ends the document (a top-level string or key is written at column 0).
+    if s.ends_with([':', ' ']) || s.contains(": ") || s.contains(" #") || s.starts_with("...") {
         return false;
     }
     if !s
