@@ -2,7 +2,8 @@
 //! refresh discovery), Namespaces (then wait until Active), other cluster-scoped objects, namespaced objects;
 //! by wave within a stage; with bounded concurrency and per-object retries. One object's failure never
 //! blocks unrelated objects. Objects whose body is unchanged since their last successful apply, and whose
-//! live state is known to be intact, are not written at all.
+//! live state is known to be intact, are not written at all. Each apply's response is handed to an observer
+//! and reduced to its drift baseline as it returns, so a sync never holds every response at once.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -10,12 +11,12 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde_json::Value;
 use tracing::{Instrument, info, info_span, warn};
-use windvane_shared::desired::DesiredObject;
-use windvane_shared::digest::sha256_hex;
 
 use crate::allowlist::Allowlist;
 use crate::backoff::{full_jitter, random_unit};
 use crate::cluster::Cluster;
+use crate::desired::Desired;
+use crate::drift::Baseline;
 use crate::health::{Health, assess};
 use crate::inventory::ObjectKey;
 use crate::plan::{self, Scope, Stage};
@@ -55,12 +56,12 @@ pub enum Outcome {
 /// One desired object and its outcome.
 #[derive(Debug, Clone)]
 pub struct ObjectResult {
-    pub object: DesiredObject,
+    pub object: Desired,
     /// SHA-256 of the body sent (after namespace defaulting).
     pub body_hash: String,
     pub outcome: Outcome,
-    /// The object as the API server returned it after the apply, when written.
-    pub live: Option<Value>,
+    /// What the API server's response to the apply says Windvane owns, when written.
+    pub applied: Option<Baseline>,
 }
 
 impl ObjectResult {
@@ -94,16 +95,20 @@ impl ApplyReport {
 }
 
 /// Applies `desired` in stages. `unchanged(key, hash)` says whether an object with this body hash was applied
-/// before and is known to be intact on the cluster, in which case it is not written again.
+/// before and is known to be intact on the cluster, in which case it is not written again. `observe` sees
+/// every object as the API server returned it after a write.
 pub async fn apply_all(
     cluster: &Cluster,
-    desired: Vec<DesiredObject>,
+    desired: Vec<Desired>,
     allowlist: &Allowlist,
     unchanged: &(dyn Fn(&ObjectKey, &str) -> bool + Sync),
+    observe: &(dyn Fn(&Value) + Sync),
     options: &ApplyOptions,
 ) -> ApplyReport {
+    let hooks = Hooks { unchanged, observe };
+    let hooks = &hooks;
     let mut report = ApplyReport::default();
-    let mut by_stage: BTreeMap<Stage, Vec<DesiredObject>> = BTreeMap::new();
+    let mut by_stage: BTreeMap<Stage, Vec<Desired>> = BTreeMap::new();
     let mut later = Vec::new();
     for object in desired {
         if let Err(reason) = allowlist.check(&object.id) {
@@ -130,7 +135,7 @@ pub async fn apply_all(
             cluster,
             Stage::CustomResourceDefinitions,
             crds,
-            unchanged,
+            hooks,
             options,
         )
         .await;
@@ -140,7 +145,7 @@ pub async fn apply_all(
     }
     let namespaces = by_stage.remove(&Stage::Namespaces).unwrap_or_default();
     if !namespaces.is_empty() {
-        let results = apply_stage(cluster, Stage::Namespaces, namespaces, unchanged, options).await;
+        let results = apply_stage(cluster, Stage::Namespaces, namespaces, hooks, options).await;
         settle(cluster, &results, options.settle_timeout).await;
         report.results.extend(results);
     }
@@ -172,32 +177,38 @@ pub async fn apply_all(
             cluster,
             Stage::ClusterScoped,
             cluster_scoped,
-            unchanged,
+            hooks,
             options,
         )
         .await,
     );
     report
         .results
-        .extend(apply_stage(cluster, Stage::Namespaced, namespaced, unchanged, options).await);
+        .extend(apply_stage(cluster, Stage::Namespaced, namespaced, hooks, options).await);
     report
 }
 
-fn result(object: DesiredObject, outcome: Outcome, live: Option<Value>) -> ObjectResult {
-    let body_hash = sha256_hex(&serde_json::to_vec(&object.body).unwrap_or_default());
+/// What [`apply_all`] asks of its caller.
+struct Hooks<'a> {
+    unchanged: &'a (dyn Fn(&ObjectKey, &str) -> bool + Sync),
+    observe: &'a (dyn Fn(&Value) + Sync),
+}
+
+fn result(object: Desired, outcome: Outcome, applied: Option<Baseline>) -> ObjectResult {
+    let body_hash = object.body_hash();
     ObjectResult {
         object,
         body_hash,
         outcome,
-        live,
+        applied,
     }
 }
 
 async fn apply_stage(
     cluster: &Cluster,
     stage: Stage,
-    objects: Vec<DesiredObject>,
-    unchanged: &(dyn Fn(&ObjectKey, &str) -> bool + Sync),
+    objects: Vec<Desired>,
+    hooks: &Hooks<'_>,
     options: &ApplyOptions,
 ) -> Vec<ObjectResult> {
     let mut results = Vec::with_capacity(objects.len());
@@ -205,7 +216,7 @@ async fn apply_stage(
         let started = Instant::now();
         let count = objects.len();
         let wave_results: Vec<ObjectResult> = futures::stream::iter(objects)
-            .map(|object| apply_one(cluster, object, unchanged, options))
+            .map(|object| apply_one(cluster, object, hooks, options))
             .buffer_unordered(options.concurrency.max(1))
             .collect()
             .await;
@@ -233,8 +244,8 @@ async fn apply_stage(
 
 async fn apply_one(
     cluster: &Cluster,
-    object: DesiredObject,
-    unchanged: &(dyn Fn(&ObjectKey, &str) -> bool + Sync),
+    object: Desired,
+    hooks: &Hooks<'_>,
     options: &ApplyOptions,
 ) -> ObjectResult {
     let span = info_span!("apply", object = %object.id, app = %object.app);
@@ -243,15 +254,17 @@ async fn apply_one(
             Ok(resolved) => resolved,
             Err(error) => return result(object, Outcome::Failed(error.to_string()), None),
         };
-        let hash = sha256_hex(&serde_json::to_vec(&object.body).unwrap_or_default());
-        if unchanged(&ObjectKey::of(&object.id), &hash) {
-            return ObjectResult { object, body_hash: hash, outcome: Outcome::Applied { written: false }, live: None };
+        let hash = object.body_hash();
+        if (hooks.unchanged)(&ObjectKey::of(&object.id), &hash) {
+            return ObjectResult { object, body_hash: hash, outcome: Outcome::Applied { written: false }, applied: None };
         }
         let mut attempt = 0;
         loop {
-            match cluster.apply(&object.id, &resolved, &object.body, false).await {
+            match cluster.apply(&object.id, &resolved, &object.body(), false).await {
                 Ok(live) => {
-                    return ObjectResult { object, body_hash: hash, outcome: Outcome::Applied { written: true }, live: Some(live) };
+                    (hooks.observe)(&live);
+                    let applied = Some(Baseline::of(&live));
+                    return ObjectResult { object, body_hash: hash, outcome: Outcome::Applied { written: true }, applied };
                 }
                 Err(failure) if failure.retriable && attempt + 1 < options.attempts => {
                     let wait = full_jitter(attempt, Duration::from_millis(200), Duration::from_secs(5), random_unit());
@@ -261,7 +274,7 @@ async fn apply_one(
                 }
                 Err(failure) => {
                     warn!(error = %failure.message, "apply failed");
-                    return ObjectResult { object, body_hash: hash, outcome: Outcome::Failed(failure.message), live: None };
+                    return ObjectResult { object, body_hash: hash, outcome: Outcome::Failed(failure.message), applied: None };
                 }
             }
         }

@@ -57,10 +57,11 @@ pub async fn run(
     let mut desired = Vec::new();
     for app in windvane_shared::render::selected_apps(&bundle, &config.identity) {
         let rendered = windvane_shared::render::render_app(app, &config.identity)?;
-        desired.extend(windvane_shared::desired::desired_objects(
-            &bundle.fleet,
-            &rendered,
-        )?);
+        desired.extend(
+            windvane_shared::desired::desired_objects(&bundle.fleet, &rendered)?
+                .into_iter()
+                .map(crate::desired::Desired::of),
+        );
     }
     let write = |out: &mut dyn Write, text: &str| {
         out.write_all(text.as_bytes())
@@ -100,7 +101,7 @@ pub async fn run(
         }
         let live = cluster.get(&object.id, &resolved).await?;
         let dry_run = match cluster
-            .apply(&object.id, &resolved, &object.body, true)
+            .apply(&object.id, &resolved, &object.body(), true)
             .await
         {
             Ok(result) => result,

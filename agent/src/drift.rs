@@ -11,6 +11,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde_json::Value;
 use windvane_shared::desired::{FIELD_MANAGER, HOLD_UNTIL_ANNOTATION};
+use windvane_shared::digest::sha256_hex;
 
 use crate::inventory::ObjectKey;
 
@@ -58,6 +59,46 @@ fn flatten(node: &Value, prefix: &mut String, out: &mut BTreeSet<String>) {
         flatten(child, prefix, out);
         prefix.truncate(length);
     }
+}
+
+/// What Windvane's last apply of an object left it owning: the baseline drift is judged against. Taken from
+/// the apply's response as it returns, so the response itself need not be kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Baseline {
+    /// [`owned_fields`] of the `windvane` manager.
+    pub owned: BTreeSet<String>,
+    /// The object's resourceVersion then.
+    pub resource_version: u64,
+}
+
+impl Baseline {
+    /// The baseline a live object shows.
+    pub fn of(live: &Value) -> Self {
+        Self {
+            owned: owned_fields(live, FIELD_MANAGER),
+            resource_version: resource_version(live),
+        }
+    }
+}
+
+impl Baseline {
+    /// A digest of the owned field set, to recognise it after a restart without keeping it.
+    pub fn digest(&self) -> String {
+        let mut text = String::new();
+        for field in &self.owned {
+            text.push_str(field);
+            text.push('\n');
+        }
+        sha256_hex(text.as_bytes())
+    }
+}
+
+/// An object's resourceVersion as a number (0 when absent), to order events against Windvane's writes.
+pub fn resource_version(live: &Value) -> u64 {
+    live.pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Fields in `baseline` that `current` no longer has.

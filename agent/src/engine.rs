@@ -3,7 +3,7 @@
 //! status current from the watches. A refused release never stops enforcement: the last known good keeps
 //! being applied and healed, and the refusal is reported.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -11,7 +11,7 @@ use jiff::Timestamp;
 use tokio::sync::{mpsc, watch};
 use tracing::{Instrument, error, info, info_span, warn};
 use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::desired::{DesiredObject, desired_objects};
+use windvane_shared::desired::desired_objects;
 use windvane_shared::keys::TrustedKeys;
 use windvane_shared::release::{self, AcceptedRelease, PointerExpectations};
 use windvane_shared::render::{ClusterIdentity, render_app, selected_apps};
@@ -21,7 +21,8 @@ use crate::allowlist::Allowlist;
 use crate::apply::{ApplyOptions, Outcome, apply_all};
 use crate::backoff::{full_jitter, jittered, random_unit};
 use crate::cluster::{Cluster, Deletion};
-use crate::drift::ContestTracker;
+use crate::desired::Desired;
+use crate::drift::{Baseline, ContestTracker};
 use crate::heal::Healer;
 use crate::health::assess;
 use crate::inventory::{Inventory, InventoryEntry, ObjectKey, ReleaseOutcome, plan_prune};
@@ -60,8 +61,13 @@ pub struct EngineConfig {
 #[derive(Debug, Clone)]
 struct Enforced {
     accepted: AcceptedRelease,
-    bundle: Bundle,
+    /// The verified bundle as fetched. It is parsed again when rendered rather than kept parsed: a parsed
+    /// bundle takes several times the memory of its bytes, and is needed only while rendering.
+    bundle: Arc<[u8]>,
 }
+
+/// Longest the first sync after a start waits for the watches to list the managed objects.
+const INITIAL_LIST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Shared, read-mostly view of the agent for the admin server and the heartbeat.
 pub type SharedStatus = Arc<RwLock<AgentStatus>>;
@@ -76,6 +82,8 @@ pub struct Engine {
     live: LiveCache,
     changes: mpsc::UnboundedReceiver<Change>,
     enforced: Option<Enforced>,
+    /// The enforced bundle, parsed while verifying it, until the next sync renders it.
+    fresh_bundle: Option<Bundle>,
     inventory: Inventory,
     /// The last apply did not complete: apply again after a backoff even if the release is unchanged.
     retry_attempt: Option<u32>,
@@ -118,6 +126,7 @@ impl Engine {
             live,
             changes,
             enforced: None,
+            fresh_bundle: None,
             inventory,
             retry_attempt: None,
             status,
@@ -126,12 +135,17 @@ impl Engine {
         };
         match engine.state.load_known_good().await {
             Ok(Some(known_good)) => match engine.verify_known_good(&known_good) {
-                Ok(enforced) => {
+                Ok(bundle) => {
+                    let enforced = Enforced {
+                        accepted: bundle.0,
+                        bundle: known_good.bundle.into(),
+                    };
                     info!(
                         serial = enforced.accepted.pointer.serial,
                         "loaded the last known good release from the cluster"
                     );
                     engine.enforced = Some(enforced);
+                    engine.fresh_bundle = Some(bundle.1);
                 }
                 Err(error) => {
                     error!(%error, "the persisted last known good release does not verify; ignoring it")
@@ -145,7 +159,7 @@ impl Engine {
 
     /// Re-verifies a persisted release: signature, fleet, channel and digest. Expiry is not checked — an
     /// expired release stays enforced until a newer one is accepted; self-healing never stops.
-    fn verify_known_good(&self, known_good: &KnownGood) -> Result<Enforced> {
+    fn verify_known_good(&self, known_good: &KnownGood) -> Result<(AcceptedRelease, Bundle)> {
         let accepted = release::verify_known_good(
             &known_good.pointer,
             &self.config.trusted,
@@ -158,13 +172,16 @@ impl Engine {
             self.config.source_limits.max_bundle_bytes,
             BundleLimits::default(),
         )?;
-        Ok(Enforced { accepted, bundle })
+        Ok((accepted, bundle))
     }
 
     /// Runs until `shutdown` turns true.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
         if self.enforced.is_some() {
-            // Enforce what the cluster remembers before the first poll: the source may be down.
+            // Enforce what the cluster remembers before the first poll: the source may be down. Watch what
+            // the inventory holds first, so that objects found intact are not written again (a restart or
+            // a failover then costs no writes).
+            self.watch_inventory().await;
             self.reconcile().await;
         }
         let mut next_poll = Instant::now();
@@ -236,6 +253,41 @@ impl Engine {
                     }
                 }
             }
+        }
+    }
+
+    /// Starts the watches of every kind the inventory holds and waits, bounded, for their first lists.
+    async fn watch_inventory(&self) {
+        let started = Instant::now();
+        let mut resolved_kinds = HashSet::new();
+        let mut listing = HashSet::new();
+        for entry in self.inventory.managed() {
+            if !resolved_kinds.insert((entry.api_version.as_str(), entry.kind.as_str())) {
+                continue;
+            }
+            if let Ok(resolved) = self.cluster.resolve(&entry.api_version, &entry.kind).await {
+                self.live.ensure_watch(&self.cluster, &resolved);
+                listing.insert((
+                    resolved.resource.group.clone(),
+                    resolved.resource.kind.clone(),
+                ));
+            }
+        }
+        if listing.is_empty() {
+            return;
+        }
+        if self.live.wait_listed(&listing, INITIAL_LIST_TIMEOUT).await {
+            info!(
+                kinds = listing.len(),
+                objects = self.live.len(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "listed the managed objects"
+            );
+        } else {
+            warn!(
+                timeout_s = INITIAL_LIST_TIMEOUT.as_secs(),
+                "the watches did not list the managed objects in time; applying them all"
+            );
         }
     }
 
@@ -328,15 +380,18 @@ impl Engine {
             self.config.source_limits.max_bundle_bytes,
             BundleLimits::default(),
         )?;
-        self.state
-            .save_known_good(&KnownGood {
-                pointer: pointer_bytes.to_vec(),
-                bundle: bundle_bytes,
-            })
-            .await?;
+        let known_good = KnownGood {
+            pointer: pointer_bytes.to_vec(),
+            bundle: bundle_bytes,
+        };
+        self.state.save_known_good(&known_good).await?;
         info!(serial = accepted.pointer.serial, sha256 = %accepted.pointer.bundle.sha256, keyid = %accepted.keyid, "accepted a new release");
         self.metrics.set_release_serial(accepted.pointer.serial);
-        self.enforced = Some(Enforced { accepted, bundle });
+        self.enforced = Some(Enforced {
+            accepted,
+            bundle: known_good.bundle.into(),
+        });
+        self.fresh_bundle = Some(bundle);
         Ok(true)
     }
 
@@ -361,25 +416,54 @@ impl Engine {
         let span = info_span!("sync", serial, fleet = %self.config.fleet);
         async {
             let started = Instant::now();
-            let (desired, render_errors) = render(&enforced.bundle, &self.config.identity);
+            let bundle = match self.fresh_bundle.take() {
+                Some(bundle) => bundle,
+                None => match release::verify_bundle(
+                    &enforced.bundle,
+                    &enforced.accepted.pointer,
+                    self.config.source_limits.max_bundle_bytes,
+                    BundleLimits::default(),
+                ) {
+                    Ok(bundle) => bundle,
+                    Err(error) => {
+                        // It verified when it was accepted; its bytes have not changed since.
+                        error!(%error, "the enforced bundle no longer parses");
+                        return;
+                    }
+                },
+            };
+            let (desired, render_errors) = render(&bundle, &self.config.identity);
+            drop(bundle);
             let release_empty = desired.is_empty() && render_errors.is_empty();
             let desired_keys: BTreeSet<ObjectKey> =
                 desired.iter().map(|d| ObjectKey::of(&d.id)).collect();
 
             let inventory = &self.inventory;
             let live = &self.live;
+            let healer = &self.healer;
             let unchanged = |key: &ObjectKey, hash: &str| {
-                inventory
+                let Some(entry) = inventory
                     .entries
                     .get(key)
-                    .is_some_and(|e| !e.orphaned && e.applied_hash == hash)
-                    && live.get(key).is_some()
+                    .filter(|e| !e.orphaned && e.applied_hash == hash)
+                else {
+                    return false;
+                };
+                if healer.has_baseline(key) {
+                    return live.contains(key);
+                }
+                // After a restart: intact only if it still owns what Windvane's last apply left it owning.
+                live.get(key).is_some_and(|live| {
+                    entry.owned_digest.as_deref() == Some(Baseline::of(&live).digest().as_str())
+                })
             };
+            let observe = |object: &serde_json::Value| live.observe(object);
             let report = apply_all(
                 &self.cluster,
                 desired,
                 &self.config.allowlist,
                 &unchanged,
+                &observe,
                 &self.config.apply,
             )
             .await;
@@ -392,9 +476,6 @@ impl Engine {
                 if let Outcome::Applied { written } = result.outcome {
                     self.metrics
                         .apply(if written { "written" } else { "unchanged" });
-                    if let Some(live) = &result.live {
-                        self.live.observe(live);
-                    }
                     if let Ok(resolved) = self
                         .cluster
                         .resolve(&result.object.id.api_version, &result.object.id.kind)
@@ -412,6 +493,14 @@ impl Engine {
                             name: result.object.id.name.clone(),
                             prune: result.object.prune,
                             applied_hash: result.body_hash.clone(),
+                            owned_digest: match &result.applied {
+                                Some(applied) => Some(applied.digest()),
+                                None => self
+                                    .inventory
+                                    .entries
+                                    .get(&result.key())
+                                    .and_then(|e| e.owned_digest.clone()),
+                            },
                             orphaned: false,
                         },
                     );
@@ -429,19 +518,6 @@ impl Engine {
                 }
             }
             let complete = report.complete() && render_errors.is_empty();
-            self.healer.set_desired(
-                report
-                    .results
-                    .iter()
-                    .filter(|r| matches!(r.outcome, Outcome::Applied { .. }))
-                    .map(|r| r.object.clone())
-                    .collect(),
-            );
-            for result in &report.results {
-                if let Some(live) = &result.live {
-                    self.healer.applied(&result.key(), live);
-                }
-            }
 
             let outcome = ReleaseOutcome {
                 apply_complete: complete,
@@ -598,6 +674,32 @@ impl Engine {
                 elapsed_ms = elapsed.as_millis() as u64,
                 "sync finished"
             );
+            // Drift is judged from now on against the objects as applied; they move to the healer.
+            let mut baselines = Vec::new();
+            let mut unwritten = Vec::new();
+            self.healer
+                .set_desired(report.results.into_iter().filter_map(|result| {
+                    let Outcome::Applied { .. } = result.outcome else {
+                        return None;
+                    };
+                    let key = ObjectKey::of(&result.object.id);
+                    match result.applied {
+                        Some(baseline) => baselines.push((key, baseline)),
+                        None => unwritten.push(key),
+                    }
+                    Some(result.object)
+                }));
+            for (key, baseline) in baselines {
+                self.healer.applied(&key, baseline);
+            }
+            // Objects found intact after a restart are judged from what they own now.
+            for key in unwritten {
+                if !self.healer.has_baseline(&key)
+                    && let Some(live) = self.live.get(&key)
+                {
+                    self.healer.adopt(&key, Baseline::of(&live));
+                }
+            }
         }
         .instrument(span)
         .await;
@@ -643,16 +745,16 @@ impl Engine {
     }
 }
 
-/// This cluster's desired objects: every selected app rendered, with Windvane's labels. An app that fails to
-/// render is reported and skipped; the others still apply.
-fn render(bundle: &Bundle, identity: &ClusterIdentity) -> (Vec<DesiredObject>, Vec<String>) {
+/// This cluster's desired objects: every selected app rendered, with Windvane's labels, each kept compact as
+/// soon as its app rendered. An app that fails to render is reported and skipped; the others still apply.
+fn render(bundle: &Bundle, identity: &ClusterIdentity) -> (Vec<Desired>, Vec<String>) {
     let mut desired = Vec::new();
     let mut errors = Vec::new();
     for app in selected_apps(bundle, identity) {
         match render_app(app, identity)
             .and_then(|rendered| desired_objects(&bundle.fleet, &rendered))
         {
-            Ok(objects) => desired.extend(objects),
+            Ok(objects) => desired.extend(objects.into_iter().map(Desired::of)),
             Err(error) => {
                 error!(app = %app.name, %error, "cannot render app");
                 errors.push(format!("app {}: {error}", app.name));

@@ -13,12 +13,12 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{Instrument, info, info_span, warn};
-use windvane_shared::desired::{DesiredObject, FIELD_MANAGER};
 use windvane_shared::heartbeat::{DriftAction, DriftRecord};
 use windvane_shared::status::SyncState;
 
 use crate::cluster::Cluster;
-use crate::drift::{self, Attribution, ContestTracker};
+use crate::desired::Desired;
+use crate::drift::{self, Attribution, Baseline, ContestTracker, resource_version};
 use crate::engine::SharedStatus;
 use crate::health::assess;
 use crate::inventory::ObjectKey;
@@ -53,9 +53,9 @@ enum Phase {
 pub struct Healer {
     cluster: Cluster,
     live: LiveCache,
-    desired: HashMap<ObjectKey, DesiredObject>,
+    desired: HashMap<ObjectKey, Desired>,
     /// Fields Windvane owned after its last apply, and that apply's resourceVersion.
-    baseline: HashMap<ObjectKey, (BTreeSet<String>, u64)>,
+    baseline: HashMap<ObjectKey, Baseline>,
     episodes: HashMap<ObjectKey, Episode>,
     contest: ContestTracker,
     timers: BTreeMap<Instant, BTreeSet<ObjectKey>>,
@@ -72,13 +72,6 @@ impl std::fmt::Debug for Healer {
             .field("drifting", &self.episodes.len())
             .finish()
     }
-}
-
-fn resource_version(live: &Value) -> u64 {
-    live.pointer("/metadata/resourceVersion")
-        .and_then(Value::as_str)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 impl Healer {
@@ -118,7 +111,7 @@ impl Healer {
     }
 
     /// The objects of the release now enforced, as applied; drift is judged against these.
-    pub fn set_desired(&mut self, objects: Vec<DesiredObject>) {
+    pub fn set_desired(&mut self, objects: impl IntoIterator<Item = Desired>) {
         self.desired = objects
             .into_iter()
             .map(|o| (ObjectKey::of(&o.id), o))
@@ -132,16 +125,21 @@ impl Healer {
     }
 
     /// Records what an apply returned: the fields Windvane owns from now on.
-    pub fn applied(&mut self, key: &ObjectKey, live: &Value) {
-        self.baseline.insert(
-            key.clone(),
-            (
-                drift::owned_fields(live, FIELD_MANAGER),
-                resource_version(live),
-            ),
-        );
+    pub fn applied(&mut self, key: &ObjectKey, baseline: Baseline) {
+        self.baseline.insert(key.clone(), baseline);
         // Windvane just wrote the object as the release says: whatever drift was open is over.
         self.episodes.remove(key);
+    }
+
+    /// True when an apply's baseline is known for `key` (always, but after a restart until the object is
+    /// written or adopted).
+    pub fn has_baseline(&self, key: &ObjectKey) -> bool {
+        self.baseline.contains_key(key)
+    }
+
+    /// Takes an object left unwritten as it is live: judged against what it shows now.
+    pub fn adopt(&mut self, key: &ObjectKey, baseline: Baseline) {
+        self.baseline.entry(key.clone()).or_insert(baseline);
     }
 
     /// True while drift on `key` is open (held, contested, in grace, or failing to revert).
@@ -192,7 +190,7 @@ impl Healer {
     async fn judge(
         &mut self,
         key: &ObjectKey,
-        desired: DesiredObject,
+        desired: Desired,
         status: &SharedStatus,
         from_timer: bool,
     ) {
@@ -201,20 +199,19 @@ impl Healer {
         let (lost, deleted) = match &live {
             None => (Vec::new(), true),
             Some(live) => {
-                let Some((baseline, applied_rv)) = self.baseline.get(key).cloned() else {
+                let Some(baseline) = self.baseline.get(key) else {
                     set_health(status, key, Some(live));
                     return;
                 };
                 // An event older than Windvane's last write says nothing about drift after it.
-                if resource_version(live) < applied_rv {
+                if resource_version(live) < baseline.resource_version {
                     return;
                 }
-                let current = drift::owned_fields(live, FIELD_MANAGER);
-                let lost = drift::lost_fields(&baseline, &current);
+                let current = Baseline::of(live);
+                let lost = drift::lost_fields(&baseline.owned, &current.owned);
                 if lost.is_empty() {
-                    if current.is_superset(&baseline) {
-                        self.baseline
-                            .insert(key.clone(), (current, resource_version(live)));
+                    if current.owned.is_superset(&baseline.owned) {
+                        self.baseline.insert(key.clone(), current);
                     }
                     if self.episodes.remove(key).is_some() {
                         info!(object = %desired.id, "drift resolved by someone else");
@@ -364,15 +361,14 @@ impl Healer {
     /// recorded as drift and re-applied, unless held or reported-only. Returns how many objects differed.
     pub async fn backstop(&mut self, status: &SharedStatus) -> usize {
         let mut differing = 0;
-        let objects: Vec<(ObjectKey, DesiredObject)> = self
-            .desired
-            .iter()
-            .map(|(k, d)| (k.clone(), d.clone()))
-            .collect();
-        for (key, desired) in objects {
+        let keys: Vec<ObjectKey> = self.desired.keys().cloned().collect();
+        for key in keys {
             if self.episodes.contains_key(&key) {
                 continue;
             }
+            let Some(desired) = self.desired.get(&key).cloned() else {
+                continue;
+            };
             let Ok(resolved) = self
                 .cluster
                 .resolve(&desired.id.api_version, &desired.id.kind)
@@ -391,20 +387,14 @@ impl Healer {
             };
             let Ok(dry_run) = self
                 .cluster
-                .apply(&desired.id, &resolved, &desired.body, true)
+                .apply(&desired.id, &resolved, &desired.body(), true)
                 .await
             else {
                 continue;
             };
             if !crate::compare::would_change(live.as_ref(), &dry_run) {
                 if let Some(live) = &live {
-                    self.baseline.insert(
-                        key.clone(),
-                        (
-                            drift::owned_fields(live, FIELD_MANAGER),
-                            resource_version(live),
-                        ),
-                    );
+                    self.baseline.insert(key.clone(), Baseline::of(live));
                 }
                 continue;
             }
@@ -452,7 +442,7 @@ impl Healer {
     async fn revert(
         &mut self,
         key: &ObjectKey,
-        desired: &DesiredObject,
+        desired: &Desired,
         status: &SharedStatus,
         fields: &[String],
     ) {
@@ -469,7 +459,7 @@ impl Healer {
         };
         match self
             .cluster
-            .apply(&desired.id, &resolved, &desired.body, false)
+            .apply(&desired.id, &resolved, &desired.body(), false)
             .await
         {
             Ok(live) => {
@@ -481,7 +471,7 @@ impl Healer {
                     record.action = DriftAction::Reverted;
                 }
                 self.live.observe(&live);
-                self.applied(key, &live);
+                self.applied(key, Baseline::of(&live));
                 info!(fields = ?fields, "drift reverted");
                 self.event(
                     desired,
@@ -534,7 +524,7 @@ impl Healer {
 
     fn record(
         &mut self,
-        desired: &DesiredObject,
+        desired: &Desired,
         fields: &[String],
         deleted: bool,
         who: Option<&Attribution>,
@@ -566,7 +556,7 @@ impl Healer {
 
     fn event(
         &self,
-        desired: &DesiredObject,
+        desired: &Desired,
         live: Option<&Value>,
         kind: EventType,
         reason: &str,

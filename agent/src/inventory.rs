@@ -44,6 +44,10 @@ pub struct InventoryEntry {
     pub prune: bool,
     /// SHA-256 of the body last applied: an unchanged body with an intact owned-field set needs no write.
     pub applied_hash: String,
+    /// Digest of the fields Windvane owned after that apply ([`crate::drift::Baseline::digest`]). After a
+    /// restart, a live object owning the same fields is known intact and is not written again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owned_digest: Option<String>,
     /// Left the release but was not pruned (prune off or disabled): reported until someone removes it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub orphaned: bool,
@@ -187,6 +191,7 @@ mod tests {
             name: name.into(),
             prune,
             applied_hash: String::new(),
+            owned_digest: None,
             orphaned: false,
         }
     }

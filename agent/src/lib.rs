@@ -11,6 +11,7 @@ pub mod backoff;
 pub mod cluster;
 pub mod compare;
 pub mod config;
+pub mod desired;
 pub mod diff;
 pub mod drift;
 pub mod engine;

@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 
 use windvane_shared::bundle::ObjectRef;
-use windvane_shared::desired::DesiredObject;
+
+use crate::desired::Desired;
 
 /// The namespace given to a namespaced object that names none, as `kubectl apply` would with no context.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -66,17 +67,10 @@ pub fn stage_of(id: &ObjectRef, scope: Scope) -> Stage {
 /// Makes an object's namespace agree with its kind's scope: namespaced objects without one get
 /// [`DEFAULT_NAMESPACE`]; a namespace on a cluster-scoped object is an error (the API server would ignore it,
 /// and the object's identity would be ambiguous).
-pub fn normalize_namespace(object: &mut DesiredObject, scope: Scope) -> Result<(), String> {
+pub fn normalize_namespace(object: &mut Desired, scope: Scope) -> Result<(), String> {
     match (scope, object.id.namespace.is_some()) {
         (Scope::Namespaced, false) => {
-            object.id.namespace = Some(DEFAULT_NAMESPACE.to_owned());
-            if let Some(metadata) = object
-                .body
-                .get_mut("metadata")
-                .and_then(|m| m.as_object_mut())
-            {
-                metadata.insert("namespace".to_owned(), DEFAULT_NAMESPACE.into());
-            }
+            object.set_namespace(DEFAULT_NAMESPACE);
             Ok(())
         }
         (Scope::Cluster, true) => Err(format!(
@@ -89,8 +83,8 @@ pub fn normalize_namespace(object: &mut DesiredObject, scope: Scope) -> Result<(
 }
 
 /// Groups the objects of one stage by wave, lowest wave first, keeping release order within a wave.
-pub fn waves(objects: Vec<DesiredObject>) -> Vec<(i64, Vec<DesiredObject>)> {
-    let mut by_wave: BTreeMap<i64, Vec<DesiredObject>> = BTreeMap::new();
+pub fn waves(objects: Vec<Desired>) -> Vec<(i64, Vec<Desired>)> {
+    let mut by_wave: BTreeMap<i64, Vec<Desired>> = BTreeMap::new();
     for object in objects {
         by_wave.entry(object.wave).or_default().push(object);
     }
@@ -111,7 +105,7 @@ mod tests {
         namespace: Option<&str>,
         name: &str,
         wave: i64,
-    ) -> DesiredObject {
+    ) -> Desired {
         let mut metadata =
             json!({"name": name, "annotations": {"windvane.io/wave": wave.to_string()}});
         if let Some(ns) = namespace {
@@ -125,8 +119,10 @@ mod tests {
             id: ObjectRef::of(&object).unwrap(),
             object,
         };
-        windvane_shared::desired::desired_object("fleet", "app", &Policy::default(), &rendered)
-            .unwrap()
+        Desired::of(
+            windvane_shared::desired::desired_object("fleet", "app", &Policy::default(), &rendered)
+                .unwrap(),
+        )
     }
 
     #[test]
@@ -188,7 +184,7 @@ mod tests {
         normalize_namespace(&mut cm, Scope::Namespaced).unwrap();
         assert_eq!(cm.id.namespace.as_deref(), Some("default"));
         assert_eq!(
-            cm.body.pointer("/metadata/namespace"),
+            cm.body().pointer("/metadata/namespace"),
             Some(&json!("default"))
         );
         let mut role = desired(

@@ -2,9 +2,15 @@
 //! label), so health and drift are known the moment the API server knows them, without polling. A watch that
 //! expires (`410 Gone`) relists and resumes (kube's watcher does this); objects that vanished meanwhile are
 //! dropped at the end of the relist. Every change is sent to the engine as the object's key.
+//!
+//! Objects are kept as compact JSON text, not as parsed values: a parsed object takes several times the
+//! memory of its text, and readers (health, drift, the backstop, prune) look at one object at a time, so
+//! parsing on read keeps the agent's memory near the size of the objects themselves. The initial list of
+//! each kind is read in small pages for the same reason.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject};
@@ -28,11 +34,17 @@ pub enum Change {
     Deleted(ObjectKey),
 }
 
+/// Objects per page of a watch's (re)list: small pages bound the memory a list takes at once.
+const LIST_PAGE_SIZE: u32 = 100;
+
 /// The watched objects, by key.
 #[derive(Clone)]
 pub struct LiveCache {
-    objects: Arc<RwLock<HashMap<ObjectKey, Value>>>,
+    /// Each object as compact JSON.
+    objects: Arc<RwLock<HashMap<ObjectKey, Box<[u8]>>>>,
     watched: Arc<Mutex<HashSet<(String, String)>>>,
+    /// Kinds (group, kind) whose watch has completed its first list; bumped on every first list.
+    listed: Arc<tokio::sync::watch::Sender<HashSet<(String, String)>>>,
     changes: mpsc::UnboundedSender<Change>,
     fleet: String,
 }
@@ -52,6 +64,7 @@ impl LiveCache {
         let cache = Self {
             objects: Arc::default(),
             watched: Arc::default(),
+            listed: Arc::new(tokio::sync::watch::Sender::new(HashSet::new())),
             changes,
             fleet: fleet.to_owned(),
         };
@@ -60,11 +73,17 @@ impl LiveCache {
 
     /// The live object, if the watch has seen it.
     pub fn get(&self, key: &ObjectKey) -> Option<Value> {
+        let objects = self.objects.read().expect("live cache lock");
+        // The text was written by serde_json from a value, so it always parses.
+        serde_json::from_slice(objects.get(key)?).ok()
+    }
+
+    /// True when the watch has seen the object (cheaper than [`LiveCache::get`]).
+    pub fn contains(&self, key: &ObjectKey) -> bool {
         self.objects
             .read()
             .expect("live cache lock")
-            .get(key)
-            .cloned()
+            .contains_key(key)
     }
 
     /// How many objects are watched.
@@ -79,12 +98,23 @@ impl LiveCache {
 
     /// Records an object as returned by an apply, so health is known before the watch event arrives.
     pub fn observe(&self, live: &Value) {
-        if let Some(id) = ObjectRef::of(live) {
+        if let Some(id) = ObjectRef::of(live)
+            && let Ok(text) = serde_json::to_vec(live)
+        {
             self.objects
                 .write()
                 .expect("live cache lock")
-                .insert(ObjectKey::of(&id), live.clone());
+                .insert(ObjectKey::of(&id), text.into_boxed_slice());
         }
+    }
+
+    /// Waits until the watches of all `kinds` (group, kind) have completed their first list, or until
+    /// `timeout`. True when they all did.
+    pub async fn wait_listed(&self, kinds: &HashSet<(String, String)>, timeout: Duration) -> bool {
+        let mut listed = self.listed.subscribe();
+        tokio::time::timeout(timeout, listed.wait_for(|done| kinds.is_subset(done)))
+            .await
+            .is_ok_and(|result| result.is_ok())
     }
 
     /// Starts a watch on this kind unless one runs already.
@@ -102,7 +132,9 @@ impl LiveCache {
             return;
         }
         let api: Api<DynamicObject> = Api::all_with(cluster.client().clone(), &resolved.resource);
-        let config = watcher::Config::default().labels(&format!("{FLEET_LABEL}={}", self.fleet));
+        let config = watcher::Config::default()
+            .labels(&format!("{FLEET_LABEL}={}", self.fleet))
+            .page_size(LIST_PAGE_SIZE);
         let cache = self.clone();
         let types = kube::core::TypeMeta {
             api_version: resolved.resource.api_version.clone(),
@@ -129,7 +161,13 @@ impl LiveCache {
                             relisted.insert(key);
                         }
                     }
-                    Ok(Event::InitDone) => cache.drop_missing(&group, &kind, &relisted),
+                    Ok(Event::InitDone) => {
+                        cache.drop_missing(&group, &kind, &relisted);
+                        relisted = HashSet::new();
+                        cache.listed.send_if_modified(|listed| {
+                            listed.insert((group.clone(), kind.clone()))
+                        });
+                    }
                     Err(error) => {
                         warn!(%group, %kind, %error, "watch failed; retrying with backoff")
                     }
@@ -139,24 +177,20 @@ impl LiveCache {
     }
 
     fn apply(&self, object: DynamicObject) -> Option<ObjectKey> {
-        let value = serde_json::to_value(&object).ok()?;
-        let key = ObjectKey::of(&ObjectRef::of(&value)?);
+        let key = key_of(&object)?;
+        let text = serde_json::to_vec(&object).ok()?;
+        drop(object);
         debug!(object = ?key, "watch: updated");
         self.objects
             .write()
             .expect("live cache lock")
-            .insert(key.clone(), value);
+            .insert(key.clone(), text.into_boxed_slice());
         let _ = self.changes.send(Change::Updated(key.clone()));
         Some(key)
     }
 
     fn delete(&self, object: DynamicObject) {
-        let Some(key) = serde_json::to_value(&object)
-            .ok()
-            .as_ref()
-            .and_then(ObjectRef::of)
-            .map(|id| ObjectKey::of(&id))
-        else {
+        let Some(key) = key_of(&object) else {
             return;
         };
         debug!(object = ?key, "watch: deleted");
@@ -178,5 +212,56 @@ impl LiveCache {
             self.objects.write().expect("live cache lock").remove(&key);
             let _ = self.changes.send(Change::Deleted(key));
         }
+    }
+}
+
+/// The key of a watched object, read from its typed metadata (what [`ObjectRef::of`] reads from JSON).
+fn key_of(object: &DynamicObject) -> Option<ObjectKey> {
+    let text = |v: Option<&String>| v.filter(|s| !s.is_empty()).cloned();
+    let types = object.types.as_ref()?;
+    let id = ObjectRef {
+        api_version: text(Some(&types.api_version))?,
+        kind: text(Some(&types.kind))?,
+        name: text(object.metadata.name.as_ref())?,
+        namespace: text(object.metadata.namespace.as_ref()),
+    };
+    Some(ObjectKey::of(&id))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_watched_object_has_the_key_its_json_has() {
+        let value = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "a", "labels": {"x": "y"}}, "spec": {"replicas": 2}});
+        let object: DynamicObject = serde_json::from_value(value.clone()).unwrap();
+        assert_eq!(
+            key_of(&object),
+            ObjectRef::of(&value).map(|id| ObjectKey::of(&id))
+        );
+        let cluster_scoped: DynamicObject = serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}}),
+        )
+        .unwrap();
+        assert_eq!(
+            key_of(&cluster_scoped).map(|k| (k.group, k.kind, k.namespace)),
+            Some((String::new(), "Namespace".to_owned(), None))
+        );
+    }
+
+    #[tokio::test]
+    async fn the_cache_gives_back_what_it_was_given() {
+        let (cache, _changes) = LiveCache::new("fleet");
+        let live = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "namespace": "a", "resourceVersion": "7"}, "data": {"b": "1", "a": "2"}});
+        cache.observe(&live);
+        let key = ObjectKey::of(&ObjectRef::of(&live).unwrap());
+        assert!(cache.contains(&key));
+        assert_eq!(cache.get(&key), Some(live));
+        assert_eq!(cache.len(), 1);
     }
 }

@@ -1,0 +1,104 @@
+//! A desired object as the agent holds it from rendering until the release changes: its identity and
+//! policy, and its body as compact JSON, parsed only to apply it. A parsed body takes several times the
+//! memory of its text, and the agent holds every object of the release (for the sync, then for the healer),
+//! while it applies only a few at a time. Built from the renderer's [`DesiredObject`]s as each app renders.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use windvane_shared::bundle::ObjectRef;
+use windvane_shared::desired::DesiredObject;
+use windvane_shared::digest::sha256_hex;
+
+/// One desired object with its body kept as compact JSON.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Desired {
+    pub app: String,
+    pub id: ObjectRef,
+    pub wave: i64,
+    pub self_heal: bool,
+    /// True when the app prunes and the object is not marked `windvane.io/prune: disabled`.
+    pub prune: bool,
+    pub drift_grace_period: Option<Duration>,
+    /// The body sent with server-side apply, as `serde_json::to_vec` writes it.
+    body: Box<[u8]>,
+}
+
+impl Desired {
+    /// Keeps a rendered object, its body serialized.
+    pub fn of(object: DesiredObject) -> Self {
+        Self {
+            body: compact(&object.body),
+            app: object.app,
+            id: object.id,
+            wave: object.wave,
+            self_heal: object.self_heal,
+            prune: object.prune,
+            drift_grace_period: object.drift_grace_period,
+        }
+    }
+
+    /// The body to apply. The text was written by serde_json from a value, so it always parses.
+    pub fn body(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    /// SHA-256 of the body as sent: what the inventory records to recognise an unchanged body.
+    pub fn body_hash(&self) -> String {
+        sha256_hex(&self.body)
+    }
+
+    /// Sets `metadata.namespace` of the body (and the identity's namespace).
+    pub fn set_namespace(&mut self, namespace: &str) {
+        self.id.namespace = Some(namespace.to_owned());
+        let mut body = self.body();
+        if let Some(metadata) = body.get_mut("metadata").and_then(Value::as_object_mut) {
+            metadata.insert("namespace".to_owned(), namespace.into());
+        }
+        self.body = compact(&body);
+    }
+}
+
+fn compact(body: &Value) -> Box<[u8]> {
+    serde_json::to_vec(body)
+        .unwrap_or_default()
+        .into_boxed_slice()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use windvane_shared::bundle::Policy;
+    use windvane_shared::render::RenderedObject;
+
+    use super::*;
+
+    #[test]
+    fn the_body_comes_back_as_rendered_and_hashes_as_sent() {
+        let object = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "annotations": {"z": "1", "a": "2"}}, "data": {"k": "v", "n": 1.5}});
+        let rendered = RenderedObject {
+            app: "app".into(),
+            file: "f.yaml".into(),
+            document: 0,
+            id: ObjectRef::of(&object).unwrap(),
+            object,
+        };
+        let desired_object =
+            windvane_shared::desired::desired_object("fleet", "app", &Policy::default(), &rendered)
+                .unwrap();
+        let body = desired_object.body.clone();
+        let mut desired = Desired::of(desired_object);
+        assert_eq!(desired.body(), body);
+        assert_eq!(
+            desired.body_hash(),
+            sha256_hex(&serde_json::to_vec(&body).unwrap())
+        );
+        desired.set_namespace("default");
+        assert_eq!(desired.id.namespace.as_deref(), Some("default"));
+        assert_eq!(
+            desired.body().pointer("/metadata/namespace"),
+            Some(&json!("default"))
+        );
+    }
+}

@@ -1,0 +1,146 @@
+//! The agent starting over a cluster it already manages — a restart, or a standby replica taking over from
+//! a leader that died — against a real control plane (localkube): with nothing changed, its first sync
+//! writes nothing, because it waits for its watches to list the managed objects and leaves those found
+//! intact alone; an object whose Windvane-owned fields someone took while no agent ran is written again.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher};
+use windvane_tests::localkube::{LocalKube, wait_for};
+use windvane_tests::store_server::StoreServer;
+
+/// Generous: the machine running the tests may be loaded, and a failover waits out a 15 s Lease.
+const SYNC: Duration = Duration::from_secs(120);
+
+/// Objects of the release: a Namespace, four ConfigMaps and a Deployment.
+const OBJECTS: usize = 6;
+
+fn fleet_tree() -> anyhow::Result<FleetTree> {
+    let tree = FleetTree::new()?;
+    tree.write(
+        "fleet.yaml",
+        "fleet: acme\napps:\n  - name: app\n    path: app\n",
+    )?;
+    let mut manifests = "apiVersion: v1\nkind: Namespace\nmetadata: {name: calm}\n".to_owned();
+    for index in 0..4 {
+        manifests.push_str(&format!(
+            "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: settings-{index}, namespace: calm}}\n\
+             data: {{mode: strict, cluster: '${{cluster.name}}'}}\n"
+        ));
+    }
+    manifests.push_str(
+        "---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: calm}\nspec:\n  \
+         replicas: 1\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    \
+         spec:\n      containers: [{name: web, image: registry.example.com/web:1.0}]\n",
+    );
+    tree.write("app/objects.yaml", &manifests)?;
+    Ok(tree)
+}
+
+/// The agent's `windvane_apply_total` for `result`, 0 when it has none.
+fn applies(metrics: &str, result: &str) -> u64 {
+    let prefix = format!("windvane_apply_total{{result=\"{result}\"}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits until `agent`'s first sync finished and every object is Synced; returns its metrics then.
+async fn first_sync(agent: &Agent, what: &str) -> anyhow::Result<String> {
+    agent
+        .wait_status(what, SYNC, |s| {
+            s["state"] == "Synced" && s["counts"]["Synced"] == OBJECTS
+        })
+        .await?;
+    wait_for(&format!("{what}: the first sync counted"), SYNC, || async {
+        let metrics = agent.metrics().await?;
+        Ok(metrics
+            .contains("windvane_sync_duration_seconds_count 1\n")
+            .then_some(metrics))
+    })
+    .await
+}
+
+async fn mode(kube: &LocalKube) -> anyhow::Result<Option<String>> {
+    let cm = Api::<ConfigMap>::namespaced(kube.client(), "calm")
+        .get("settings-1")
+        .await?;
+    Ok(cm.data.and_then(|d| d.get("mode").cloned()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarts_and_failovers_write_only_what_changed() -> anyhow::Result<()> {
+    let kube = LocalKube::start().await?;
+    let publisher = Publisher::new(21)?;
+    publisher.publish(&fleet_tree()?, "stable")?;
+    let server = StoreServer::start(publisher.store()).await?;
+    let options = AgentOptions::new(&server.url(), &publisher.public_key_path(), "c1");
+
+    let agent = Agent::start(&kube, &options).await?;
+    let metrics = first_sync(&agent, "first start").await?;
+    assert_eq!(applies(&metrics, "written"), OBJECTS as u64, "{metrics}");
+
+    // A restart with nothing changed: every object is found intact.
+    drop(agent);
+    let agent = Agent::start(&kube, &options).await?;
+    let metrics = first_sync(&agent, "restart").await?;
+    assert_eq!(
+        (applies(&metrics, "written"), applies(&metrics, "unchanged")),
+        (0, OBJECTS as u64),
+        "a restart with nothing changed writes nothing: {metrics}"
+    );
+
+    // While no agent runs, someone takes a field Windvane owns: that object alone is written again.
+    drop(agent);
+    Api::<ConfigMap>::namespaced(kube.client(), "calm")
+        .patch(
+            "settings-1",
+            &PatchParams {
+                field_manager: Some("someone".to_owned()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(json!({"data": {"mode": "lenient"}})),
+        )
+        .await?;
+    let agent = Agent::start(&kube, &options).await?;
+    let metrics = first_sync(&agent, "restart after a change").await?;
+    assert_eq!(
+        (applies(&metrics, "written"), applies(&metrics, "unchanged")),
+        (1, OBJECTS as u64 - 1),
+        "only the changed object is written: {metrics}"
+    );
+    assert_eq!(mode(&kube).await?.as_deref(), Some("strict"));
+
+    // A failover: a standby replica takes over once the leader is gone, and writes nothing.
+    let mut standby_options = options.clone();
+    standby_options.identity = "c1-standby".to_owned();
+    let standby = Agent::start(&kube, &standby_options).await?;
+    drop(agent);
+    let metrics = first_sync(&standby, "failover").await?;
+    assert_eq!(
+        (applies(&metrics, "written"), applies(&metrics, "unchanged")),
+        (0, OBJECTS as u64),
+        "a failover with nothing changed writes nothing: {metrics}"
+    );
+    // Drift is still healed by the new leader: its baseline is what it found.
+    Api::<ConfigMap>::namespaced(kube.client(), "calm")
+        .patch(
+            "settings-1",
+            &PatchParams {
+                field_manager: Some("someone".to_owned()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(json!({"data": {"mode": "lenient"}})),
+        )
+        .await?;
+    wait_for("drift reverted by the new leader", SYNC, || async {
+        Ok((mode(&kube).await?.as_deref() == Some("strict")).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
