@@ -121,6 +121,42 @@ pub fn verify(
     expected_payload_type: &'static str,
     trusted: &TrustedKeys,
 ) -> Result<(Vec<u8>, String)> {
+    signed_parts(envelope, expected_payload_type, trusted)?.decide(|candidate, message| {
+        candidate
+            .signature
+            .is_some_and(|sig| candidate.key.verify_strict(message, &sig).is_ok())
+    })
+}
+
+/// [`verify`] split in two, for a caller that checks the signatures of many envelopes at once (a
+/// batch verification): the payload, what is signed, and the signatures to check — nothing checked
+/// yet. [`SignedParts::decide`] then gives [`verify`]'s answer from the signatures' outcomes.
+#[derive(Debug, Clone)]
+pub struct SignedParts {
+    /// The payload, base64-decoded; not to be believed before [`SignedParts::decide`] says so.
+    pub payload: Vec<u8>,
+    /// `PAE(payloadType, payload)`: what the signatures sign.
+    pub message: Vec<u8>,
+    /// The signatures whose key id is trusted, in envelope order.
+    pub candidates: Vec<Candidate>,
+    offered: Vec<String>,
+}
+
+/// One signature by a trusted key id.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub keyid: String,
+    pub key: ed25519_dalek::VerifyingKey,
+    /// `None` when the signature is not base64 of exactly 64 bytes (a bad signature).
+    pub signature: Option<ed25519_dalek::Signature>,
+}
+
+/// The first half of [`verify`]: payload type, payload and the candidate signatures.
+pub fn signed_parts(
+    envelope: &Envelope,
+    expected_payload_type: &'static str,
+    trusted: &TrustedKeys,
+) -> Result<SignedParts> {
     if envelope.payload_type != expected_payload_type {
         return Err(Error::WrongPayloadType {
             expected: expected_payload_type,
@@ -129,29 +165,49 @@ pub fn verify(
     }
     let payload = envelope.payload_bytes()?;
     let message = pae(&envelope.payload_type, &payload);
-    let mut first_bad: Option<&str> = None;
-    for signature in &envelope.signatures {
-        let Some(key) = trusted.get(&signature.keyid) else {
-            continue;
-        };
-        let verified = decode_signature(&signature.sig)
-            .is_some_and(|sig| key.verify_strict(&message, &sig).is_ok());
-        if verified {
-            return Ok((payload, signature.keyid.clone()));
+    let candidates = envelope
+        .signatures
+        .iter()
+        .filter_map(|signature| {
+            Some(Candidate {
+                keyid: signature.keyid.clone(),
+                key: *trusted.get(&signature.keyid)?,
+                signature: decode_signature(&signature.sig),
+            })
+        })
+        .collect();
+    Ok(SignedParts {
+        payload,
+        message,
+        candidates,
+        offered: envelope
+            .signatures
+            .iter()
+            .map(|s| s.keyid.clone())
+            .collect(),
+    })
+}
+
+impl SignedParts {
+    /// The second half of [`verify`]: `verified` is asked about the candidates in order (with the
+    /// message) until one verified; that one's key id and the payload are the answer, else
+    /// [`Error::BadSignature`] (the first candidate's key id) or, without candidates,
+    /// [`Error::UnknownKey`].
+    pub fn decide(
+        self,
+        mut verified: impl FnMut(&Candidate, &[u8]) -> bool,
+    ) -> Result<(Vec<u8>, String)> {
+        let message = &self.message;
+        if let Some(good) = self.candidates.iter().position(|c| verified(c, message)) {
+            let keyid = self.candidates[good].keyid.clone();
+            return Ok((self.payload, keyid));
         }
-        first_bad.get_or_insert(&signature.keyid);
-    }
-    match first_bad {
-        Some(keyid) => Err(Error::BadSignature {
-            keyid: keyid.to_owned(),
-        }),
-        None => Err(Error::UnknownKey {
-            keyids: envelope
-                .signatures
-                .iter()
-                .map(|s| s.keyid.clone())
-                .collect(),
-        }),
+        match self.candidates.into_iter().next() {
+            Some(first) => Err(Error::BadSignature { keyid: first.keyid }),
+            None => Err(Error::UnknownKey {
+                keyids: self.offered,
+            }),
+        }
     }
 }
 

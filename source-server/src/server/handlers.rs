@@ -225,21 +225,46 @@ async fn heartbeat_inner(
     request: Request<Incoming>,
     cluster: &str,
 ) -> Result<HeartbeatReply, Refusal> {
+    // A full queue means storage is behind: shed before reading or verifying anything, so that a refusal
+    // costs next to nothing and the heartbeats already accepted are not slowed down by ones that would be
+    // refused after their signature check anyway.
+    if app.ingest.capacity() == 0 {
+        return Err(Refusal::Overloaded { retry_after: 5 });
+    }
     let body = read_body(request, MAX_HEARTBEAT_BYTES).await?;
+    // Bound the heartbeats being checked: beyond that the CPU is behind, and a heartbeat let in would only
+    // wait longer (and make every other one wait); answer 429 at once instead, which costs little.
+    let Ok(checking) = app.checking.try_acquire() else {
+        return Err(Refusal::Overloaded { retry_after: 5 });
+    };
     let now = Timestamp::now();
     let key = cluster_key(app, cluster, false).await?;
-    let verified = match ingest::check_heartbeat(cluster, &body, &key, now, app.max_clock_skew) {
-        Err(Refusal::BadSignature(_)) => {
+    let mut signed = ingest::open_heartbeat(&body, &key)?;
+    let mut outcomes = Vec::with_capacity(1);
+    for check in signed.take_checks() {
+        outcomes.push(app.verifier.verify(check).await);
+    }
+    let mut outcomes = outcomes.into_iter();
+    let checked = ingest::finish_heartbeat(
+        cluster,
+        signed,
+        |candidate, _| candidate.signature.is_some() && outcomes.next() == Some(true),
+        &key,
+        now,
+        app.max_clock_skew,
+    );
+    let verified = match checked {
+        Err(refusal @ Refusal::BadSignature(_)) => {
             // The cached key may be stale (rekeyed through another replica): check once against the database.
             let fresh = cluster_key(app, cluster, true).await?;
             if fresh.keyid == key.keyid {
-                ingest::check_heartbeat(cluster, &body, &key, now, app.max_clock_skew)?
-            } else {
-                ingest::check_heartbeat(cluster, &body, &fresh, now, app.max_clock_skew)?
+                return Err(refusal);
             }
+            ingest::check_heartbeat(cluster, &body, &fresh, now, app.max_clock_skew)?
         }
         other => other?,
     };
+    drop(checking);
     let sequence = verified.heartbeat.sequence;
     let agent_interval = verified.heartbeat.interval_seconds;
     let (reply_tx, reply_rx) = oneshot::channel();

@@ -23,6 +23,7 @@ use windvane_shared::keys::{self, TrustedKeys};
 use super::db::{Database, Db, IngestOutcome, VerifiedHeartbeat};
 use super::metrics::{HeartbeatResult, Metrics};
 use super::notify;
+use super::verify;
 
 /// Longest interval an agent may announce (the grace period is a multiple of it).
 pub const MAX_INTERVAL_SECONDS: u64 = 24 * 3600;
@@ -226,7 +227,8 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), Refusal> {
 
 /// Checks a heartbeat body against the cluster's bound key, in order: envelope, payload type and signature
 /// (before anything in the payload is believed), payload, cluster and fleet names, limits, and the clock.
-/// The sequence is judged later against the stored row, inside the batch's transaction.
+/// The sequence is judged later against the stored row, inside the batch's transaction. The server does the
+/// same in two halves around a batched signature check ([`open_heartbeat`], [`finish_heartbeat`]).
 pub fn check_heartbeat(
     url_cluster: &str,
     body: &[u8],
@@ -234,17 +236,79 @@ pub fn check_heartbeat(
     now: Timestamp,
     max_skew: Duration,
 ) -> Result<VerifiedHeartbeat, Refusal> {
+    let signed = open_heartbeat(body, key)?;
+    finish_heartbeat(
+        url_cluster,
+        signed,
+        |candidate, message| {
+            candidate
+                .signature
+                .is_some_and(|sig| candidate.key.verify_strict(message, &sig).is_ok())
+        },
+        key,
+        now,
+        max_skew,
+    )
+}
+
+/// A heartbeat body read as an envelope for the bound key, its signatures not checked yet.
+#[derive(Debug)]
+pub struct SignedHeartbeat {
+    parts: dsse::SignedParts,
+}
+
+impl SignedHeartbeat {
+    /// The signature checks to make, one per signature by the bound key (agents send one). The signed
+    /// message moves into them: [`finish_heartbeat`] then needs a `verified` that does not look at it.
+    pub fn take_checks(&mut self) -> Vec<verify::Check> {
+        let message = std::mem::take(&mut self.parts.message);
+        let mut checks: Vec<verify::Check> = self
+            .parts
+            .candidates
+            .iter()
+            .filter_map(|c| {
+                Some(verify::Check {
+                    message: Vec::new(),
+                    key: c.key,
+                    signature: c.signature?,
+                })
+            })
+            .collect();
+        if let Some((last, others)) = checks.split_last_mut() {
+            for check in others {
+                check.message.clone_from(&message);
+            }
+            last.message = message;
+        }
+        checks
+    }
+}
+
+/// The first half of [`check_heartbeat`]: the envelope, its payload type, and the signatures to check.
+pub fn open_heartbeat(body: &[u8], key: &ClusterKey) -> Result<SignedHeartbeat, Refusal> {
     let envelope =
         Envelope::from_json_slice(body).map_err(|e| Refusal::Malformed(e.to_string()))?;
-    let (payload, keyid) =
-        dsse::verify(&envelope, HEARTBEAT_PAYLOAD_TYPE, &key.trusted).map_err(|e| match e {
-            windvane_shared::Error::Malformed { .. }
-            | windvane_shared::Error::WrongPayloadType { .. } => Refusal::Malformed(e.to_string()),
-            other => Refusal::BadSignature(format!(
-                "{other}; cluster {url_cluster} is enrolled with key {}",
-                key.keyid
-            )),
-        })?;
+    let parts = dsse::signed_parts(&envelope, HEARTBEAT_PAYLOAD_TYPE, &key.trusted)
+        .map_err(|e| Refusal::Malformed(e.to_string()))?;
+    Ok(SignedHeartbeat { parts })
+}
+
+/// The second half of [`check_heartbeat`]: `verified` says whether each signature by the bound key verified
+/// (asked in order until one did, as [`dsse::SignedParts::decide`]); then the payload's checks.
+pub fn finish_heartbeat(
+    url_cluster: &str,
+    signed: SignedHeartbeat,
+    verified: impl FnMut(&dsse::Candidate, &[u8]) -> bool,
+    key: &ClusterKey,
+    now: Timestamp,
+    max_skew: Duration,
+) -> Result<VerifiedHeartbeat, Refusal> {
+    let (payload, keyid) = signed.parts.decide(verified).map_err(|e| {
+        Refusal::BadSignature(format!(
+            "{e}; cluster {url_cluster} is enrolled with key {}",
+            key.keyid
+        ))
+    })?;
     let heartbeat: Heartbeat = serde_json::from_slice(&payload)
         .map_err(|e| Refusal::Malformed(format!("heartbeat payload: {e}")))?;
     if heartbeat.cluster != url_cluster {

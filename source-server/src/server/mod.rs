@@ -6,7 +6,8 @@
 //! the heartbeat-log pruner. [`Server::run`] accepts HTTP/1.1 connections (hyper; at most [`conns`]' limit, the
 //! oldest idle one closed to make room) until the shutdown future completes, then lets open requests finish
 //! and drains the ingest queue. Requests are routed by the pure
-//! [`route::route`] and handled in [`handlers`]. Status is computed at read time from what the database
+//! [`route::route`] and handled in [`handlers`]; heartbeat signatures are checked in batches
+//! ([`verify`]). Status is computed at read time from what the database
 //! holds ([`status`], [`view`]), so every replica shows the same fleet.
 
 pub mod auth;
@@ -20,6 +21,7 @@ pub mod notify;
 pub mod page;
 pub mod route;
 pub mod status;
+pub mod verify;
 pub mod view;
 
 use std::collections::HashMap;
@@ -48,6 +50,9 @@ pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(5 * 60);
 pub const DEFAULT_INGEST_QUEUE: usize = 4096;
 /// Most heartbeats in one transaction.
 pub const DEFAULT_MAX_BATCH: usize = 2048;
+/// Most heartbeats whose signature is checked at once; beyond that, 429. At 10,000 heartbeats/s a check
+/// takes a few milliseconds (a batch), so some tens are in progress; hundreds mean the CPU is behind.
+pub const MAX_CHECKING: usize = 256;
 
 /// Everything `windvane-server serve` needs, already read and checked.
 #[derive(Debug)]
@@ -82,6 +87,10 @@ struct App {
     keys: RwLock<HashMap<String, Arc<ClusterKey>>>,
     ingest: mpsc::Sender<IngestJob>,
     ingest_capacity: usize,
+    /// Heartbeat signatures are checked in batches.
+    verifier: verify::BatchVerifier,
+    /// Heartbeats whose signature is being checked; when none is left, 429.
+    checking: tokio::sync::Semaphore,
     registration_token: TokenHash,
     read_token: Option<TokenHash>,
     limiter: Mutex<FailureLimiter>,
@@ -149,6 +158,8 @@ impl Server {
             keys: RwLock::new(HashMap::new()),
             ingest: ingest_tx,
             ingest_capacity: config.ingest_queue.max(1),
+            verifier: verify::BatchVerifier::start(),
+            checking: tokio::sync::Semaphore::new(MAX_CHECKING),
             registration_token: config.registration_token,
             read_token: config.read_token,
             limiter: Mutex::new(FailureLimiter::new(10, Duration::from_secs(60))),
