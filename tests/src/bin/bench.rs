@@ -3,7 +3,7 @@
 //! result) and writes the same as JSON.
 //!
 //! ```text
-//! cargo build --release -p windvane-agent
+//! cargo build --release -p windvane-agent -p windvane-source-server
 //! cargo run --release -p windvane-tests --bin bench [-- --quick] [--only SECTION,…] [--json FILE]
 //! ```
 //!
@@ -11,16 +11,18 @@
 //! fresh localkube with the release build of the agent managing 1,000 objects: `sync` (first full sync vs
 //! `kubectl apply --server-side`), `rss` (agent memory with 1,000 objects, and idle with 5), `idle`
 //! (apiserver requests in an idle window) and `drift` (drift repair latency vs one server-side apply round
-//! trip), each started from a quiet control plane. The source server's sections of issue 8 (`pointer-304`,
-//! `heartbeat`, `convergence`) are listed but not measured here yet.
+//! trip), each started from a quiet control plane. Then the source server's, each on a fresh release build
+//! of `windvane-server` and no cluster: `pointer-304` (304 throughput vs nginx on the same file),
+//! `heartbeat` (signed heartbeat ingestion at a fixed offered rate vs a trivial handler on the same HTTP
+//! stack) and `convergence` (10,000 simulated agents, publish until all acknowledged).
 //!
-//! Adding a section (the source server's): a module under `bench/`, its [`Section`] variant marked
-//! implemented, a call in [`run`] that pushes [`report::Row`]s (with a baseline and goals) and any raw
-//! figures into `details`; the table, JSON and `--only` follow.
+//! Adding a section: a module under `bench/` that measures and turns its figures into [`report::Row`]s
+//! (with a baseline and goals) and raw `details`, its [`Section`] variant, a call in [`run`]; the table,
+//! JSON and `--only` follow.
 //!
 //! Figures are noisy on a shared 2-core machine; that is why every baseline runs in the same run (where it
 //! matters interleaved with what it is compared to), and why the sync records where the machine's CPU went.
-//! The full run takes about 6 minutes, `--quick` about 2. To profile the agent, `--agent-wrapper` runs it
+//! The full run takes about 15 minutes (the agent's sections 6, the server's about 8), `--quick` about 4. To profile the agent, `--agent-wrapper` runs it
 //! under a profiler (`"heaptrack -o FILE"`, `"perf record -g -o FILE"`) and `--agent-env` tries settings
 //! (e.g. `GLIBC_TUNABLES=…`); such runs are marked as profiling runs in the output.
 
@@ -31,16 +33,24 @@ mod agent;
 mod apiserver;
 #[path = "bench/bundle.rs"]
 mod bundle;
+#[path = "bench/convergence.rs"]
+mod convergence;
 #[path = "bench/cpu.rs"]
 mod cpu;
 #[path = "bench/drift.rs"]
 mod drift;
+#[path = "bench/heartbeat.rs"]
+mod heartbeat;
 #[path = "bench/idle.rs"]
 mod idle;
+#[path = "bench/pointer.rs"]
+mod pointer;
 #[path = "bench/prom.rs"]
 mod prom;
 #[path = "bench/report.rs"]
 mod report;
+#[path = "bench/server.rs"]
+mod server;
 #[path = "bench/sync.rs"]
 mod sync;
 #[path = "bench/workload.rs"]
@@ -78,12 +88,12 @@ enum Section {
     Idle,
     /// Agent memory managing 1,000 objects (peak) and idle with a 5-object release.
     Rss,
-    /// Source server: pointer `304` throughput vs nginx (not measured here yet).
+    /// Source server: pointer `304` throughput vs nginx on the same file, interleaved rounds.
     #[value(name = "pointer-304")]
     Pointer304,
-    /// Source server: signed heartbeat ingestion rate, p99, loss (not measured here yet).
+    /// Source server: signed heartbeat ingestion rate, p99, loss vs a trivial handler on the same stack.
     Heartbeat,
-    /// Source server: convergence of 10,000 simulated agents (not measured here yet).
+    /// Source server: 10,000 simulated agents, publish until all acknowledged, server CPU and RSS.
     Convergence,
     /// Bundle acceptance of 10 MB (verify_bundle) vs raw SHA-256 of the same bytes.
     Bundle,
@@ -96,12 +106,9 @@ impl Section {
             .unwrap_or_default()
     }
 
-    /// Sections this binary measures; the others belong to the source server's benchmarks.
-    fn implemented(self) -> bool {
-        matches!(
-            self,
-            Self::Bundle | Self::Sync | Self::Rss | Self::Idle | Self::Drift
-        )
+    /// Sections that run the source server.
+    fn needs_server(self) -> bool {
+        matches!(self, Self::Pointer304 | Self::Heartbeat | Self::Convergence)
     }
 
     /// Sections that need the agent managing the large release on a localkube.
@@ -145,9 +152,29 @@ struct Args {
     /// profile it. Memory and CPU figures are then the wrapper's.
     #[arg(long = "agent-wrapper", value_name = "COMMAND")]
     agent_wrapper: Option<String>,
+    /// The source server binary to measure. [default: target/release/windvane-server]
+    #[arg(long, value_name = "PATH")]
+    server: Option<PathBuf>,
+    /// Simulated agents in the convergence section.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    agents: usize,
+    /// The simulated agents' nominal poll and heartbeat interval (jittered ±20 %, as the agent's).
+    /// [default: 30s; 10s with --quick]
+    #[arg(long, value_name = "DURATION")]
+    poll_interval: Option<String>,
+    /// Heartbeats per second offered in the heartbeat section.
+    #[arg(long, value_name = "N", default_value_t = 11_000)]
+    heartbeat_rate: u64,
     /// Exit with status 1 when a goal is missed.
     #[arg(long)]
     strict: bool,
+    /// Internal: a seconds-long run of the server sections with a tiny load, to check the benchmark itself
+    /// works (the smoke test in tests/tests/bench_smoke.rs runs it against debug builds).
+    #[arg(long, hide = true)]
+    smoke: bool,
+    /// Internal: serve the heartbeat section's trivial baseline handler on ADDR (a child process).
+    #[arg(long, value_name = "ADDR", hide = true)]
+    trivial_server: Option<std::net::SocketAddr>,
     /// List the sections and exit.
     #[arg(long)]
     list: bool,
@@ -167,16 +194,16 @@ struct Settings {
     agent_env: Vec<(String, String)>,
     agent_wrapper: Vec<String>,
     quick: bool,
+    server: PathBuf,
+    pointer: pointer::Settings,
+    heartbeat: heartbeat::Settings,
+    convergence: convergence::Settings,
 }
 
 impl Settings {
     fn from_args(args: &Args) -> anyhow::Result<Self> {
         let mut sections: Vec<Section> = if args.only.is_empty() {
-            Section::value_variants()
-                .iter()
-                .copied()
-                .filter(|s| s.implemented())
-                .collect()
+            Section::value_variants().to_vec()
         } else {
             args.only.clone()
         };
@@ -214,6 +241,44 @@ impl Settings {
                 .map(|w| w.split_whitespace().map(str::to_owned).collect())
                 .unwrap_or_default(),
             quick: args.quick,
+            server: args.server.clone().unwrap_or_else(server::default_binary),
+            pointer: pointer::Settings {
+                rounds: if args.smoke {
+                    1
+                } else if args.quick {
+                    3
+                } else {
+                    5
+                },
+                round: Duration::from_secs(if args.quick || args.smoke { 2 } else { 3 }),
+                connections: if args.smoke { 8 } else { 64 },
+            },
+            heartbeat: heartbeat::Settings {
+                rate: args.heartbeat_rate,
+                length: Duration::from_secs(if args.smoke {
+                    2
+                } else if args.quick {
+                    8
+                } else {
+                    20
+                }),
+                clusters: if args.smoke { 50 } else { 2_000 },
+                connections: if args.smoke { 8 } else { 512 },
+            },
+            convergence: {
+                let interval = match &args.poll_interval {
+                    Some(text) => windvane_shared::duration::parse_duration(text)
+                        .with_context(|| format!("--poll-interval {text}"))?,
+                    None if args.quick => Duration::from_secs(10),
+                    None => Duration::from_secs(30),
+                };
+                convergence::Settings {
+                    agents: args.agents,
+                    poll_interval: interval,
+                    heartbeat_interval: interval,
+                    idle: interval,
+                }
+            },
         })
     }
 
@@ -246,6 +311,15 @@ fn progress(message: &str) {
 fn main() -> ExitCode {
     started();
     let args = Args::parse();
+    if let Some(addr) = args.trivial_server {
+        return match heartbeat::serve_trivial(addr) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("trivial server: {error:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if args.list {
         for section in Section::value_variants() {
             let help = section
@@ -297,18 +371,14 @@ async fn run(settings: &Settings) -> anyhow::Result<Results> {
     // reqwest (the agent's admin endpoints) and kube share one crypto provider.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut results = Results::default();
-    let not_measured: Vec<String> = settings
-        .sections
-        .iter()
-        .filter(|s| !s.implemented())
-        .map(|s| s.name())
-        .collect();
-
     if settings.wants(Section::Bundle) {
         bundle_section(settings, &mut results)?;
     }
     if settings.sections.iter().any(|s| s.needs_cluster()) {
         agent_sections(settings, &mut results).await?;
+    }
+    if settings.sections.iter().any(|s| s.needs_server()) {
+        server_sections(settings, &mut results).await?;
     }
 
     // One order whatever order the sections ran in: as `--list` lists them.
@@ -321,12 +391,6 @@ async fn run(settings: &Settings) -> anyhow::Result<Results> {
     results.rows.sort_by_key(order);
     println!();
     print!("{}", report::table(&results.rows));
-    if !not_measured.is_empty() {
-        println!(
-            "\nNot measured by this binary yet (source-server sections of issue 8): {}",
-            not_measured.join(", ")
-        );
-    }
     for warning in &results.warnings {
         println!("\nwarning: {warning}");
     }
@@ -336,8 +400,8 @@ async fn run(settings: &Settings) -> anyhow::Result<Results> {
         "durationSeconds": started().elapsed().as_secs_f64(),
         "mode": if settings.quick { "quick" } else { "full" },
         "sections": settings.sections.iter().map(|s| s.name()).collect::<Vec<_>>(),
-        "notMeasured": not_measured,
         "agentBinary": settings.agent.display().to_string(),
+        "serverBinary": settings.server.display().to_string(),
         "warnings": results.warnings,
         "rows": results.rows.iter().map(Row::to_json).collect::<Vec<_>>(),
         "details": results.details,
@@ -349,6 +413,43 @@ async fn run(settings: &Settings) -> anyhow::Result<Results> {
         .with_context(|| format!("writing {}", settings.json.display()))?;
     println!("\nWrote {}", settings.json.display());
     Ok(results)
+}
+
+/// The source server's sections, each on its own fresh server (and nginx for the 304s).
+async fn server_sections(settings: &Settings, results: &mut Results) -> anyhow::Result<()> {
+    if let Some(warning) = server::check_binary(&settings.server)? {
+        eprintln!("warning: {warning}");
+        results.warnings.push(warning);
+    }
+    let work = tempfile::Builder::new()
+        .prefix("windvane-bench-server-")
+        .tempdir()?;
+    if settings.wants(Section::Pointer304) {
+        progress(&format!(
+            "pointer-304: windvane-server vs nginx, {} alternating rounds of {} s per load generator",
+            settings.pointer.rounds,
+            settings.pointer.round.as_secs()
+        ));
+        let contests = pointer::measure(&settings.server, work.path(), settings.pointer).await?;
+        pointer::report(&contests, settings.pointer, results);
+    }
+    if settings.wants(Section::Heartbeat) {
+        progress(&format!(
+            "heartbeat: {} heartbeats/s for {} s from {} clusters, trivial handler then windvane-server",
+            settings.heartbeat.rate,
+            settings.heartbeat.length.as_secs(),
+            settings.heartbeat.clusters
+        ));
+        let ingestion =
+            heartbeat::measure(&settings.server, work.path(), settings.heartbeat).await?;
+        heartbeat::report(&ingestion, settings.heartbeat, results);
+    }
+    if settings.wants(Section::Convergence) {
+        let measured =
+            convergence::measure(&settings.server, work.path(), settings.convergence).await?;
+        convergence::report(&measured, settings.convergence, results);
+    }
+    Ok(())
 }
 
 fn bundle_section(settings: &Settings, results: &mut Results) -> anyhow::Result<()> {

@@ -248,7 +248,7 @@ pub fn check_binary(binary: &Path) -> anyhow::Result<Option<String>> {
     }))
 }
 
-fn newest_file(dir: &Path) -> Option<(SystemTime, PathBuf)> {
+pub fn newest_file(dir: &Path) -> Option<(SystemTime, PathBuf)> {
     let mut newest: Option<(SystemTime, PathBuf)> = None;
     for entry in std::fs::read_dir(dir).ok()?.flatten() {
         let path = entry.path();

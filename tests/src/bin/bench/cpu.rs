@@ -38,14 +38,14 @@ pub fn process(pid: u32) -> anyhow::Result<Duration> {
 }
 
 /// CPU time of this process, and of its children that have been waited for.
-fn own() -> anyhow::Result<(Duration, Duration)> {
+pub fn own() -> anyhow::Result<(Duration, Duration)> {
     let fields = stat_fields("self")?;
     // cutime and cstime: fields 16 and 17.
     Ok((ticks(&fields, 11..13)?, ticks(&fields, 13..15)?))
 }
 
 /// CPU time the whole machine has been busy (all cores: user, nice, system, irq, softirq, steal).
-fn machine_busy() -> anyhow::Result<Duration> {
+pub fn machine_busy() -> anyhow::Result<Duration> {
     let stat = std::fs::read_to_string("/proc/stat")?;
     let line = stat.lines().next().context("empty /proc/stat")?;
     let values: Vec<u64> = line

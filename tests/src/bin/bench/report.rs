@@ -17,6 +17,11 @@ pub enum Unit {
     PerObjectHour,
     /// Megabytes (10^6 bytes) per second.
     MBps,
+    /// Requests (or heartbeats) per second.
+    PerSecond,
+    Micros,
+    /// CPU seconds per second.
+    Cores,
 }
 
 impl Unit {
@@ -28,6 +33,9 @@ impl Unit {
             Self::Count => "",
             Self::PerObjectHour => "/obj/h",
             Self::MBps => "MB/s",
+            Self::PerSecond => "/s",
+            Self::Micros => "µs",
+            Self::Cores => "cores",
         }
     }
 
@@ -39,6 +47,9 @@ impl Unit {
             Self::Count => "count",
             Self::PerObjectHour => "requests per object per hour",
             Self::MBps => "MB/s",
+            Self::PerSecond => "per second",
+            Self::Micros => "microseconds",
+            Self::Cores => "CPU seconds per second",
         }
     }
 
@@ -47,7 +58,7 @@ impl Unit {
         // Sums of nothing are -0.0 in Rust; print them as 0.
         let value = value + 0.0;
         let number = match self {
-            Self::Count => format!("{value:.0}"),
+            Self::Count | Self::PerSecond => format!("{value:.0}"),
             Self::PerObjectHour => format!("{value:.3}"),
             _ if value.abs() >= 100.0 => format!("{value:.0}"),
             _ if value.abs() >= 10.0 => format!("{value:.1}"),
@@ -67,9 +78,9 @@ pub enum Goal {
     AtMost(f64),
     /// Windvane's figure divided by the baseline's is at most this.
     RatioAtMost(f64),
-    /// Windvane's figure divided by the baseline's is at least this (for throughput, e.g. the source
-    /// server's pointer 304s against nginx, a section not measured here yet).
-    #[allow(dead_code)]
+    /// Windvane's figure is at least this (throughput).
+    AtLeast(f64),
+    /// Windvane's figure divided by the baseline's is at least this (throughput against a baseline).
     RatioAtLeast(f64),
 }
 
@@ -77,6 +88,7 @@ impl Goal {
     fn describe(self, unit: Unit) -> String {
         match self {
             Self::AtMost(limit) => format!("≤ {}", unit.format(limit)),
+            Self::AtLeast(limit) => format!("≥ {}", unit.format(limit)),
             Self::RatioAtMost(ratio) => format!("≤ {ratio}×"),
             Self::RatioAtLeast(ratio) => format!("≥ {ratio}×"),
         }
@@ -86,6 +98,7 @@ impl Goal {
     fn met(self, value: f64, ratio: Option<f64>) -> Option<bool> {
         match self {
             Self::AtMost(limit) => Some(value <= limit),
+            Self::AtLeast(limit) => Some(value >= limit),
             Self::RatioAtMost(limit) => ratio.map(|r| r <= limit),
             Self::RatioAtLeast(limit) => ratio.map(|r| r >= limit),
         }

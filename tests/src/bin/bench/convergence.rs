@@ -1,0 +1,909 @@
+//! Fleet convergence: 10,000 simulated agents against one `windvane-server`, from a publish until the server
+//! has every cluster's acknowledgement of the new serial.
+//!
+//! The agents are tasks in this process, no cluster behind them. Each does what the agent does with the
+//! source and the server (`agent/src/engine.rs`, `source.rs`, `reporter.rs`), through the same shared code:
+//! enrols with the registration token and its own Ed25519 key; polls the channel pointer with
+//! `If-None-Match` every poll interval with the agent's ±20 % jitter; verifies a changed pointer
+//! (`release::verify_pointer`, rollback and equivocation included), fetches and verifies the bundle
+//! (`verify_bundle`), renders its share for its labels (`render::selected_apps`, `render_app`,
+//! `desired::desired_objects`); then, instead of applying, reports at once with a signed heartbeat carrying
+//! the accepted serial, and every heartbeat interval (jittered) after that. Simplifications, stated: one
+//! keep-alive connection per agent carries both its polls and its heartbeats (the agent has one each; the
+//! machine's file-descriptor limit is 20,000 per process), reopened when the server closes it; identity
+//! encoding (the agent asks for gzip, which the server computes once per file and caches).
+//!
+//! Timeline: the first release is published, the server started, the agents enrolled (timed); the agents
+//! start at random phases and converge on the first release (a cold start); the fleet then idles for a
+//! while (the steady state's server CPU is measured); the second release is published and the clock runs
+//! until the server's database shows every cluster on its serial. The database is read from this process
+//! (read-only queries on the server's SQLite file: no load on the server), four times a second. The server's
+//! CPU and memory come from `/proc`. The baseline is the poll schedule itself: when the last agent first
+//! polled after the publish — no server can do better; what the server adds is the difference.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ed25519_dalek::SigningKey;
+use hyper::body::Bytes;
+use jiff::Timestamp;
+use tokio::sync::watch;
+use windvane_shared::bundle::BundleLimits;
+use windvane_shared::desired::desired_objects;
+use windvane_shared::dsse;
+use windvane_shared::heartbeat::{HEARTBEAT_PAYLOAD_TYPE, Heartbeat, SourceReport};
+use windvane_shared::keys::TrustedKeys;
+use windvane_shared::release::{
+    DEFAULT_MAX_BUNDLE_BYTES, PointerExpectations, ReleasePointer, verify_bundle, verify_pointer,
+};
+use windvane_shared::render::{ClusterIdentity, render_app, selected_apps};
+use windvane_shared::status::SyncState;
+use windvane_source_server::server::db::Database as _;
+use windvane_source_server::server::db::sqlite::SqliteDb;
+use windvane_tests::fleet::{FleetTree, Publisher};
+
+use crate::agent::Memory;
+use crate::report::{Goal, Row, Unit};
+use crate::server::{Conn, ServerProcess, tree_memory};
+
+/// The fleet's size and pace.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    pub agents: usize,
+    /// Nominal poll interval; each wait is jittered ±20 %, as the agent's.
+    pub poll_interval: Duration,
+    /// Nominal heartbeat interval, jittered the same way.
+    pub heartbeat_interval: Duration,
+    /// How long the converged fleet idles before the second publish (steady-state CPU is measured over it).
+    pub idle: Duration,
+}
+
+/// The agent's poll jitter: each wait is `interval × (1 ± JITTER)`.
+pub const JITTER: f64 = 0.2;
+
+const FLEET: &str = "acme";
+const CHANNEL: &str = "stable";
+const REGIONS: [&str; 4] = ["eu-west-1", "us-east-1", "ap-south-1", "sa-east-1"];
+const ENVS: [&str; 3] = ["prod", "staging", "dev"];
+
+/// What the agents did, counted.
+#[derive(Debug, Default)]
+struct Counters {
+    polls: AtomicU64,
+    not_modified: AtomicU64,
+    bundles: AtomicU64,
+    heartbeats: AtomicU64,
+    /// 429s (heartbeats shed), then retried after `Retry-After`.
+    shed: AtomicU64,
+    /// Requests that failed (connection closed under it, refused answer) and were retried.
+    errors: AtomicU64,
+    reconnects: AtomicU64,
+    /// Objects rendered, summed over accepted releases.
+    objects: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> [u64; 8] {
+        [
+            &self.polls,
+            &self.not_modified,
+            &self.bundles,
+            &self.heartbeats,
+            &self.shed,
+            &self.errors,
+            &self.reconnects,
+            &self.objects,
+        ]
+        .map(|c| c.load(Ordering::Relaxed))
+    }
+}
+
+/// Per agent, when (ms since the run's epoch) it first saw a serial's pointer and when the server answered
+/// 2xx to its first heartbeat carrying it; `u64::MAX` until then. Index: serial − 1 (two releases).
+#[derive(Debug)]
+struct Moments {
+    saw: [Vec<AtomicU64>; 2],
+    acked: [Vec<AtomicU64>; 2],
+}
+
+impl Moments {
+    fn new(agents: usize) -> Self {
+        let column = || (0..agents).map(|_| AtomicU64::new(u64::MAX)).collect();
+        Self {
+            saw: [column(), column()],
+            acked: [column(), column()],
+        }
+    }
+
+    fn slot(column: &[Vec<AtomicU64>; 2], serial: u64, agent: usize) -> Option<&AtomicU64> {
+        column
+            .get(usize::try_from(serial).ok()?.checked_sub(1)?)?
+            .get(agent)
+    }
+
+    /// The latest of a column for one serial, ms, if every agent has one.
+    fn last(column: &[Vec<AtomicU64>; 2], serial: u64) -> Option<u64> {
+        let values = column.get(usize::try_from(serial).ok()?.checked_sub(1)?)?;
+        values
+            .iter()
+            .map(|v| v.load(Ordering::Relaxed))
+            .try_fold(0, |max, v| (v != u64::MAX).then_some(max.max(v)))
+    }
+}
+
+/// What the agents share.
+#[derive(Debug)]
+struct Shared {
+    addr: SocketAddr,
+    trusted: TrustedKeys,
+    settings: Settings,
+    epoch: Instant,
+    counters: Counters,
+    moments: Moments,
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+}
+
+/// The measured convergence.
+#[derive(Debug, Clone)]
+pub struct Convergence {
+    pub agents: usize,
+    pub enrol: Duration,
+    pub cold_start: Duration,
+    /// Publish → the database shows every cluster on the new serial.
+    pub converged: Duration,
+    /// Publish → the last agent's first poll that saw the new pointer (the schedule's floor).
+    pub last_saw: Duration,
+    /// Publish → the last 2xx answer to a heartbeat with the new serial, as the agents saw it.
+    pub last_acked: Duration,
+    /// Server CPU while converging, cores (CPU seconds per second).
+    pub converging_cores: f64,
+    /// The simulated agents' (this process's) and other processes' CPU while converging, cores.
+    pub bench_cores: f64,
+    pub others_cores: f64,
+    /// Server CPU in the steady state, cores.
+    pub idle_cores: f64,
+    pub idle_length: Duration,
+    /// Server memory: before the agents connected, at most while converging, at the end.
+    pub memory_before: Memory,
+    pub rss_peak_converging_mib: f64,
+    pub memory_end: Memory,
+    /// Counters over the convergence window: polls, 304s, bundles, heartbeats, 429s, errors, reconnects.
+    pub during: [u64; 8],
+    pub bundle_bytes: u64,
+    /// Objects one agent rendered, on average.
+    pub objects_per_agent: f64,
+}
+
+/// The fleet tree of release `version`: eight apps, some for every cluster, some by region or environment,
+/// with per-region values and `${cluster.name}`.
+fn fleet_tree(version: u32) -> anyhow::Result<FleetTree> {
+    let tree = FleetTree::new()?;
+    let mut fleet = format!("fleet: {FLEET}\napps:\n");
+    let apps: [(&str, &str); 8] = [
+        ("base", ""),
+        ("monitoring", ""),
+        ("ingress", ""),
+        ("logging", "    selector: {matchLabels: {env: prod}}\n"),
+        (
+            "payments",
+            "    selector: {matchExpressions: [{key: region, operator: In, values: [eu-west-1, us-east-1]}]}\n",
+        ),
+        (
+            "batch",
+            "    selector: {matchExpressions: [{key: env, operator: NotIn, values: [prod]}]}\n",
+        ),
+        ("edge", "    selector: {matchLabels: {tier: edge}}\n"),
+        (
+            "search",
+            "    selector: {matchLabels: {region: ap-south-1}}\n",
+        ),
+    ];
+    for (app, selector) in apps {
+        let _ = write!(
+            fleet,
+            "  - name: {app}\n    path: apps/{app}\n{selector}    values: {{replicas: 2, retention: 7d}}\n    \
+             customizations:\n      - selector: {{matchLabels: {{region: eu-west-1}}}}\n        values: {{retention: 30d}}\n"
+        );
+        let mut manifests = format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {app}}}\n");
+        for cm in 0..5 {
+            let _ = write!(
+                manifests,
+                "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {app}-config-{cm}, namespace: {app}}}\n\
+                 data:\n  cluster: '${{cluster.name}}'\n  region: '${{cluster.labels.region}}'\n  \
+                 retention: '${{values.retention}}'\n  release: 'v{version}'\n  settings: '{}'\n",
+                "s".repeat(200)
+            );
+        }
+        let _ = write!(
+            manifests,
+            "---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {app}, namespace: {app}}}\nspec:\n  \
+             replicas: 2\n  selector: {{matchLabels: {{app: {app}}}}}\n  template:\n    metadata: {{labels: {{app: {app}}}}}\n    \
+             spec:\n      containers: [{{name: {app}, image: 'registry.example.com/{app}:1.{version}'}}]\n"
+        );
+        tree.write(&format!("apps/{app}/objects.yaml"), &manifests)?;
+    }
+    tree.write("fleet.yaml", &fleet)?;
+    Ok(tree)
+}
+
+fn identity(i: usize) -> ClusterIdentity {
+    let labels: BTreeMap<String, String> = [
+        ("region", REGIONS[i % REGIONS.len()]),
+        ("env", ENVS[(i / REGIONS.len()) % ENVS.len()]),
+        ("tier", if i.is_multiple_of(5) { "edge" } else { "core" }),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    ClusterIdentity {
+        name: format!("sim-{i:05}"),
+        labels,
+    }
+}
+
+/// A deterministic stream of numbers in [0, 1) per agent (splitmix64): jitter without a random source.
+struct Jitter(u64);
+
+impl Jitter {
+    fn unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// `interval × (1 ± JITTER)`, as the agent's `jittered`.
+    fn around(&mut self, interval: Duration) -> Duration {
+        interval.mul_f64(1.0 - JITTER + 2.0 * JITTER * self.unit())
+    }
+}
+
+/// Runs the whole timeline with `binary` as the server.
+pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<Convergence> {
+    let publisher = Publisher::new(21)?;
+    let first = publisher.publish(&fleet_tree(1)?, CHANNEL)?;
+    let trusted = TrustedKeys::from_pems([(
+        "release key",
+        std::fs::read_to_string(publisher.public_key_path())?.as_str(),
+    )])?;
+    let mut server =
+        ServerProcess::start(binary, &publisher.store(), work, "convergence-server", &[]).await?;
+    let pid = server.pid()?;
+
+    crate::progress(&format!("convergence: enrolling {} agents", s.agents));
+    let identities: Vec<ClusterIdentity> = (0..s.agents).map(identity).collect();
+    let keys: Arc<Vec<SigningKey>> = Arc::new(
+        (0..s.agents as u64)
+            .map(crate::heartbeat::cluster_key)
+            .collect(),
+    );
+    let enrolling = Instant::now();
+    enroll(server.addr, &identities, &keys).await?;
+    let enrol = enrolling.elapsed();
+    let memory_before = tree_memory(pid)?;
+
+    let shared = Arc::new(Shared {
+        addr: server.addr,
+        trusted,
+        settings: s,
+        epoch: Instant::now(),
+        counters: Counters::default(),
+        moments: Moments::new(s.agents),
+    });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    crate::progress(&format!(
+        "convergence: {} agents polling every {} s (±20 %), cold start on serial {}",
+        s.agents,
+        s.poll_interval.as_secs(),
+        first.serial
+    ));
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(s.agents);
+    for (i, identity) in identities.into_iter().enumerate() {
+        let agent = SimAgent::new(i, identity, keys[i].clone(), Arc::clone(&shared));
+        tasks.push(tokio::spawn(agent.run(stop_rx.clone())));
+    }
+    let db = SqliteDb::open(&server.data)?;
+    let deadline = s.poll_interval * 4 + Duration::from_secs(120);
+    let cold_start =
+        wait_converged(&db, first.serial, s.agents, deadline, &mut server).await? - started;
+
+    crate::progress(&format!(
+        "convergence: cold start took {:.1} s; idling {} s",
+        cold_start.as_secs_f64(),
+        s.idle.as_secs()
+    ));
+    let idle_cpu = crate::cpu::process(pid)?;
+    let idle_start = Instant::now();
+    tokio::time::sleep(s.idle).await;
+    let idle_length = idle_start.elapsed();
+    let idle_cores = crate::cpu::process(pid)?
+        .saturating_sub(idle_cpu)
+        .as_secs_f64()
+        / idle_length.as_secs_f64();
+
+    let before = shared.counters.snapshot();
+    let split = crate::server::CpuSplit::start(pid);
+    let publish_ms = shared.now_ms();
+    let published_at = Instant::now();
+    let second = publisher.publish(&fleet_tree(2)?, CHANNEL)?;
+    crate::progress(&format!(
+        "convergence: published serial {}; waiting for every agent's acknowledgement",
+        second.serial
+    ));
+    let sampler = RssSampler::start(pid);
+    let converged =
+        wait_converged(&db, second.serial, s.agents, deadline, &mut server).await? - published_at;
+    let (server_cpu, bench_cpu, others_cpu) = split.stop(pid);
+    let per_second = |d: Duration| d.as_secs_f64() / converged.as_secs_f64().max(0.001);
+    let converging_cores = per_second(server_cpu);
+    let (bench_cores, others_cores) = (per_second(bench_cpu), per_second(others_cpu));
+    let rss_peak_converging_mib = sampler.stop().await;
+    let during = {
+        let after = shared.counters.snapshot();
+        let mut d = [0; 8];
+        for (i, slot) in d.iter_mut().enumerate() {
+            *slot = after[i] - before[i];
+        }
+        d
+    };
+    let since_publish = |ms: Option<u64>| {
+        Duration::from_millis(
+            ms.map_or(u64::MAX, |m| m.saturating_sub(publish_ms))
+                .min(u64::MAX / 2),
+        )
+    };
+    let last_saw = since_publish(Moments::last(&shared.moments.saw, second.serial));
+    let last_acked = since_publish(Moments::last(&shared.moments.acked, second.serial));
+    let memory_end = tree_memory(pid)?;
+    stop_tx.send_replace(true);
+    for task in tasks {
+        task.await??;
+    }
+    server.check_running()?;
+    Ok(Convergence {
+        agents: s.agents,
+        enrol,
+        cold_start,
+        converged,
+        last_saw,
+        last_acked,
+        converging_cores,
+        bench_cores,
+        others_cores,
+        idle_cores,
+        idle_length,
+        memory_before,
+        rss_peak_converging_mib,
+        memory_end,
+        during,
+        bundle_bytes: second.bundle.size,
+        objects_per_agent: during[7] as f64 / s.agents as f64,
+    })
+}
+
+/// Enrols every agent with its labels, 16 requests at a time.
+async fn enroll(
+    addr: SocketAddr,
+    identities: &[ClusterIdentity],
+    keys: &Arc<Vec<SigningKey>>,
+) -> anyhow::Result<()> {
+    let lanes = 16.min(identities.len()).max(1);
+    let mut tasks = Vec::new();
+    for lane in 0..lanes {
+        let mine: Vec<(usize, ClusterIdentity)> = identities
+            .iter()
+            .enumerate()
+            .skip(lane)
+            .step_by(lanes)
+            .map(|(i, id)| (i, id.clone()))
+            .collect();
+        let keys = Arc::clone(keys);
+        tasks.push(tokio::spawn(async move {
+            let mut conn = Conn::open(addr).await?;
+            for (i, identity) in mine {
+                let body = crate::heartbeat::enroll_body(&keys[i], &identity.labels);
+                let path = format!("/api/v1/clusters/{}/enroll", identity.name);
+                let answer = conn.post(&path, body).await?;
+                anyhow::ensure!(
+                    answer.status == 201 || answer.status == 200,
+                    "enrolling {}: {} {}",
+                    identity.name,
+                    answer.status,
+                    String::from_utf8_lossy(&answer.body)
+                );
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(())
+}
+
+/// Reads the server's database four times a second until every cluster reports `serial`; returns when it
+/// saw that.
+async fn wait_converged(
+    db: &SqliteDb,
+    serial: u64,
+    agents: usize,
+    timeout: Duration,
+    server: &mut ServerProcess,
+) -> anyhow::Result<Instant> {
+    let deadline = Instant::now() + timeout;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        let clusters = db.list_clusters().await?;
+        let on_serial = clusters
+            .iter()
+            .filter(|c| c.applied_serial == Some(serial))
+            .count();
+        if on_serial >= agents {
+            return Ok(Instant::now());
+        }
+        server.check_running()?;
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "after {timeout:?}, {on_serial} of {agents} clusters report serial {serial}"
+        );
+    }
+}
+
+/// Samples a process's VmRSS every 100 ms until stopped; returns the largest, MiB.
+struct RssSampler {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<f64>,
+}
+
+impl RssSampler {
+    fn start(pid: u32) -> Self {
+        let (stop, mut stopped) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut peak: f64 = 0.0;
+            loop {
+                if let Ok(memory) = tree_memory(pid) {
+                    peak = peak.max(memory.rss_mib);
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    _ = stopped.changed() => return peak,
+                }
+            }
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> f64 {
+        self.stop.send_replace(true);
+        self.task.await.unwrap_or(0.0)
+    }
+}
+
+/// One simulated agent.
+struct SimAgent {
+    index: usize,
+    identity: ClusterIdentity,
+    key: SigningKey,
+    shared: Arc<Shared>,
+    conn: Option<Conn>,
+    jitter: Jitter,
+    etag: Option<String>,
+    /// The accepted release: pointer and its bundle's digest.
+    accepted: Option<ReleasePointer>,
+    /// The serial reported as applied.
+    applied: Option<u64>,
+    sequence: u64,
+    /// A heartbeat with a serial not yet acknowledged.
+    unreported: bool,
+}
+
+/// Why a request did not get a usable answer.
+enum Trouble {
+    /// 429: try again after this long.
+    Busy(Duration),
+    /// Anything else: counted, retried at the next turn.
+    Failed,
+}
+
+impl SimAgent {
+    fn new(index: usize, identity: ClusterIdentity, key: SigningKey, shared: Arc<Shared>) -> Self {
+        Self {
+            index,
+            identity,
+            key,
+            shared,
+            conn: None,
+            jitter: Jitter(index as u64 ^ 0x5EED),
+            etag: None,
+            accepted: None,
+            applied: None,
+            sequence: 0,
+            unreported: false,
+        }
+    }
+
+    async fn run(mut self, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+        let settings = self.shared.settings;
+        // As if it had been running: the first poll and heartbeat at a random phase.
+        let start = tokio::time::Instant::now();
+        let mut next_poll = start + settings.poll_interval.mul_f64(self.jitter.unit());
+        let mut next_heartbeat = start + settings.heartbeat_interval.mul_f64(self.jitter.unit());
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(next_poll.min(next_heartbeat)) => {}
+                _ = stop.changed() => return Ok(()),
+            }
+            let now = tokio::time::Instant::now();
+            if now >= next_poll {
+                next_poll = match self.poll().await {
+                    Ok(()) => now + self.jitter.around(settings.poll_interval),
+                    Err(Trouble::Busy(wait)) => now + wait,
+                    Err(Trouble::Failed) => now + Duration::from_secs(1),
+                };
+                if self.unreported {
+                    next_heartbeat = now;
+                }
+            }
+            if tokio::time::Instant::now() >= next_heartbeat {
+                next_heartbeat = match self.heartbeat().await {
+                    Ok(()) => {
+                        tokio::time::Instant::now()
+                            + self.jitter.around(settings.heartbeat_interval)
+                    }
+                    Err(Trouble::Busy(wait)) => tokio::time::Instant::now() + wait,
+                    Err(Trouble::Failed) => tokio::time::Instant::now() + Duration::from_secs(1),
+                };
+            }
+        }
+    }
+
+    /// Sends a request on the agent's connection, reopening it once if the server closed it.
+    async fn request(
+        &mut self,
+        path: &str,
+        body: Option<Bytes>,
+        etag: Option<&str>,
+    ) -> Option<crate::server::Answer> {
+        for _ in 0..2 {
+            if self.conn.as_ref().is_none_or(|c| !c.is_open()) {
+                self.shared
+                    .counters
+                    .reconnects
+                    .fetch_add(1, Ordering::Relaxed);
+                self.conn = Conn::open(self.shared.addr).await.ok();
+            }
+            let conn = self.conn.as_mut()?;
+            let result = match &body {
+                Some(body) => conn.post(path, body.clone()).await,
+                None => {
+                    let headers: Vec<(&str, &str)> =
+                        etag.map(|e| ("if-none-match", e)).into_iter().collect();
+                    conn.get(path, &headers).await
+                }
+            };
+            match result {
+                Ok(answer) => return Some(answer),
+                Err(_) => {
+                    self.shared.counters.errors.fetch_add(1, Ordering::Relaxed);
+                    self.conn = None;
+                }
+            }
+        }
+        None
+    }
+
+    async fn poll(&mut self) -> Result<(), Trouble> {
+        let counters = &self.shared.counters;
+        counters.polls.fetch_add(1, Ordering::Relaxed);
+        let etag = self.etag.clone();
+        let path = format!("/channels/{CHANNEL}.json");
+        let answer = self
+            .request(&path, None, etag.as_deref())
+            .await
+            .ok_or(Trouble::Failed)?;
+        let counters = &self.shared.counters;
+        match answer.status {
+            304 => {
+                counters.not_modified.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            200 => {}
+            429 => {
+                return Err(Trouble::Busy(
+                    answer.retry_after.unwrap_or(Duration::from_secs(5)),
+                ));
+            }
+            _ => {
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+                return Err(Trouble::Failed);
+            }
+        }
+        let highest = self
+            .accepted
+            .as_ref()
+            .map(|p| (p.serial, p.bundle.sha256.as_str()));
+        let mut expect =
+            PointerExpectations::new(&self.shared.trusted, FLEET, CHANNEL, Timestamp::now());
+        expect.highest_accepted = highest;
+        let Ok(release) = verify_pointer(&answer.body, &expect) else {
+            counters.errors.fetch_add(1, Ordering::Relaxed);
+            return Err(Trouble::Failed);
+        };
+        let pointer = release.pointer;
+        if let Some(slot) = Moments::slot(&self.shared.moments.saw, pointer.serial, self.index) {
+            let _ = slot.compare_exchange(
+                u64::MAX,
+                self.shared.now_ms(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+        if self
+            .accepted
+            .as_ref()
+            .is_some_and(|p| p.bundle.sha256 == pointer.bundle.sha256)
+        {
+            self.etag = answer.etag;
+            return Ok(());
+        }
+        let bundle_path = format!("/bundles/{}.json", pointer.bundle.sha256);
+        let bundle = self
+            .request(&bundle_path, None, None)
+            .await
+            .ok_or(Trouble::Failed)?;
+        let counters = &self.shared.counters;
+        counters.bundles.fetch_add(1, Ordering::Relaxed);
+        if bundle.status != 200 {
+            counters.errors.fetch_add(1, Ordering::Relaxed);
+            return Err(Trouble::Failed);
+        }
+        let Ok(bundle) = verify_bundle(
+            &bundle.body,
+            &pointer,
+            DEFAULT_MAX_BUNDLE_BYTES,
+            BundleLimits::default(),
+        ) else {
+            counters.errors.fetch_add(1, Ordering::Relaxed);
+            return Err(Trouble::Failed);
+        };
+        // The agent's render: every selected app, then its desired objects.
+        let mut objects = 0;
+        for app in selected_apps(&bundle, &self.identity) {
+            let rendered = render_app(app, &self.identity)
+                .and_then(|r| desired_objects(&bundle.fleet, &r))
+                .map_err(|_| Trouble::Failed)?;
+            objects += rendered.len();
+        }
+        counters
+            .objects
+            .fetch_add(objects as u64, Ordering::Relaxed);
+        self.applied = Some(pointer.serial);
+        self.accepted = Some(pointer);
+        self.etag = answer.etag;
+        self.unreported = true;
+        Ok(())
+    }
+
+    async fn heartbeat(&mut self) -> Result<(), Trouble> {
+        self.sequence += 1;
+        let heartbeat = Heartbeat {
+            cluster: self.identity.name.clone(),
+            fleet: FLEET.into(),
+            sequence: self.sequence,
+            sent_at: Timestamp::now(),
+            interval_seconds: self.shared.settings.heartbeat_interval.as_secs().max(1),
+            agent_version: "0.1.0".into(),
+            labels: self.identity.labels.clone(),
+            state: if self.applied.is_some() {
+                SyncState::Synced
+            } else {
+                SyncState::Progressing
+            },
+            source: SourceReport {
+                channel: CHANNEL.into(),
+                applied_serial: self.applied,
+                applied_sha256: self.accepted.as_ref().map(|p| p.bundle.sha256.clone()),
+                ..SourceReport::default()
+            },
+            counts: BTreeMap::new(),
+            apps: vec![],
+            problems: vec![],
+            drift: vec![],
+            last_error: None,
+        };
+        let payload = serde_json::to_vec(&heartbeat).map_err(|_| Trouble::Failed)?;
+        let body =
+            Bytes::from(dsse::sign(HEARTBEAT_PAYLOAD_TYPE, &payload, &self.key).to_json_bytes());
+        let path = format!("/api/v1/clusters/{}/heartbeat", self.identity.name);
+        let answer = self
+            .request(&path, Some(body), None)
+            .await
+            .ok_or(Trouble::Failed)?;
+        let counters = &self.shared.counters;
+        counters.heartbeats.fetch_add(1, Ordering::Relaxed);
+        match answer.status {
+            200..=299 => {
+                if let Some(serial) = self.applied
+                    && let Some(slot) =
+                        Moments::slot(&self.shared.moments.acked, serial, self.index)
+                {
+                    let _ = slot.compare_exchange(
+                        u64::MAX,
+                        self.shared.now_ms(),
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    );
+                }
+                self.unreported = false;
+                Ok(())
+            }
+            429 => {
+                counters.shed.fetch_add(1, Ordering::Relaxed);
+                Err(Trouble::Busy(
+                    answer.retry_after.unwrap_or(Duration::from_secs(5)),
+                ))
+            }
+            _ => {
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+                Err(Trouble::Failed)
+            }
+        }
+    }
+}
+
+/// The rows: convergence against the poll schedule (goal), the server's own delay (goal), its CPU and memory,
+/// and the enrolment.
+pub fn report(m: &Convergence, s: Settings, results: &mut crate::Results) {
+    let secs = |d: Duration| d.as_secs_f64();
+    let interval = s.poll_interval.as_secs_f64();
+    let longest_wait = interval * (1.0 + JITTER);
+    let [
+        polls,
+        not_modified,
+        bundles,
+        heartbeats,
+        shed,
+        errors,
+        reconnects,
+        _,
+    ] = m.during;
+    let agents = format_count(m.agents);
+    results.rows.push(
+        Row::new(
+            "convergence",
+            "convergence_seconds",
+            &format!("fleet convergence, {agents} simulated agents"),
+            Unit::Seconds,
+            secs(m.converged),
+        )
+        .baseline("poll schedule: last agent's first poll after publish", secs(m.last_saw))
+        .goal(Goal::AtMost(longest_wait + 5.0))
+        .note(format!(
+            "publish until the server's database shows every cluster on the new serial (read 4×/s); poll \
+             interval {interval:.0} s with the agent's ±20 % jitter, so an agent may wait up to {longest_wait:.0} s: \
+             the goal is that longest poll interval + 5 s. The last 2xx to a heartbeat with the new serial came \
+             {:.1} s after the publish. While converging: {polls} polls ({not_modified} answered 304), {bundles} \
+             bundle downloads ({} bytes each), {heartbeats} heartbeats, {shed} shed with 429, {errors} failed \
+             requests retried, {reconnects} connections (re)opened; each agent rendered {:.0} objects for its \
+             labels. Cold start (agents starting at random phases on the first release): {:.1} s",
+            secs(m.last_acked),
+            m.bundle_bytes,
+            m.objects_per_agent,
+            secs(m.cold_start),
+        )),
+    );
+    results.rows.push(
+        Row::new(
+            "convergence",
+            "convergence_server_delay_seconds",
+            "convergence: server's delay beyond the poll schedule",
+            Unit::Seconds,
+            secs(m.converged.saturating_sub(m.last_saw)),
+        )
+        .goal(Goal::AtMost(5.0))
+        .note(
+            "convergence minus the schedule's floor: the last bundle download, verification, render and \
+             heartbeat round trip, and the database read's resolution (0.25 s)",
+        ),
+    );
+    results.rows.push(
+        Row::new(
+            "convergence",
+            "convergence_server_cores",
+            &format!("server CPU while converging, {agents} agents"),
+            Unit::Cores,
+            m.converging_cores,
+        )
+        .baseline("same fleet idle (304s and heartbeats)", m.idle_cores)
+        .note(format!(
+            "CPU seconds per second of windvane-server (/proc) from the publish until converged; idle: over {:.0} s \
+             of the converged fleet polling and reporting before the publish. Meanwhile the simulated agents \
+             used {:.2} cores, other processes on the machine {:.2}",
+            secs(m.idle_length),
+            m.bench_cores,
+            m.others_cores
+        )),
+    );
+    results.rows.push(
+        Row::new(
+            "convergence",
+            "convergence_server_rss_mib",
+            &format!("server RSS while converging, {agents} agents"),
+            Unit::MiB,
+            m.rss_peak_converging_mib,
+        )
+        .baseline("before the agents connected", m.memory_before.rss_mib)
+        .note(format!(
+            "largest VmRSS sampled every 100 ms while converging; {agents} keep-alive connections open. Before: {}; \
+             at the end: {}",
+            m.memory_before.describe(),
+            m.memory_end.describe()
+        )),
+    );
+    results.rows.push(
+        Row::new(
+            "convergence",
+            "enrolment_seconds",
+            &format!("enrolment of {agents} agents (registration token)"),
+            Unit::Seconds,
+            secs(m.enrol),
+        )
+        .note(format!(
+            "16 at a time, one SQLite transaction (fsync) each: {:.0} enrolments/s",
+            m.agents as f64 / secs(m.enrol).max(0.001)
+        )),
+    );
+    results.details.insert(
+        "convergence".into(),
+        serde_json::json!({
+            "agents": m.agents,
+            "pollIntervalSeconds": interval,
+            "jitter": JITTER,
+            "enrolSeconds": secs(m.enrol),
+            "coldStartSeconds": secs(m.cold_start),
+            "convergedSeconds": secs(m.converged),
+            "lastSawSeconds": secs(m.last_saw),
+            "lastAckedSeconds": secs(m.last_acked),
+            "convergingCores": m.converging_cores,
+            "agentsCores": m.bench_cores,
+            "otherProcessesCores": m.others_cores,
+            "idleCores": m.idle_cores,
+            "rssBeforeMiB": m.memory_before.rss_mib,
+            "rssPeakConvergingMiB": m.rss_peak_converging_mib,
+            "rssEndMiB": m.memory_end.rss_mib,
+            "hwmEndMiB": m.memory_end.peak_mib,
+            "polls": polls, "notModified": not_modified, "bundles": bundles, "heartbeats": heartbeats,
+            "shed": shed, "errors": errors, "reconnects": reconnects,
+            "bundleBytes": m.bundle_bytes,
+            "objectsPerAgent": m.objects_per_agent,
+        }),
+    );
+}
+
+/// `10,000`.
+fn format_count(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
