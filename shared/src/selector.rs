@@ -189,6 +189,10 @@ impl fmt::Display for LabelSelector {
             let key = &requirement.key;
             let values = requirement.values.join(",");
             match requirement.operator {
+                // `k in ()` would be an empty value list, which the parser refuses. Parsed text gives this
+                // requirement only for a second, conflicting `k=`, which is how it reads back; a structured
+                // selector's `In [""]` means what `k=` means.
+                Operator::In if requirement.values == [""] => write!(f, "{key}=")?,
                 Operator::In => write!(f, "{key} in ({values})")?,
                 Operator::NotIn if requirement.values.len() == 1 => write!(f, "{key}!={values}")?,
                 Operator::NotIn => write!(f, "{key} notin ({values})")?,

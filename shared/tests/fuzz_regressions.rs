@@ -3,6 +3,7 @@
 //! running a fuzzer. How a crash becomes one of these: `fuzz/README.md`.
 
 use serde_json::{Value, json};
+use windvane_shared::selector::LabelSelector;
 use windvane_shared::yaml::{YamlLimits, documents_to_json, json_to_value};
 use windvane_shared::yaml_out::to_yaml_string;
 
@@ -89,5 +90,27 @@ fn yaml_out_never_starts_a_line_with_a_document_marker() {
         json!(["...", {"... y": "..."}]),
     ] {
         assert_yaml_round_trip(&value);
+    }
+}
+
+/// fuzz/artifacts/http_request/crash-3075c630…: the fleet page's `selector` query parameter (percent-decoded
+/// below) gives the key `FaileKKKKKKKokK5nor` two different values, the second one empty. The second equality
+/// becomes an `In` requirement with the single value `""`, which `Display` wrote as `key in ()`, a form the
+/// parser refuses: the page showed a selector that cannot be typed back. It is now written as `key=`, which
+/// reads back as the same requirement.
+#[test]
+fn a_selector_with_a_conflicting_empty_equality_displays_as_it_parses() {
+    let from_query = concat!(
+        "envMKKKeKKKKKknown,FaileKKKKKKKokK5nor=envMKKKKKKknwi,aonFleKKKKKknowKEok25nor=envMKKKKKKk,",
+        "ileKKKKKKKokK5nor77b6cd84cddwn,FaileKKKKknwi,aonFleKKKKKknown,FaileKKKKKKKokK5nor=envMsjsonKk,",
+        "Fano5ccd730dbc08877DKKKeKKKKKknown,FaileKKKKKKKokK5nor=,Fa.o057ddc3cbc08877b6cd8nce=1h30m",
+    );
+    for text in [from_query, "env=a,env=", "env=,env=a", "env=a,env=,env=b"] {
+        let selector = LabelSelector::parse(text).expect("the selector parses");
+        let shown = selector.to_string();
+        let again = LabelSelector::parse(&shown).unwrap_or_else(|e| {
+            panic!("{text:?} is shown as {shown:?}, which does not parse: {e}")
+        });
+        assert_eq!(again, selector, "{text:?} is shown as {shown:?}");
     }
 }
