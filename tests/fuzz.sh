@@ -8,7 +8,8 @@
 #   tests/fuzz.sh 120 yaml bundle # only these targets
 #
 # Environment: FUZZ_SANITIZER=address (needs a nightly toolchain; the default, none, works on stable);
-# FUZZ_TOOLCHAIN to pick the toolchain (default: the active one, or nightly for a sanitizer).
+# FUZZ_TOOLCHAIN to pick the toolchain (default: the active one, or nightly for a sanitizer); FUZZ_TARGET_DIR
+# to build somewhere other than fuzz/target (a directory kept between CI runs makes the build incremental).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,8 +40,9 @@ fi
 
 # Debug assertions and overflow checks stay on (cargo-fuzz's default without -O): an overflow is a finding.
 start=$(date +%s)
-"${cargo_cmd[@]}" fuzz build --sanitizer "$sanitizer" --codegen-units 16
-bin_dir="fuzz/target/x86_64-unknown-linux-gnu/release"
+target_dir="$(realpath -m "${FUZZ_TARGET_DIR:-fuzz/target}")"
+"${cargo_cmd[@]}" fuzz build --sanitizer "$sanitizer" --codegen-units 16 --target-dir "$target_dir"
+bin_dir="$target_dir/x86_64-unknown-linux-gnu/release"
 echo "built in $(($(date +%s) - start)) s"
 
 failed=()
