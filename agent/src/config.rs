@@ -55,7 +55,7 @@ pub struct AgentArgs {
         env = "WINDVANE_LABELS"
     )]
     pub labels: Vec<String>,
-    /// Kubeconfig file; default: in-cluster service account, then $KUBECONFIG, then ~/.kube/config.
+    /// Kubeconfig file; default: $KUBECONFIG, then ~/.kube/config, then the in-cluster service account.
     #[arg(long, value_name = "FILE", env = "WINDVANE_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Namespace of the agent's own state (Secrets, Lease). [default: windvane-system]

@@ -179,7 +179,7 @@ async fn kube_client(kubeconfig: Option<&std::path::PathBuf>) -> anyhow::Result<
                 .with_context(|| format!("kubeconfig {}", path.display()))?
         }
         None => kube::Config::infer().await.context(
-            "finding Kubernetes credentials (in-cluster, $KUBECONFIG or ~/.kube/config)",
+            "finding Kubernetes credentials ($KUBECONFIG, ~/.kube/config, or in-cluster)",
         )?,
     };
     kube::Client::try_from(kube_config).context("creating the Kubernetes client")
