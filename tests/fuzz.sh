@@ -45,6 +45,12 @@ target_dir="$(realpath -m "${FUZZ_TARGET_DIR:-fuzz/target}")"
 bin_dir="$target_dir/x86_64-unknown-linux-gnu/release"
 echo "built in $(($(date +%s) - start)) s"
 
+# Targets that need files (fleet_source) make a temporary directory that libFuzzer's exit never removes:
+# keep them all in one that is removed here.
+export TMPDIR
+TMPDIR=$(mktemp -d)
+trap 'rm -rf "$TMPDIR"' EXIT
+
 failed=()
 mkdir -p fuzz/logs
 for target in "${targets[@]}"; do
