@@ -84,6 +84,7 @@ for target in "${targets[@]}"; do
 done
 
 echo "fuzzing took $(($(date +%s) - start)) s for ${#targets[@]} targets at ${seconds} s each"
+echo "fuzz: $((${#targets[@]} - ${#failed[@]})) passed, ${#failed[@]} failed"
 if [ "${#failed[@]}" -gt 0 ]; then
   echo "fuzz targets that crashed: ${failed[*]}" >&2
   exit 1
