@@ -3,7 +3,7 @@
 # one target after another in a single process. Exits non-zero when any target crashes, printing the
 # reproducer's path; every crash becomes a regression test (fuzz/README.md says how).
 #
-#   tests/fuzz.sh                 # 20 s per target: the CI run
+#   tests/fuzz.sh                 # 20 s per target (CI runs `tests/fuzz.sh 10`)
 #   tests/fuzz.sh 600             # 10 min per target
 #   tests/fuzz.sh 120 yaml bundle # only these targets
 #
