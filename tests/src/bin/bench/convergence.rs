@@ -290,7 +290,11 @@ pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<
             .collect(),
     );
     let enrolling = Instant::now();
-    enroll(server.addr, &identities, &keys).await?;
+    let clusters: Vec<crate::heartbeat::Enrolment> = identities
+        .iter()
+        .map(|id| (id.name.clone(), id.labels.clone()))
+        .collect();
+    crate::heartbeat::enroll_all(server.addr, &clusters, &keys).await?;
     let enrol = enrolling.elapsed();
     let memory_before = tree_memory(pid)?;
 
@@ -392,46 +396,6 @@ pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<
         bundle_bytes: second.bundle.size,
         objects_per_agent: during[7] as f64 / s.agents as f64,
     })
-}
-
-/// Enrols every agent with its labels, 16 requests at a time.
-async fn enroll(
-    addr: SocketAddr,
-    identities: &[ClusterIdentity],
-    keys: &Arc<Vec<SigningKey>>,
-) -> anyhow::Result<()> {
-    let lanes = 16.min(identities.len()).max(1);
-    let mut tasks = Vec::new();
-    for lane in 0..lanes {
-        let mine: Vec<(usize, ClusterIdentity)> = identities
-            .iter()
-            .enumerate()
-            .skip(lane)
-            .step_by(lanes)
-            .map(|(i, id)| (i, id.clone()))
-            .collect();
-        let keys = Arc::clone(keys);
-        tasks.push(tokio::spawn(async move {
-            let mut conn = Conn::open(addr).await?;
-            for (i, identity) in mine {
-                let body = crate::heartbeat::enroll_body(&keys[i], &identity.labels);
-                let path = format!("/api/v1/clusters/{}/enroll", identity.name);
-                let answer = conn.post(&path, body).await?;
-                anyhow::ensure!(
-                    answer.status == 201 || answer.status == 200,
-                    "enrolling {}: {} {}",
-                    identity.name,
-                    answer.status,
-                    String::from_utf8_lossy(&answer.body)
-                );
-            }
-            anyhow::Ok(())
-        }));
-    }
-    for task in tasks {
-        task.await??;
-    }
-    Ok(())
 }
 
 /// Reads the server's database four times a second until every cluster reports `serial`; returns when it

@@ -190,7 +190,8 @@ pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<
     let mut server = ServerProcess::start(binary, &root, work, "heartbeat-server", &[]).await?;
     let names: Vec<String> = (0..s.clusters).map(|i| format!("cluster-{i:06}")).collect();
     let keys: Arc<Vec<SigningKey>> = Arc::new((0..s.clusters).map(cluster_key).collect());
-    enroll_all(server.addr, &names, &keys).await?;
+    let clusters: Vec<Enrolment> = names.iter().map(|name| (name.clone(), labels())).collect();
+    enroll_all(server.addr, &clusters, &keys).await?;
 
     let total = s.rate * s.length.as_secs().max(1);
     let connections = s.connections.min(s.clusters).max(1);
@@ -229,27 +230,30 @@ pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<
     })
 }
 
-/// Enrols every cluster, 16 requests at a time.
+/// A cluster to enrol: its name and labels.
+pub type Enrolment = (String, BTreeMap<String, String>);
+
+/// Enrols every cluster (name and labels; cluster `i` signs with `keys[i]`), 16 requests at a time.
 pub async fn enroll_all(
     addr: SocketAddr,
-    names: &[String],
+    clusters: &[Enrolment],
     keys: &Arc<Vec<SigningKey>>,
 ) -> anyhow::Result<()> {
-    let lanes = 16.min(names.len()).max(1);
+    let lanes = 16.min(clusters.len()).max(1);
     let mut tasks = Vec::new();
     for lane in 0..lanes {
-        let names: Vec<(usize, String)> = names
+        let mine: Vec<(usize, Enrolment)> = clusters
             .iter()
             .enumerate()
             .skip(lane)
             .step_by(lanes)
-            .map(|(i, n)| (i, n.clone()))
+            .map(|(i, cluster)| (i, cluster.clone()))
             .collect();
         let keys = Arc::clone(keys);
         tasks.push(tokio::spawn(async move {
             let mut conn = Conn::open(addr).await?;
-            for (i, name) in names {
-                let body = enroll_body(&keys[i], &labels());
+            for (i, (name, labels)) in mine {
+                let body = enroll_body(&keys[i], &labels);
                 let answer = conn
                     .post(&format!("/api/v1/clusters/{name}/enroll"), body)
                     .await?;
