@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use fault_support::{
-    SYNC, config_map, config_map_names, config_maps_yaml, data, holds_for, inventory, plain,
-    pruned_count, wait_config_map,
+    SYNC, WIDGET_CRD, config_map, config_map_names, config_maps_yaml, data, holds_for, inventory,
+    plain, pruned_count, wait_config_map,
 };
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -520,25 +520,6 @@ async fn a_finalizer_blocks_a_prune_and_the_survivor_stays_in_the_inventory_unti
     Ok(())
 }
 
-const CRD: &str = "\
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: widgets.example.com}
-spec:
-  group: example.com
-  names: {kind: Widget, plural: widgets, singular: widget}
-  scope: Namespaced
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema:
-          type: object
-          properties:
-            spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
-";
-
 fn widgets_yaml(range: std::ops::Range<usize>) -> String {
     range
         .map(|i| format!("apiVersion: example.com/v1\nkind: Widget\nmetadata: {{name: w-{i}, namespace: default}}\nspec: {{size: 3}}\n"))
@@ -659,7 +640,7 @@ async fn an_expired_watch_relists_without_repeating_writes_or_deletes() -> anyho
     let kube = LocalKube::start().await?;
     let proxy = CutProxy::start(kube.server_url().trim_start_matches("https://").parse()?).await?;
     let publisher = Publisher::new(36)?;
-    let fleet = tree(&format!("{CRD}---\n{}", widgets_yaml(0..4)))?;
+    let fleet = tree(&format!("{WIDGET_CRD}---\n{}", widgets_yaml(0..4)))?;
     publisher.publish(&fleet, "stable")?;
     let server = StoreServer::start(publisher.store()).await?;
     let mut options = AgentOptions::new(&server.url(), &publisher.public_key_path(), "c1");
@@ -673,7 +654,7 @@ async fn an_expired_watch_relists_without_repeating_writes_or_deletes() -> anyho
     // One prune before the fault, so that a relist that repeated destructive actions would show.
     fleet.write(
         "app/objects.yaml",
-        &format!("{CRD}---\n{}", widgets_yaml(0..3)),
+        &format!("{WIDGET_CRD}---\n{}", widgets_yaml(0..3)),
     )?;
     publisher.publish(&fleet, "stable")?;
     wait_for("w-3 pruned", SYNC, || async {
@@ -695,7 +676,7 @@ async fn an_expired_watch_relists_without_repeating_writes_or_deletes() -> anyho
         .resource_version
         .context("a list has a resourceVersion")?;
 
-    // The agent goes blind. Meanwhile another manager changes the CRD's spec (a short name, a field Windvane
+    // The agent goes blind. Meanwhile another manager changes the WIDGET_CRD's spec (a short name, a field Windvane
     // does not own), so the API server rebuilds the Widgets' storage and watch cache; w-0 is deleted and w-1
     // edited.
     proxy.cut();

@@ -1,4 +1,4 @@
-//! The agent's sync engine against a real control plane (localkube): first sync of a release with a CRD and
+//! The agent's sync engine against a real control plane (localkube): first sync of a release with a WIDGET_CRD and
 //! its custom resources, a Namespace, a Deployment and ConfigMaps; changes, pruning, orphans, relabelling;
 //! refused releases (tampered, badly signed, rolled back, another fleet's, expired) that leave the last known
 //! good enforced; a source that is down at start; objects that fail without blocking the rest; and two agents
@@ -6,6 +6,9 @@
 
 use std::time::Duration;
 
+mod fault_support;
+
+use fault_support::{SYNC, WIDGET_CRD, config_map, data, wait_config_map};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DeleteParams, DynamicObject};
@@ -14,8 +17,6 @@ use serde_json::Value;
 use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher, object_state};
 use windvane_tests::localkube::{LocalKube, wait_for};
 use windvane_tests::store_server::StoreServer;
-
-const SYNC: Duration = Duration::from_secs(90);
 
 const FLEET_YAML: &str = "\
 fleet: acme
@@ -28,25 +29,6 @@ apps:
   - name: keep
     path: apps/keep
     policy: {prune: false}
-";
-
-const CRD: &str = "\
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: widgets.example.com}
-spec:
-  group: example.com
-  names: {kind: Widget, plural: widgets, singular: widget}
-  scope: Namespaced
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema:
-          type: object
-          properties:
-            spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
 ";
 
 const WORKLOAD: &str = "\
@@ -96,37 +78,10 @@ data: {k: v}
 fn fleet_tree() -> anyhow::Result<FleetTree> {
     let tree = FleetTree::new()?;
     tree.write("fleet.yaml", FLEET_YAML)?;
-    tree.write("apps/widgets/crd.yaml", CRD)?;
+    tree.write("apps/widgets/crd.yaml", WIDGET_CRD)?;
     tree.write("apps/widgets/workload.yaml", WORKLOAD)?;
     tree.write("apps/keep/configmaps.yaml", KEEP)?;
     Ok(tree)
-}
-
-async fn config_map(
-    kube: &LocalKube,
-    namespace: &str,
-    name: &str,
-) -> anyhow::Result<Option<ConfigMap>> {
-    Ok(Api::<ConfigMap>::namespaced(kube.client(), namespace)
-        .get_opt(name)
-        .await?)
-}
-
-async fn wait_config_map(
-    kube: &LocalKube,
-    namespace: &str,
-    name: &str,
-    check: impl Fn(Option<&ConfigMap>) -> bool,
-) -> anyhow::Result<()> {
-    wait_for(&format!("ConfigMap {namespace}/{name}"), SYNC, || async {
-        let cm = config_map(kube, namespace, name).await?;
-        Ok(check(cm.as_ref()).then_some(()))
-    })
-    .await
-}
-
-fn data<'a>(cm: Option<&'a ConfigMap>, key: &str) -> Option<&'a str> {
-    cm?.data.as_ref()?.get(key).map(String::as_str)
 }
 
 fn refusal(status: &Value) -> Option<&str> {

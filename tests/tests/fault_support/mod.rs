@@ -1,4 +1,5 @@
-//! Helpers shared by the fault tests (`source_faults`, `agent_faults`): reading ConfigMaps, the agent's
+//! Helpers shared by the sync and fault tests (`agent_sync`, `source_faults`, `agent_faults`): reading ConfigMaps,
+//! a CRD (`Widget`), the agent's
 //! persisted inventory (through the agent's own state code) and its `/metrics`, the agent's memory from
 //! `/proc`, fleet trees of many ConfigMaps, and releases signed by hand for cases `windvane publish` refuses
 //! to make (an empty release without `allowEmpty`, a replayed serial, a pointer from the future).
@@ -19,6 +20,26 @@ use windvane_shared::keys::signing_key_from_seed;
 use windvane_shared::release::{BundleRef, ReleasePointer};
 use windvane_tests::fleet::{AGENT_NAMESPACE, FleetTree};
 use windvane_tests::localkube::{LocalKube, wait_for};
+
+/// A namespaced custom resource definition, `widgets.example.com`, for releases that carry a CRD.
+pub const WIDGET_CRD: &str = "\
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: widgets.example.com}
+spec:
+  group: example.com
+  names: {kind: Widget, plural: widgets, singular: widget}
+  scope: Namespaced
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
+";
 
 /// Deadline for anything the agent does on its own (generous: a loaded 2-core machine).
 pub const SYNC: Duration = Duration::from_secs(90);
