@@ -236,13 +236,24 @@ async fn contract(db: &impl Database) {
         "claims forgotten too"
     );
 
-    // Pruning the log keeps the clusters' latest state.
+    // Pruning the log keeps the clusters' latest state and what arrived since.
+    let mut recent = verified(&mut new_alpha, SyncState::Synced);
+    recent.received_at = later
+        .checked_add(jiff::SignedDuration::from_secs(1))
+        .expect("in range");
+    assert_eq!(
+        db.ingest(vec![recent].into()).await.expect("ingest"),
+        vec![IngestOutcome::Accepted {
+            previous: Some(SyncState::Degraded)
+        }]
+    );
     let pruned = db.prune(later).await.expect("prune");
     assert_eq!(
-        pruned, 2,
-        "alpha's two rows (the rekeyed agent's sequence 1 replaced the old one's)"
+        pruned, 3,
+        "alpha's rows before `later`: both sequence 1s (the old key's and the rekeyed agent's) and sequence 2"
     );
-    assert_eq!(db.heartbeat_count(None).await.expect("count"), 0);
+    assert_eq!(db.heartbeat_count(None).await.expect("count"), 1);
+    assert_eq!(db.prune(later).await.expect("prune again"), 0);
     assert_eq!(
         db.get_cluster("alpha")
             .await
@@ -250,7 +261,7 @@ async fn contract(db: &impl Database) {
             .expect("exists")
             .0
             .state,
-        Some(SyncState::Degraded)
+        Some(SyncState::Synced)
     );
 }
 
@@ -274,4 +285,65 @@ async fn postgres_keeps_the_contract() {
     drop(db);
     let again = PostgresDb::open(&url).await.expect("reopen");
     assert_eq!(again.list_clusters().await.expect("list").len(), 1);
+}
+
+/// The heartbeat log's first layout, as an earlier server created it.
+const OLD_LOG: &str = "CREATE TABLE heartbeats (cluster TEXT NOT NULL, sequence BIGINT NOT NULL, \
+     received_ms BIGINT NOT NULL, state TEXT NOT NULL, PRIMARY KEY (cluster, sequence)); \
+     INSERT INTO heartbeats VALUES ('alpha', 2, 2000, 'Synced'), ('alpha', 1, 1000, 'Progressing');";
+
+#[tokio::test]
+async fn sqlite_moves_an_old_heartbeat_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir
+        .path()
+        .join(windvane_source_server::server::db::sqlite::FILE_NAME);
+    rusqlite::Connection::open(&file)
+        .and_then(|c| c.execute_batch(OLD_LOG))
+        .expect("old layout");
+    let db = SqliteDb::open(dir.path()).expect("open migrates");
+    assert_eq!(db.heartbeat_count(Some("alpha")).await.expect("count"), 2);
+    drop(db);
+    let conn = rusqlite::Connection::open(&file).expect("open");
+    let (old_tables, first): (i64, i64) = conn
+        .query_row(
+            "SELECT (SELECT COUNT(*) FROM sqlite_master WHERE name = 'heartbeats'), \
+             (SELECT sequence FROM heartbeat_log ORDER BY id LIMIT 1)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("query");
+    assert_eq!(
+        (old_tables, first),
+        (0, 1),
+        "old table dropped, rows oldest first"
+    );
+    SqliteDb::open(dir.path()).expect("opening again is a no-op");
+}
+
+#[tokio::test]
+async fn postgres_moves_an_old_heartbeat_log() {
+    let pg = Postgres::start();
+    let url = pg.database("migrate").await;
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    client.batch_execute(OLD_LOG).await.expect("old layout");
+    let db = PostgresDb::open(&url).await.expect("open migrates");
+    assert_eq!(db.heartbeat_count(Some("alpha")).await.expect("count"), 2);
+    let row = client
+        .query_one(
+            "SELECT to_regclass('heartbeats') IS NULL, \
+             (SELECT sequence FROM heartbeat_log ORDER BY id LIMIT 1)",
+            &[],
+        )
+        .await
+        .expect("query");
+    assert!(row.get::<_, bool>(0), "old table dropped");
+    assert_eq!(row.get::<_, i64>(1), 1, "rows oldest first");
+    drop(db);
+    PostgresDb::open(&url)
+        .await
+        .expect("opening again is a no-op");
 }

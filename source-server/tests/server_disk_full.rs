@@ -271,7 +271,7 @@ async fn a_full_disk_under_the_database_is_answered_503_and_nothing_acknowledged
         .expect("integrity check");
     assert_eq!(check, "ok");
     let mut stored: Vec<u64> = conn
-        .prepare("SELECT sequence FROM heartbeats WHERE cluster = 'c1' ORDER BY sequence")
+        .prepare("SELECT sequence FROM heartbeat_log WHERE cluster = 'c1' ORDER BY sequence")
         .expect("prepare")
         .query_map([], |r| r.get::<_, i64>(0))
         .expect("query")

@@ -68,7 +68,7 @@ async fn acknowledged_heartbeats_survive_kill_9() {
     for (cluster, sequence) in &acked {
         let found: i64 = conn
             .query_row(
-                "SELECT COUNT(*) FROM heartbeats WHERE cluster = ?1 AND sequence = ?2",
+                "SELECT COUNT(*) FROM heartbeat_log WHERE cluster = ?1 AND sequence = ?2",
                 rusqlite::params![cluster, *sequence as i64],
                 |r| r.get(0),
             )

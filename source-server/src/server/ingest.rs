@@ -400,7 +400,11 @@ pub async fn run_writer(
             jobs.drain(..).map(|j| (j.heartbeat, j.reply)).unzip();
         let batch: Arc<[VerifiedHeartbeat]> = batch.into();
         let span = tracing::debug_span!("ingest_batch", size = batch.len());
+        let started = std::time::Instant::now();
         let result = tracing::Instrument::instrument(db.ingest(Arc::clone(&batch)), span).await;
+        metrics
+            .ingest_commit_seconds
+            .observe(started.elapsed().as_secs_f64());
         metrics.ingest_batches.fetch_add(1, Ordering::Relaxed);
         match result {
             Ok(outcomes) => {

@@ -55,7 +55,7 @@ impl HeartbeatResult {
 }
 
 /// The server's counters.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     heartbeats: [AtomicU64; 10],
     pub drift_events: AtomicU64,
@@ -67,6 +67,75 @@ pub struct Metrics {
     pub notifications_dropped: AtomicU64,
     pub ingest_batches: AtomicU64,
     pub ingest_queue_depth: AtomicU64,
+    /// How long storing a batch of heartbeats took (one transaction, its fsync included).
+    pub ingest_commit_seconds: Histogram<11>,
+    /// Signatures per batched check.
+    pub signature_batch_size: Histogram<7>,
+}
+
+/// A Prometheus histogram with fixed upper bounds, updated without locks.
+#[derive(Debug)]
+pub struct Histogram<const N: usize> {
+    bounds: [f64; N],
+    /// Observations at or below each bound (not cumulative; the last slot is above every bound).
+    counts: [AtomicU64; N],
+    above: AtomicU64,
+    /// The sum, in millionths of the unit.
+    sum_micros: AtomicU64,
+}
+
+impl<const N: usize> Histogram<N> {
+    pub fn new(bounds: [f64; N]) -> Self {
+        Histogram {
+            bounds,
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            above: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, value: f64) {
+        match self.bounds.iter().position(|bound| value <= *bound) {
+            Some(i) => self.counts[i].fetch_add(1, Ordering::Relaxed),
+            None => self.above.fetch_add(1, Ordering::Relaxed),
+        };
+        self.sum_micros
+            .fetch_add((value * 1e6).round() as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (bound, count) in self.bounds.iter().zip(&self.counts) {
+            cumulative += count.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        }
+        cumulative += self.above.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cumulative}");
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            heartbeats: Default::default(),
+            drift_events: AtomicU64::new(0),
+            drift_critical: AtomicU64::new(0),
+            enrollments_ok: AtomicU64::new(0),
+            enrollments_refused: AtomicU64::new(0),
+            notifications_sent: AtomicU64::new(0),
+            notifications_failed: AtomicU64::new(0),
+            notifications_dropped: AtomicU64::new(0),
+            ingest_batches: AtomicU64::new(0),
+            ingest_queue_depth: AtomicU64::new(0),
+            ingest_commit_seconds: Histogram::new([
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+            ]),
+            signature_batch_size: Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+        }
+    }
 }
 
 impl Metrics {
@@ -189,6 +258,16 @@ pub fn render(metrics: &Metrics, fleet: &FleetGauges) -> String {
         "windvane_ingest_queue_depth {}",
         load(&metrics.ingest_queue_depth)
     );
+    metrics.ingest_commit_seconds.render(
+        &mut out,
+        "windvane_ingest_commit_duration_seconds",
+        "Time to store one batch of heartbeats (one transaction, fsync included).",
+    );
+    metrics.signature_batch_size.render(
+        &mut out,
+        "windvane_signature_batch_size",
+        "Heartbeat signatures checked together in one batch.",
+    );
     out
 }
 
@@ -213,6 +292,8 @@ mod tests {
         metrics.heartbeat(HeartbeatResult::Replay);
         metrics.drift_events.fetch_add(3, Ordering::Relaxed);
         metrics.drift_critical.fetch_add(1, Ordering::Relaxed);
+        metrics.ingest_commit_seconds.observe(0.004);
+        metrics.ingest_commit_seconds.observe(3.0);
         let fleet = FleetGauges {
             counts: rollup([ClusterState::Unknown, ClusterState::Synced]),
             ages: vec![Duration::from_secs(10), Duration::from_secs(100)],
@@ -228,6 +309,10 @@ mod tests {
             "windvane_heartbeat_age_seconds_count 2",
             "windvane_drift_events_total{severity=\"critical\"} 1",
             "windvane_drift_events_total{severity=\"warning\"} 2",
+            "windvane_ingest_commit_duration_seconds_bucket{le=\"0.005\"} 1",
+            "windvane_ingest_commit_duration_seconds_bucket{le=\"+Inf\"} 2",
+            "windvane_ingest_commit_duration_seconds_sum 3.004",
+            "windvane_ingest_commit_duration_seconds_count 2",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -151,6 +151,7 @@ impl Server {
         ));
         background.push(tokio::spawn(prune_loop(Arc::clone(&db))));
 
+        let verifier = verify::BatchVerifier::start(Some(Arc::clone(&metrics)));
         let app = Arc::new(App {
             files: FileCache::new(config.root),
             db,
@@ -158,7 +159,7 @@ impl Server {
             keys: RwLock::new(HashMap::new()),
             ingest: ingest_tx,
             ingest_capacity: config.ingest_queue.max(1),
-            verifier: verify::BatchVerifier::start(),
+            verifier,
             checking: tokio::sync::Semaphore::new(MAX_CHECKING),
             registration_token: config.registration_token,
             read_token: config.read_token,

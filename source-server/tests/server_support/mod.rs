@@ -261,7 +261,7 @@ impl ServerProcess {
     pub fn stored_heartbeats(&self, cluster: Option<&str>) -> u64 {
         let conn = rusqlite::Connection::open(self.db_path()).expect("open db");
         conn.query_row(
-            "SELECT COUNT(*) FROM heartbeats WHERE (?1 IS NULL OR cluster = ?1)",
+            "SELECT COUNT(*) FROM heartbeat_log WHERE (?1 IS NULL OR cluster = ?1)",
             [cluster],
             |r| r.get::<_, i64>(0),
         )

@@ -255,12 +255,13 @@ impl Settings {
             },
             heartbeat: heartbeat::Settings {
                 rate: args.heartbeat_rate,
+                // The goal is a sustained rate: a minute of it, unless the run is a short one.
                 length: Duration::from_secs(if args.smoke {
                     2
                 } else if args.quick {
                     8
                 } else {
-                    20
+                    60
                 }),
                 clusters: if args.smoke { 50 } else { 2_000 },
                 connections: if args.smoke { 8 } else { 512 },

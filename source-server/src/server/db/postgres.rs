@@ -13,8 +13,8 @@ use tokio_postgres::{Client, NoTls, Row};
 
 use super::{
     Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, IngestOutcome,
-    RowUpdate, SequenceState, VerifiedHeartbeat, check_sequence, decide_enroll, from_ms,
-    labels_from_json, schema, to_i64, to_u64,
+    LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, RowUpdate, SequenceState, VerifiedHeartbeat,
+    check_sequence, decide_enroll, from_ms, id_ranges, labels_from_json, schema, to_i64, to_u64,
 };
 use crate::server::status::parse_sync_state;
 use crate::{Error, Result};
@@ -70,11 +70,14 @@ impl PostgresDb {
             location: redact(url),
             detail,
         };
-        let writer = connect(url).await.map_err(|e| open_err(e.to_string()))?;
+        let mut writer = connect(url).await.map_err(|e| open_err(e.to_string()))?;
         writer
-            .batch_execute(&schema("BIGSERIAL PRIMARY KEY"))
+            .batch_execute(&schema("BIGSERIAL PRIMARY KEY", "BIGSERIAL PRIMARY KEY"))
             .await
             .map_err(|e| open_err(format!("create schema: {e}")))?;
+        migrate(&mut writer)
+            .await
+            .map_err(|e| open_err(format!("migrate the heartbeat log: {e}")))?;
         let reader = connect(url).await.map_err(|e| open_err(e.to_string()))?;
         Ok(PostgresDb {
             url: url.to_owned(),
@@ -94,6 +97,21 @@ impl PostgresDb {
         }
         Ok(guard)
     }
+}
+
+/// Brings a database of an earlier layout up to date (see [`MIGRATE_HEARTBEAT_LOG`]).
+async fn migrate(client: &mut Client) -> std::result::Result<(), tokio_postgres::Error> {
+    let old_log: bool = client
+        .query_one("SELECT to_regclass('heartbeats') IS NOT NULL", &[])
+        .await?
+        .get(0);
+    if old_log {
+        let tx = client.transaction().await?;
+        tx.batch_execute(MIGRATE_HEARTBEAT_LOG).await?;
+        tx.commit().await?;
+        tracing::info!("moved the heartbeat log to its new layout (table heartbeat_log)");
+    }
+    Ok(())
 }
 
 const SUMMARY_COLUMNS: &str = "name, fleet, keyid, labels, enrolled_ms, rekey_allowed, last_sequence, last_seen_ms, \
@@ -136,8 +154,7 @@ async fn ingest_batch(
         .await?;
     let log = tx
         .prepare(
-            "INSERT INTO heartbeats (cluster, sequence, received_ms, state) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (cluster, sequence) DO UPDATE SET received_ms = excluded.received_ms, state = excluded.state",
+            "INSERT INTO heartbeat_log (cluster, sequence, received_ms, state) VALUES ($1, $2, $3, $4)",
         )
         .await?;
     let drift = tx
@@ -350,24 +367,46 @@ impl Database for PostgresDb {
     }
 
     async fn forget(&self, cluster: &str) -> Result<bool> {
-        let mut client = self.client(&self.writer).await?;
-        let run = async {
-            let tx = client.transaction().await?;
-            let n = tx
-                .execute("DELETE FROM clusters WHERE name = $1", &[&cluster])
-                .await?;
-            for table in ["heartbeats", "drift", "notifications"] {
-                tx.execute(
-                    &format!("DELETE FROM {table} WHERE cluster = $1"),
-                    &[&cluster],
-                )
-                .await?;
-            }
-            tx.commit().await?;
-            Ok(n > 0)
+        let (forgotten, (first, end)) = {
+            let mut client = self.client(&self.writer).await?;
+            let run = async {
+                let tx = client.transaction().await?;
+                let n = tx
+                    .execute("DELETE FROM clusters WHERE name = $1", &[&cluster])
+                    .await?;
+                for table in ["drift", "notifications"] {
+                    tx.execute(
+                        &format!("DELETE FROM {table} WHERE cluster = $1"),
+                        &[&cluster],
+                    )
+                    .await?;
+                }
+                let span = tx
+                    .query_one(
+                        "SELECT COALESCE(MIN(id), 0), COALESCE(MAX(id), -1) + 1 FROM heartbeat_log",
+                        &[],
+                    )
+                    .await?;
+                tx.commit().await?;
+                Ok((n > 0, (span.get::<_, i64>(0), span.get::<_, i64>(1))))
+            };
+            run.await
+                .map_err(db_err(format!("forget cluster {cluster}")))?
         };
-        run.await
-            .map_err(db_err(format!("forget cluster {cluster}")))
+        // As in SQLite: the log a chunk at a time, the writer free in between.
+        for (from, to) in id_ranges(first, end, LOG_DELETE_CHUNK) {
+            let client = self.client(&self.writer).await?;
+            client
+                .execute(
+                    "DELETE FROM heartbeat_log WHERE id >= $1 AND id < $2 AND cluster = $3",
+                    &[&from, &to, &cluster],
+                )
+                .await
+                .map_err(db_err(format!(
+                    "forget the heartbeat log of cluster {cluster}"
+                )))?;
+        }
+        Ok(forgotten)
     }
 
     async fn claim_notification(
@@ -393,7 +432,7 @@ impl Database for PostgresDb {
         let client = self.client(&self.reader).await?;
         let row = client
             .query_one(
-                "SELECT COUNT(*) FROM heartbeats WHERE ($1::TEXT IS NULL OR cluster = $1)",
+                "SELECT COUNT(*) FROM heartbeat_log WHERE ($1::TEXT IS NULL OR cluster = $1)",
                 &[&cluster],
             )
             .await
@@ -402,14 +441,31 @@ impl Database for PostgresDb {
     }
 
     async fn prune(&self, before: Timestamp) -> Result<u64> {
-        let client = self.client(&self.writer).await?;
-        client
-            .execute(
-                "DELETE FROM heartbeats WHERE received_ms < $1",
-                &[&before.as_millisecond()],
-            )
-            .await
-            .map_err(db_err("prune heartbeat log"))
+        let span = {
+            let client = self.client(&self.reader).await?;
+            client
+                .query_one(
+                    "SELECT COALESCE(MIN(id), 0), \
+                     COALESCE((SELECT id FROM heartbeat_log WHERE received_ms >= $1 ORDER BY id LIMIT 1), \
+                              MAX(id) + 1, 0) \
+                     FROM heartbeat_log",
+                    &[&before.as_millisecond()],
+                )
+                .await
+                .map_err(db_err("find the heartbeat log rows to prune"))?
+        };
+        let mut pruned = 0;
+        for (from, to) in id_ranges(span.get(0), span.get(1), LOG_DELETE_CHUNK) {
+            let client = self.client(&self.writer).await?;
+            pruned += client
+                .execute(
+                    "DELETE FROM heartbeat_log WHERE id >= $1 AND id < $2",
+                    &[&from, &to],
+                )
+                .await
+                .map_err(db_err("prune heartbeat log"))?;
+        }
+        Ok(pruned)
     }
 
     async fn ping(&self) -> Result<()> {

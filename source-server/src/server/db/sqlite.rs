@@ -14,8 +14,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{
     Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, IngestOutcome,
-    RowUpdate, SequenceState, VerifiedHeartbeat, check_sequence, decide_enroll, from_ms,
-    labels_from_json, schema, to_i64, to_u64,
+    LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, RowUpdate, SequenceState, VerifiedHeartbeat,
+    check_sequence, decide_enroll, from_ms, id_ranges, labels_from_json, schema, to_i64, to_u64,
 };
 use crate::server::status::parse_sync_state;
 use crate::{Error, Result};
@@ -59,10 +59,14 @@ impl SqliteDb {
         };
         std::fs::create_dir_all(dir)
             .map_err(|e| open_err(format!("create {}: {e}", dir.display())))?;
-        let writer = open_connection(&path).map_err(|e| open_err(e.to_string()))?;
+        let mut writer = open_connection(&path).map_err(|e| open_err(e.to_string()))?;
         writer
-            .execute_batch(&schema("INTEGER PRIMARY KEY AUTOINCREMENT"))
+            .execute_batch(&schema(
+                "INTEGER PRIMARY KEY AUTOINCREMENT",
+                "INTEGER PRIMARY KEY",
+            ))
             .map_err(|e| open_err(format!("create schema: {e}")))?;
+        migrate(&mut writer).map_err(|e| open_err(format!("migrate the heartbeat log: {e}")))?;
         let reader = open_connection(&path).map_err(|e| open_err(e.to_string()))?;
         Ok(SqliteDb {
             path,
@@ -91,6 +95,22 @@ impl SqliteDb {
         let conn = Arc::clone(&self.reader);
         blocking(move || f(&conn.lock().unwrap_or_else(|p| p.into_inner()))).await
     }
+}
+
+/// Brings a database of an earlier layout up to date (see [`MIGRATE_HEARTBEAT_LOG`]).
+fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    let old_log: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'heartbeats')",
+        [],
+        |r| r.get(0),
+    )?;
+    if old_log {
+        let tx = conn.transaction()?;
+        tx.execute_batch(MIGRATE_HEARTBEAT_LOG)?;
+        tx.commit()?;
+        tracing::info!("moved the heartbeat log to its new layout (table heartbeat_log)");
+    }
+    Ok(())
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -142,8 +162,7 @@ fn ingest_batch(
              drift_total = drift_total + ?10, heartbeat = ?11 WHERE name = ?1",
         )?;
         let mut log = tx.prepare_cached(
-            "INSERT INTO heartbeats (cluster, sequence, received_ms, state) VALUES (?1, ?2, ?3, ?4) \
-             ON CONFLICT (cluster, sequence) DO UPDATE SET received_ms = excluded.received_ms, state = excluded.state",
+            "INSERT INTO heartbeat_log (cluster, sequence, received_ms, state) VALUES (?1, ?2, ?3, ?4)",
         )?;
         let mut drift = tx.prepare_cached(
             "INSERT INTO drift (cluster, sequence, received_ms, detected_ms, record) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -346,23 +365,42 @@ impl Database for SqliteDb {
     }
 
     async fn forget(&self, cluster: &str) -> Result<bool> {
-        let cluster = cluster.to_owned();
-        self.with_writer(move |conn| {
-            let run = |conn: &mut Connection| -> rusqlite::Result<bool> {
-                let tx = conn.transaction()?;
-                let n = tx.execute("DELETE FROM clusters WHERE name = ?1", [&cluster])?;
-                for table in ["heartbeats", "drift", "notifications"] {
-                    tx.execute(
-                        &format!("DELETE FROM {table} WHERE cluster = ?1"),
-                        [&cluster],
+        let name = cluster.to_owned();
+        let (forgotten, log_span) = self
+            .with_writer(move |conn| {
+                let run = |conn: &mut Connection| -> rusqlite::Result<(bool, (i64, i64))> {
+                    let tx = conn.transaction()?;
+                    let n = tx.execute("DELETE FROM clusters WHERE name = ?1", [&name])?;
+                    for table in ["drift", "notifications"] {
+                        tx.execute(&format!("DELETE FROM {table} WHERE cluster = ?1"), [&name])?;
+                    }
+                    let span = tx.query_row(
+                        "SELECT COALESCE(MIN(id), 0), COALESCE(MAX(id), -1) + 1 FROM heartbeat_log",
+                        [],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
                     )?;
-                }
-                tx.commit()?;
-                Ok(n > 0)
-            };
-            run(conn).map_err(db_err(format!("forget cluster {cluster}")))
-        })
-        .await
+                    tx.commit()?;
+                    Ok((n > 0, span))
+                };
+                run(conn).map_err(db_err(format!("forget cluster {name}")))
+            })
+            .await?;
+        // The cluster is gone, so no new rows of it arrive; its log rows go a chunk at a time (rows left by a
+        // crash here age out with the retention).
+        for (from, to) in id_ranges(log_span.0, log_span.1, LOG_DELETE_CHUNK) {
+            let name = cluster.to_owned();
+            self.with_writer(move |conn| {
+                conn.execute(
+                    "DELETE FROM heartbeat_log WHERE id >= ?1 AND id < ?2 AND cluster = ?3",
+                    params![from, to, name],
+                )
+                .map_err(db_err(format!(
+                    "forget the heartbeat log of cluster {name}"
+                )))
+            })
+            .await?;
+        }
+        Ok(forgotten)
     }
 
     async fn claim_notification(
@@ -389,7 +427,7 @@ impl Database for SqliteDb {
         let cluster = cluster.map(str::to_owned);
         self.with_reader(move |conn| {
             conn.query_row(
-                "SELECT COUNT(*) FROM heartbeats WHERE (?1 IS NULL OR cluster = ?1)",
+                "SELECT COUNT(*) FROM heartbeat_log WHERE (?1 IS NULL OR cluster = ?1)",
                 [&cluster],
                 |r| r.get::<_, i64>(0),
             )
@@ -400,17 +438,37 @@ impl Database for SqliteDb {
     }
 
     async fn prune(&self, before: Timestamp) -> Result<u64> {
-        self.with_writer(move |conn| {
-            conn.execute(
-                "DELETE FROM heartbeats WHERE received_ms < ?1",
-                [before.as_millisecond()],
-            )
-            .map(|n| n as u64)
-            .map_err(db_err("prune heartbeat log"))
-        })
-        .await
+        let before_ms = before.as_millisecond();
+        // Rows are stored in the order they arrive: everything below the first row received since `before`
+        // is older (give or take a batch).
+        let (first, end) = self
+            .with_reader(move |conn| {
+                conn.query_row(
+                    "SELECT COALESCE(MIN(id), 0), \
+                     COALESCE((SELECT id FROM heartbeat_log WHERE received_ms >= ?1 ORDER BY id LIMIT 1), \
+                              MAX(id) + 1, 0) \
+                     FROM heartbeat_log",
+                    [before_ms],
+                    |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+                )
+                .map_err(db_err("find the heartbeat log rows to prune"))
+            })
+            .await?;
+        let mut pruned = 0;
+        for (from, to) in id_ranges(first, end, LOG_DELETE_CHUNK) {
+            pruned += self
+                .with_writer(move |conn| {
+                    conn.execute(
+                        "DELETE FROM heartbeat_log WHERE id >= ?1 AND id < ?2",
+                        params![from, to],
+                    )
+                    .map(|n| n as u64)
+                    .map_err(db_err("prune heartbeat log"))
+                })
+                .await?;
+        }
+        Ok(pruned)
     }
-
     async fn ping(&self) -> Result<()> {
         self.with_reader(|conn| {
             conn.query_row("SELECT 1", [], |_| Ok(()))
