@@ -446,6 +446,7 @@ async fn enroll(
     let outcome = match app.db.enroll(enrollment).await {
         Ok(outcome) => outcome,
         Err(error) => {
+            tracing::error!(cluster, %error, "enrolment could not be stored");
             return json_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
