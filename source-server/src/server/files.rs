@@ -4,8 +4,9 @@
 //!
 //! Files are read from disk once per version and kept in memory ([`FileCache`]): a version is identified by
 //! the file's device, inode, size and modification time, which `windvane publish` (write, fsync, rename)
-//! always changes. So the hot path — an agent polling an unchanged pointer with `If-None-Match` — is one
-//! `stat`, one map lookup and a 304 built from cached header values. A new version is opened, checked to lie
+//! always changes. A cached file is looked at again (one `stat`) at most every [`REVALIDATE_AFTER`], so the
+//! hot path — an agent polling an unchanged pointer with `If-None-Match` — is one map lookup and a 304 built
+//! from cached header values, with no system call; a publish is served within that time. A new version is opened, checked to lie
 //! inside the store root (symlinks are resolved; anything that leads outside is refused), hashed for its
 //! ETag, and cached with its gzip encoding. A bundle whose content does not hash to its name is refused.
 
@@ -13,7 +14,9 @@ use std::collections::HashMap;
 use std::io::Write as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use flate2::Compression;
@@ -34,6 +37,9 @@ pub enum FileKind {
 pub const MAX_FILE_BYTES: u64 = windvane_shared::release::DEFAULT_MAX_BUNDLE_BYTES;
 /// When the cached bodies exceed this, the cache starts over.
 const MAX_CACHE_BYTES: u64 = 512 * 1024 * 1024;
+/// How long a cached file is served without looking at the disk again. Agents poll every 30 s, so a publish
+/// seen this much later changes nothing for them, while a `stat` per request was a tenth of the CPU of a 304.
+pub const REVALIDATE_AFTER: Duration = Duration::from_millis(100);
 
 /// The identity of one version of a file on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +74,8 @@ pub struct CachedFile {
     gzip: OnceLock<Option<Bytes>>,
     /// For pointers: the serial it names (read without verification, for display only).
     serial: OnceLock<Option<u64>>,
+    /// When the file on disk was last seen to be this version: nanoseconds since the cache's epoch.
+    checked_at: AtomicU64,
 }
 
 impl CachedFile {
@@ -116,17 +124,29 @@ pub struct FileCache {
     root: PathBuf,
     canonical_root: OnceLock<PathBuf>,
     entries: RwLock<HashMap<PathBuf, Arc<CachedFile>>>,
-    cached_bytes: std::sync::atomic::AtomicU64,
+    cached_bytes: AtomicU64,
+    /// A cached file checked less than this long ago is served without a `stat`.
+    revalidate_after: Duration,
+    /// The origin of the entries' `checked_at`.
+    epoch: Instant,
 }
 
 impl FileCache {
-    pub fn new(root: PathBuf) -> FileCache {
+    /// A cache of the store under `root` that looks at a cached file again after `revalidate_after`
+    /// ([`REVALIDATE_AFTER`] in the server; zero looks at every request).
+    pub fn new(root: PathBuf, revalidate_after: Duration) -> FileCache {
         FileCache {
             root,
             canonical_root: OnceLock::new(),
             entries: RwLock::new(HashMap::new()),
-            cached_bytes: std::sync::atomic::AtomicU64::new(0),
+            cached_bytes: AtomicU64::new(0),
+            revalidate_after,
+            epoch: Instant::now(),
         }
+    }
+
+    fn nanos_since_epoch(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// The store root as given.
@@ -142,12 +162,17 @@ impl FileCache {
         Some(self.canonical_root.get_or_init(|| canonical))
     }
 
-    /// The current version of a channel pointer.
+    /// The current version of a channel pointer (at most [`REVALIDATE_AFTER`] old).
     pub fn pointer(&self, channel: &str) -> Result<Arc<CachedFile>, FileError> {
+        self.pointer_at(channel, Instant::now())
+    }
+
+    fn pointer_at(&self, channel: &str, now: Instant) -> Result<Arc<CachedFile>, FileError> {
         self.get(
             Path::new(CHANNELS_DIR).join(format!("{channel}.json")),
             FileKind::Pointer,
             None,
+            now,
         )
     }
 
@@ -157,6 +182,7 @@ impl FileCache {
             Path::new(BUNDLES_DIR).join(format!("{sha256}.json")),
             FileKind::Bundle,
             Some(sha256),
+            Instant::now(),
         )
     }
 
@@ -166,7 +192,19 @@ impl FileCache {
         relative: PathBuf,
         kind: FileKind,
         digest: Option<&str>,
+        now: Instant,
     ) -> Result<Arc<CachedFile>, FileError> {
+        let now = self.nanos_since_epoch(now);
+        let fresh_for = u64::try_from(self.revalidate_after.as_nanos()).unwrap_or(u64::MAX);
+        if let Some(entry) = self
+            .entries
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&relative)
+            && now.saturating_sub(entry.checked_at.load(Ordering::Relaxed)) < fresh_for
+        {
+            return Ok(Arc::clone(entry));
+        }
         let path = self.root.join(&relative);
         let meta = match std::fs::metadata(&path) {
             Ok(meta) => meta,
@@ -187,19 +225,16 @@ impl FileCache {
             .get(&relative)
             && entry.version == version
         {
+            entry.checked_at.fetch_max(now, Ordering::Relaxed);
             return Ok(Arc::clone(entry));
         }
-        let entry = Arc::new(self.load(&path, version, kind, digest)?);
+        let entry = Arc::new(self.load(&path, version, kind, digest, now)?);
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
         let added = entry.body.len() as u64;
-        let total = self
-            .cached_bytes
-            .fetch_add(added, std::sync::atomic::Ordering::Relaxed)
-            + added;
+        let total = self.cached_bytes.fetch_add(added, Ordering::Relaxed) + added;
         if total > MAX_CACHE_BYTES {
             entries.clear();
-            self.cached_bytes
-                .store(added, std::sync::atomic::Ordering::Relaxed);
+            self.cached_bytes.store(added, Ordering::Relaxed);
         }
         entries.insert(relative, Arc::clone(&entry));
         Ok(entry)
@@ -211,6 +246,7 @@ impl FileCache {
         version: Version,
         kind: FileKind,
         digest: Option<&str>,
+        checked_at: u64,
     ) -> Result<CachedFile, FileError> {
         // A new version: make sure the path (after symlinks) still lies inside the root.
         let root = self.canonical_root().ok_or(FileError::NotFound)?;
@@ -247,6 +283,7 @@ impl FileCache {
                 .map_err(|e| FileError::Io(e.to_string()))?,
             gzip: OnceLock::new(),
             serial: OnceLock::new(),
+            checked_at: AtomicU64::new(checked_at),
         })
     }
 }
@@ -259,7 +296,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir_all(dir.path().join("channels")).expect("mkdir");
         std::fs::create_dir_all(dir.path().join("bundles")).expect("mkdir");
-        let cache = FileCache::new(dir.path().to_path_buf());
+        let cache = FileCache::new(dir.path().to_path_buf(), Duration::ZERO);
         (dir, cache)
     }
 
@@ -282,6 +319,48 @@ mod tests {
         let changed = cache.pointer("prod").expect("served");
         assert_eq!(&changed.body[..], b"{\"a\":2}");
         assert_ne!(changed.etag, first.etag);
+    }
+
+    #[test]
+    fn a_cached_file_is_looked_at_again_only_after_the_revalidation_period() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("channels")).expect("mkdir");
+        let period = Duration::from_millis(100);
+        let cache = FileCache::new(dir.path().to_path_buf(), period);
+        let file = dir.path().join("channels/prod.json");
+        std::fs::write(&file, b"{\"a\":1}").expect("write");
+        let start = Instant::now();
+        let first = cache.pointer_at("prod", start).expect("served");
+        crate::store::write_atomic(&file, b"{\"a\":2}").expect("publish");
+        let within = cache
+            .pointer_at("prod", start + period - Duration::from_millis(1))
+            .expect("served");
+        assert!(
+            Arc::ptr_eq(&first, &within),
+            "within the period the cached version is served without a look at the disk"
+        );
+        let after = cache.pointer_at("prod", start + period).expect("served");
+        assert_eq!(
+            &after.body[..],
+            b"{\"a\":2}",
+            "after it, the publish is seen"
+        );
+        // An unchanged file, looked at again, is kept (and fresh for another period).
+        let unchanged = cache
+            .pointer_at("prod", start + period * 3)
+            .expect("served");
+        assert!(Arc::ptr_eq(&after, &unchanged));
+        std::fs::remove_file(&file).expect("remove");
+        assert!(
+            cache
+                .pointer_at("prod", start + period * 3 + period / 2)
+                .is_ok()
+        );
+        assert_eq!(
+            cache.pointer_at("prod", start + period * 4).unwrap_err(),
+            FileError::NotFound,
+            "a removed file is gone once the period has passed"
+        );
     }
 
     #[test]
@@ -330,7 +409,7 @@ mod tests {
         let outside = tempfile::tempdir().expect("tempdir");
         std::fs::write(outside.path().join("prod.json"), b"{}").expect("write");
         std::os::unix::fs::symlink(outside.path(), dir.path().join("channels")).expect("symlink");
-        let cache = FileCache::new(dir.path().to_path_buf());
+        let cache = FileCache::new(dir.path().to_path_buf(), Duration::ZERO);
         assert_eq!(cache.pointer("prod").unwrap_err(), FileError::NotFound);
     }
 }

@@ -382,6 +382,53 @@ pub struct IngestJob {
     pub reply: oneshot::Sender<Result<IngestOutcome, String>>,
 }
 
+/// A batch commit at least this slow is worth a warning: every heartbeat in it, and every one queued behind
+/// it, waited that long for its answer (the p99 goal for a whole answer is 50 ms).
+const SLOW_COMMIT: Duration = Duration::from_millis(250);
+/// At most one slow-commit warning per this period, so that a disk that stays slow is reported, not flooded.
+const SLOW_COMMIT_REPORT_EVERY: Duration = Duration::from_secs(10);
+
+/// Counts slow batch commits and says when to report them: the first at once, then at most one summary per
+/// [`SLOW_COMMIT_REPORT_EVERY`].
+#[derive(Debug, Default)]
+struct SlowCommits {
+    /// Slow commits since the last report, and the slowest of them.
+    count: u64,
+    slowest: Duration,
+    last_report: Option<std::time::Instant>,
+}
+
+/// What a slow-commit warning says.
+#[derive(Debug, PartialEq, Eq)]
+struct SlowCommitReport {
+    count: u64,
+    slowest: Duration,
+}
+
+impl SlowCommits {
+    fn record(&mut self, took: Duration, now: std::time::Instant) -> Option<SlowCommitReport> {
+        if took < SLOW_COMMIT {
+            return None;
+        }
+        self.count += 1;
+        self.slowest = self.slowest.max(took);
+        let due = self
+            .last_report
+            .is_none_or(|last| now.duration_since(last) >= SLOW_COMMIT_REPORT_EVERY);
+        if !due {
+            return None;
+        }
+        self.last_report = Some(now);
+        let report = SlowCommitReport {
+            count: self.count,
+            slowest: self.slowest,
+        };
+        self.count = 0;
+        self.slowest = Duration::ZERO;
+        Some(report)
+    }
+}
+
 /// The writer task: takes whatever is queued (at most `max_batch`), stores it in one transaction, answers
 /// every job, tells the notifier about accepted heartbeats, and repeats until the queue closes.
 pub async fn run_writer(
@@ -392,6 +439,7 @@ pub async fn run_writer(
     notifier: Option<mpsc::Sender<notify::Event>>,
 ) {
     let mut jobs: Vec<IngestJob> = Vec::with_capacity(max_batch);
+    let mut slow = SlowCommits::default();
     while queue.recv_many(&mut jobs, max_batch).await > 0 {
         metrics
             .ingest_queue_depth
@@ -402,9 +450,19 @@ pub async fn run_writer(
         let span = tracing::debug_span!("ingest_batch", size = batch.len());
         let started = std::time::Instant::now();
         let result = tracing::Instrument::instrument(db.ingest(Arc::clone(&batch)), span).await;
-        metrics
-            .ingest_commit_seconds
-            .observe(started.elapsed().as_secs_f64());
+        let took = started.elapsed();
+        metrics.ingest_commit_seconds.observe(took.as_secs_f64());
+        if let Some(report) = slow.record(took, std::time::Instant::now()) {
+            tracing::warn!(
+                slow_batches = report.count,
+                slowest_ms = report.slowest.as_millis() as u64,
+                last_batch = batch.len(),
+                queued = queue.len(),
+                "storing heartbeats took over {} ms; their answers waited (a slow or busy disk? see \
+                 windvane_ingest_commit_duration_seconds)",
+                SLOW_COMMIT.as_millis()
+            );
+        }
         metrics.ingest_batches.fetch_add(1, Ordering::Relaxed);
         match result {
             Ok(outcomes) => {
@@ -442,6 +500,42 @@ mod tests {
 
     fn now() -> Timestamp {
         Timestamp::from_second(1_800_000_000).expect("valid")
+    }
+
+    #[test]
+    fn slow_commits_are_reported_at_once_then_summarised_at_most_every_period() {
+        let start = std::time::Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let slow = |ms: u64| Duration::from_millis(ms);
+        let mut commits = SlowCommits::default();
+        assert_eq!(
+            commits.record(slow(3), at(0)),
+            None,
+            "a fast commit is not news"
+        );
+        assert_eq!(
+            commits.record(slow(300), at(1)),
+            Some(SlowCommitReport {
+                count: 1,
+                slowest: slow(300)
+            })
+        );
+        assert_eq!(commits.record(slow(900), at(2_000)), None);
+        assert_eq!(commits.record(slow(400), at(5_000)), None);
+        assert_eq!(commits.record(slow(5), at(9_000)), None);
+        assert_eq!(
+            commits.record(slow(260), at(10_001)),
+            Some(SlowCommitReport {
+                count: 3,
+                slowest: slow(900)
+            }),
+            "the summary counts every slow commit since the last report and keeps the slowest"
+        );
+        assert_eq!(commits.record(slow(260), at(12_000)), None);
+        assert_eq!(
+            commits.record(slow(250), at(20_001)).map(|r| r.count),
+            Some(2)
+        );
     }
 
     fn heartbeat(cluster: &str, sequence: u64, sent_at: Timestamp) -> Heartbeat {

@@ -153,7 +153,7 @@ impl Server {
 
         let verifier = verify::BatchVerifier::start(Some(Arc::clone(&metrics)));
         let app = Arc::new(App {
-            files: FileCache::new(config.root),
+            files: FileCache::new(config.root, files::REVALIDATE_AFTER),
             db,
             metrics,
             keys: RwLock::new(HashMap::new()),

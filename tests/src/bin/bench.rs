@@ -168,6 +168,9 @@ struct Args {
     /// Exit with status 1 when a goal is missed.
     #[arg(long)]
     strict: bool,
+    /// Keep the server sections' working directory (the servers' logs and databases) and print its path.
+    #[arg(long)]
+    keep_work: bool,
     /// Internal: a seconds-long run of the server sections with a tiny load, to check the benchmark itself
     /// works (the smoke test in tests/tests/bench_smoke.rs runs it against debug builds).
     #[arg(long, hide = true)]
@@ -194,6 +197,7 @@ struct Settings {
     agent_env: Vec<(String, String)>,
     agent_wrapper: Vec<String>,
     quick: bool,
+    keep_work: bool,
     server: PathBuf,
     pointer: pointer::Settings,
     heartbeat: heartbeat::Settings,
@@ -241,6 +245,7 @@ impl Settings {
                 .map(|w| w.split_whitespace().map(str::to_owned).collect())
                 .unwrap_or_default(),
             quick: args.quick,
+            keep_work: args.keep_work,
             server: args.server.clone().unwrap_or_else(server::default_binary),
             pointer: pointer::Settings {
                 rounds: if args.smoke {
@@ -449,6 +454,13 @@ async fn server_sections(settings: &Settings, results: &mut Results) -> anyhow::
         let measured =
             convergence::measure(&settings.server, work.path(), settings.convergence).await?;
         convergence::report(&measured, settings.convergence, results);
+    }
+    if settings.keep_work {
+        let kept = work.keep();
+        progress(&format!(
+            "kept the servers' logs and databases in {}",
+            kept.display()
+        ));
     }
     Ok(())
 }

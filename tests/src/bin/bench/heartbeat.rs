@@ -106,6 +106,11 @@ pub struct Ingestion {
     pub mean_signature_batch: f64,
     /// Time to store one batch (transaction and fsync), mean, ms (from the server's metrics).
     pub mean_commit_ms: f64,
+    /// Transactions, and those that took over 10 ms and over 50 ms (from the server's commit histogram):
+    /// a stalled commit holds up every heartbeat queued behind it, so these explain a long tail.
+    pub commits: u64,
+    pub commits_over_10ms: u64,
+    pub commits_over_50ms: u64,
     /// One `verify_strict`, µs (median of the bodies).
     pub verify_us: f64,
     pub body_bytes: usize,
@@ -221,8 +226,18 @@ pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<
     let mean_batch = windvane.ok as f64 / metric("windvane_ingest_batches_total").max(1.0);
     let mean_signature_batch = metric("windvane_signature_batch_size_sum")
         / metric("windvane_signature_batch_size_count").max(1.0);
-    let mean_commit_ms = 1e3 * metric("windvane_ingest_commit_duration_seconds_sum")
-        / metric("windvane_ingest_commit_duration_seconds_count").max(1.0);
+    let commits = metric("windvane_ingest_commit_duration_seconds_count");
+    let mean_commit_ms =
+        1e3 * metric("windvane_ingest_commit_duration_seconds_sum") / commits.max(1.0);
+    let commits_within = |le: &str| {
+        crate::prom::sum(
+            &server_metrics,
+            "windvane_ingest_commit_duration_seconds_bucket",
+            |s| s.label("le") == le,
+        )
+    };
+    let commits_over_10ms = (commits - commits_within("0.01")).max(0.0) as u64;
+    let commits_over_50ms = (commits - commits_within("0.05")).max(0.0) as u64;
     server.kill();
     let db = SqliteDb::open(&server.data).context("opening the server's database after the run")?;
     let stored = db.heartbeat_count(None).await?;
@@ -233,6 +248,9 @@ pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<
         mean_batch,
         mean_signature_batch,
         mean_commit_ms,
+        commits: commits as u64,
+        commits_over_10ms,
+        commits_over_50ms,
         verify_us,
         body_bytes,
     })
@@ -552,13 +570,18 @@ pub fn report(m: &Ingestion, s: Settings, results: &mut crate::Results) {
         .goal(Goal::AtMost(50.0))
         .note(format!(
             "p50 {:.1} ms, p90 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms (trivial handler: p50 {:.1} ms, max {:.1} ms); \
-             latency counts from when the heartbeat was due, so queueing in the generator counts too",
+             latency counts from when the heartbeat was due, so queueing in the generator counts too. Storage \
+             stalls: {} of {} transactions took over 10 ms, {} over 50 ms (each holds up every heartbeat queued \
+             behind it)",
             ms(w.p(0.5)),
             ms(w.p(0.9)),
             ms(w.p(0.999)),
             ms(w.p(1.0)),
             ms(t.p(0.5)),
             ms(t.p(1.0)),
+            m.commits_over_10ms,
+            m.commits,
+            m.commits_over_50ms,
         )),
     );
     results.rows.push(
@@ -612,6 +635,9 @@ pub fn report(m: &Ingestion, s: Settings, results: &mut crate::Results) {
             "lost": m.lost(),
             "meanBatch": m.mean_batch,
             "meanCommitMs": m.mean_commit_ms,
+            "commits": m.commits,
+            "commitsOver10ms": m.commits_over_10ms,
+            "commitsOver50ms": m.commits_over_50ms,
             "meanSignatureBatch": m.mean_signature_batch,
             "verifyStrictUs": m.verify_us,
         }),
