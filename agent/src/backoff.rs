@@ -19,6 +19,15 @@ pub fn jittered(interval: Duration, fraction: f64, unit: f64) -> Duration {
     interval.mul_f64(factor.max(0.0))
 }
 
+/// The wait after a server answered "busy" with `Retry-After`: at least what it asked, plus up to half of it
+/// again so that agents refused together do not come back together; never shorter than the backoff the
+/// failure count alone would give.
+pub fn after_busy(retry_after: Duration, backoff: Duration, unit: f64) -> Duration {
+    retry_after
+        .mul_f64(1.0 + 0.5 * unit.clamp(0.0, 1.0))
+        .max(backoff)
+}
+
 /// A random number in `[0, 1)` from the operating system (falls back to the clock's nanoseconds, which is
 /// enough to de-synchronize agents).
 pub fn random_unit() -> f64 {
@@ -45,6 +54,23 @@ mod tests {
             full_jitter(20, base, cap, 0.0),
             base / 10,
             "never a zero wait"
+        );
+    }
+
+    #[test]
+    fn a_busy_answer_is_honoured_and_spread() {
+        let asked = Duration::from_secs(5);
+        let short = Duration::from_millis(300);
+        assert_eq!(
+            after_busy(asked, short, 0.0),
+            asked,
+            "never sooner than asked"
+        );
+        assert_eq!(after_busy(asked, short, 1.0), Duration::from_millis(7_500));
+        assert_eq!(
+            after_busy(asked, Duration::from_secs(40), 0.5),
+            Duration::from_secs(40),
+            "a longer backoff wins"
         );
     }
 

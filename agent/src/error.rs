@@ -17,8 +17,8 @@ pub enum Error {
     /// Fetching from the source failed (network, status, size cap).
     #[error("fetching {url}: {detail}")]
     Fetch { url: String, detail: String },
-    /// The source asked us to come back later (429/503 with Retry-After).
-    #[error("{url}: source busy, retry after {retry_after:?}")]
+    /// The source or the server asked us to come back later (429/503 with Retry-After).
+    #[error("{url}: busy, retry after {retry_after:?}")]
     SourceBusy {
         url: String,
         retry_after: std::time::Duration,

@@ -26,7 +26,7 @@ use windvane_shared::keys::{
 use windvane_shared::render::ClusterIdentity;
 use windvane_shared::status::SyncState;
 
-use crate::backoff::{full_jitter, jittered, random_unit};
+use crate::backoff::{after_busy, full_jitter, jittered, random_unit};
 use crate::cluster::api_message;
 use crate::engine::SharedStatus;
 use crate::{Error, Result};
@@ -224,12 +224,19 @@ pub async fn run(
                     next = tokio::time::Instant::now() + jittered(interval, 0.2, random_unit());
                 }
                 Err(error) => {
-                    let wait = full_jitter(
+                    let backoff = full_jitter(
                         failures,
                         Duration::from_secs(1),
                         interval.max(Duration::from_secs(60)),
                         random_unit(),
                     );
+                    // A busy server says when to come back; sooner would only add to its load.
+                    let wait = match &error {
+                        Error::SourceBusy { retry_after, .. } => {
+                            after_busy(*retry_after, backoff, random_unit())
+                        }
+                        _ => backoff,
+                    };
                     warn!(%error, wait_s = wait.as_secs(), "heartbeat failed; keeping drift records for the next one");
                     failures += 1;
                     next = tokio::time::Instant::now() + wait;
@@ -271,6 +278,15 @@ async fn enroll(
             detail: e.to_string(),
         })?;
     let status = response.status();
+    if matches!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+    ) {
+        return Err(Error::SourceBusy {
+            url: url.to_owned(),
+            retry_after: crate::source::retry_after(response.headers()),
+        });
+    }
     let body = response.text().await.unwrap_or_default();
     if !status.is_success() {
         let hint = if status == StatusCode::CONFLICT {

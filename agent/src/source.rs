@@ -142,15 +142,9 @@ async fn read_capped(
         status,
         StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
     ) {
-        let retry_after = response
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(Duration::from_secs(30), Duration::from_secs);
         return Err(Error::SourceBusy {
             url: url.to_owned(),
-            retry_after,
+            retry_after: retry_after(response.headers()),
         });
     }
     if !status.is_success() {
@@ -171,4 +165,13 @@ async fn read_capped(
         body.extend_from_slice(&chunk);
     }
     Ok(body)
+}
+
+/// The wait a 429 or 503 asks for in `Retry-After` (delay-seconds); 30 s when it says nothing usable.
+pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Duration {
+    headers
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(30), Duration::from_secs)
 }
