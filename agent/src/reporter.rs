@@ -278,15 +278,6 @@ async fn enroll(
             detail: e.to_string(),
         })?;
     let status = response.status();
-    if matches!(
-        status,
-        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-    ) {
-        return Err(Error::SourceBusy {
-            url: url.to_owned(),
-            retry_after: crate::source::retry_after(response.headers()),
-        });
-    }
     let body = response.text().await.unwrap_or_default();
     if !status.is_success() {
         let hint = if status == StatusCode::CONFLICT {
@@ -325,6 +316,15 @@ async fn send(
             detail: e.to_string(),
         })?;
     let status = response.status();
+    if matches!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+    ) {
+        return Err(Error::SourceBusy {
+            url: url.to_owned(),
+            retry_after: crate::source::retry_after(response.headers()),
+        });
+    }
     let body = response.text().await.unwrap_or_default();
     if !status.is_success() {
         return Err(Error::Fetch {
@@ -342,6 +342,72 @@ async fn send(
 mod tests {
     use super::*;
     use crate::report::AgentStatus;
+
+    fn test_config() -> ReporterConfig {
+        ReporterConfig {
+            server: "http://server".into(),
+            token: "secret".into(),
+            fleet: "acme".into(),
+            identity: ClusterIdentity {
+                name: "c1".into(),
+                labels: BTreeMap::from([("env".into(), "prod".into())]),
+            },
+            interval: Duration::from_secs(30),
+            namespace: "windvane-system".into(),
+        }
+    }
+
+    /// A server on loopback that answers every request with `answer` (a whole HTTP/1.1 response).
+    async fn answering(answer: &'static str) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut buf = vec![0u8; 64 * 1024];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket.write_all(answer.as_bytes()).await;
+            }
+        });
+        format!("http://{addr}/api/v1/clusters/c/heartbeat")
+    }
+
+    #[tokio::test]
+    async fn a_busy_server_s_retry_after_reaches_the_heartbeat_loop() {
+        let key = signing_key_from_seed([7; 32]);
+        let heartbeat = build_heartbeat(
+            &AgentStatus::default(),
+            &test_config(),
+            1,
+            Timestamp::from_second(1_700_000_000).unwrap(),
+            None,
+        );
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::new();
+        let busy = answering(
+            "HTTP/1.1 429 Too Many Requests\r\nretry-after: 7\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        match send(&http, &busy, &heartbeat, &key).await {
+            Err(Error::SourceBusy { retry_after, .. }) => {
+                assert_eq!(retry_after, Duration::from_secs(7));
+            }
+            other => panic!("429 should be 'busy, retry after 7 s', got {other:?}"),
+        }
+        let failing = answering(
+            "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(
+            matches!(
+                send(&http, &failing, &heartbeat, &key).await,
+                Err(Error::Fetch { .. })
+            ),
+            "other failures keep the plain backoff"
+        );
+    }
 
     #[test]
     fn heartbeats_carry_only_drift_not_yet_acknowledged() {
@@ -367,17 +433,7 @@ mod tests {
                 action: windvane_shared::heartbeat::DriftAction::Reported,
             });
         }
-        let config = ReporterConfig {
-            server: "http://server".into(),
-            token: "secret".into(),
-            fleet: "acme".into(),
-            identity: ClusterIdentity {
-                name: "c1".into(),
-                labels: BTreeMap::from([("env".into(), "prod".into())]),
-            },
-            interval: Duration::from_secs(30),
-            namespace: "windvane-system".into(),
-        };
+        let config = test_config();
         let all = build_heartbeat(&status, &config, 7, at(10), None);
         assert_eq!(
             (all.sequence, all.drift.len(), all.state),
