@@ -6,8 +6,8 @@
 //! the file's device, inode, size and modification time, which `windvane publish` (write, fsync, rename)
 //! always changes. A cached file is looked at again (one `stat`) at most every [`REVALIDATE_AFTER`], so the
 //! hot path — an agent polling an unchanged pointer with `If-None-Match` — is one map lookup and a 304 built
-//! from cached header values, with no system call; a publish is served within that time. A new version is opened, checked to lie
-//! inside the store root (symlinks are resolved; anything that leads outside is refused), hashed for its
+//! from cached header values, with no system call; a publish is served within that time. A new version is
+//! opened, checked to lie inside the store root (symlinks are resolved; anything that leads outside is refused), hashed for its
 //! ETag, and cached with its gzip encoding. A bundle whose content does not hash to its name is refused.
 
 use std::collections::HashMap;
@@ -196,11 +196,13 @@ impl FileCache {
     ) -> Result<Arc<CachedFile>, FileError> {
         let now = self.nanos_since_epoch(now);
         let fresh_for = u64::try_from(self.revalidate_after.as_nanos()).unwrap_or(u64::MAX);
-        if let Some(entry) = self
+        let cached = self
             .entries
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&relative)
+            .cloned();
+        if let Some(entry) = &cached
             && now.saturating_sub(entry.checked_at.load(Ordering::Relaxed)) < fresh_for
         {
             return Ok(Arc::clone(entry));
@@ -218,15 +220,11 @@ impl FileCache {
             return Err(FileError::NotFound);
         }
         let version = Version::of(&meta);
-        if let Some(entry) = self
-            .entries
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&relative)
+        if let Some(entry) = cached
             && entry.version == version
         {
             entry.checked_at.fetch_max(now, Ordering::Relaxed);
-            return Ok(Arc::clone(entry));
+            return Ok(entry);
         }
         let entry = Arc::new(self.load(&path, version, kind, digest, now)?);
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
