@@ -36,7 +36,7 @@ use windvane_source_server::server::route::{
 };
 use windvane_source_server::server::status::Filter;
 use windvane_source_server::server::view::parse_since;
-use windvane_source_server::store::{bundle_path, channel_path, check_channel_name};
+use windvane_store::{bundle_path, channel_path, check_channel_name};
 
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();

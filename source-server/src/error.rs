@@ -1,5 +1,5 @@
 //! The one error type of the source-server library: each variant is a step that failed, naming the file,
-//! URL or channel it failed on.
+//! address, database operation or cluster it failed on.
 
 use std::path::PathBuf;
 
@@ -10,49 +10,6 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A file or directory of the store could not be read or written.
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// Another publisher holds the store's lock.
-    #[error("{}: another publish to this store is running; try again when it has finished", path.display())]
-    Locked { path: PathBuf },
-    /// A channel name that cannot be a file name in the store.
-    #[error(
-        "invalid channel name {0:?}: use 1-63 characters a-z, 0-9, '-', '_' or '.', starting with a letter or digit"
-    )]
-    InvalidChannel(String),
-    /// The channel's current pointer cannot be verified with the given keys, so publishing over it is refused.
-    #[error("current pointer {}: {source}; refusing to publish over it (if the release key was rotated, add the old public key with --trusted-key)", path.display())]
-    CurrentPointerUnverifiable {
-        path: PathBuf,
-        #[source]
-        source: windvane_shared::Error,
-    },
-    /// The channel already carries another fleet's releases.
-    #[error(
-        "channel {channel:?} in this store belongs to fleet {current:?}; the bundle is for fleet {offered:?}"
-    )]
-    OtherFleetInStore {
-        channel: String,
-        current: String,
-        offered: String,
-    },
-    /// An empty release would remove everything from every cluster, so it needs to be asked for.
-    #[error(
-        "the bundle has no objects: publishing it would remove every object on clusters that prune; pass --allow-empty if that is what you mean"
-    )]
-    EmptyWithoutAllow,
-    /// The store has no pointer for this channel.
-    #[error("{location}: no release published on channel {channel:?}")]
-    NoSuchChannel { location: String, channel: String },
-    /// Fetching from a store URL failed.
-    #[error("GET {url}: {detail}")]
-    Http { url: String, detail: String },
-    // ---- windvane-server ----
     /// The server could not listen on its address.
     #[error("listen on {addr}: {source}")]
     Listen {
@@ -72,16 +29,10 @@ pub enum Error {
     /// A database operation (naming what it did, and on which cluster) failed.
     #[error("database: {operation}: {detail}")]
     Database { operation: String, detail: String },
+    /// Reading the static store (a file it serves, a token file) failed.
+    #[error(transparent)]
+    Store(#[from] windvane_store::Error),
     /// A release, bundle or key check in the shared core failed.
     #[error(transparent)]
     Shared(#[from] windvane_shared::Error),
-}
-
-impl Error {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io {
-            path: path.into(),
-            source,
-        }
-    }
 }

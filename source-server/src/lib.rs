@@ -1,10 +1,8 @@
-//! Windvane's source server and release tooling. The library holds what the two binaries share:
-//! [`store`] (the static store's layout, atomic publishing, reading a store from a directory or a URL),
-//! [`server`] (the source server daemon) and [`error`]. The binaries are `windvane` (release engineers and
-//! SREs) and `windvane-server` (the daemon).
+//! Windvane's source server (`windvane-server`): [`server`] (the daemon: the static store over HTTP,
+//! enrolment, heartbeats, fleet status, page, API, metrics, notifications) and [`error`]. The store's layout
+//! and publishing live in `windvane-store`, shared with the `windvane` command line.
 
 pub mod error;
 pub mod server;
-pub mod store;
 
 pub use error::{Error, Result};

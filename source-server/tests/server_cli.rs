@@ -10,7 +10,7 @@ use server_support::{Agent, Options, ServerProcess, client};
 use windvane_shared::status::SyncState;
 
 fn windvane(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_windvane"))
+    Command::new(server_support::windvane_cli())
         .args(args)
         .output()
         .expect("run windvane")

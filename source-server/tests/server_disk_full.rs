@@ -34,7 +34,7 @@ fn windvane(file_size_limit: Option<u64>, args: &[&str]) -> Output {
             .arg("--");
     }
     command
-        .arg(env!("CARGO_BIN_EXE_windvane"))
+        .arg(server_support::windvane_cli())
         .args(args)
         .output()
         .expect("run windvane through sh and prlimit (util-linux)")

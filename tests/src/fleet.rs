@@ -15,7 +15,7 @@ use tempfile::TempDir;
 use windvane_shared::bundle::BundleLimits;
 use windvane_shared::keys::{TrustedKeys, signing_key_from_seed, verifying_key_to_pem};
 use windvane_shared::release::ReleasePointer;
-use windvane_source_server::store::{self, PublishRequest};
+use windvane_store::{self as store, PublishRequest};
 
 use crate::localkube::{LocalKube, wait_for};
 use crate::process::{ChildProcess, binary};

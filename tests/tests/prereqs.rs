@@ -119,7 +119,10 @@ fn no_install_is_attempted_when_told_not_to() {
 
 #[test]
 fn as_root_on_debian_the_missing_packages_are_installed() {
-    let root = Command::new("id").arg("-u").output().map(|o| o.stdout == b"0\n");
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout == b"0\n");
     if !matches!(root, Ok(true)) || !Path::new("/etc/debian_version").exists() {
         eprintln!("skipped: the script installs only as root on Debian, and this is neither");
         return;
@@ -133,12 +136,18 @@ fn as_root_on_debian_the_missing_packages_are_installed() {
         .find(|l| l.starts_with("install "))
         .unwrap_or_else(|| panic!("apt-get install not called; calls: {calls:?}"));
     for package in ["build-essential", "openssl", "chromium", "wrk"] {
-        assert!(install.split_whitespace().any(|w| w == package), "{install}");
+        assert!(
+            install.split_whitespace().any(|w| w == package),
+            "{install}"
+        );
     }
     // The toolchains are not Debian's to install: still missing, so the script still fails, naming them.
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("Go 1.26") && stderr.contains("Rust 1.95"), "{stderr}");
+    assert!(
+        stderr.contains("Go 1.26") && stderr.contains("Rust 1.95"),
+        "{stderr}"
+    );
 }
 
 #[test]

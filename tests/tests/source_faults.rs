@@ -347,7 +347,7 @@ async fn unknown_and_weak_keys_other_channels_replays_and_future_pointers_are_re
     // Unknown key: a well-formed release of this fleet and channel, signed by a key the cluster does not trust.
     let stranger = Publisher::new(99)?;
     let pointer = stranger.publish(&tree_with("stranger")?, "stable")?;
-    let bundle = windvane_source_server::store::bundle_path(&pointer.bundle.sha256);
+    let bundle = windvane_store::bundle_path(&pointer.bundle.sha256);
     std::fs::copy(
         stranger.store().join(&bundle),
         publisher.store().join(&bundle),

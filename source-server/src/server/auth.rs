@@ -37,7 +37,7 @@ impl TokenHash {
             path: path.to_path_buf(),
             detail,
         };
-        let bytes = crate::store::read_capped_file(path, 4096, "token file")
+        let bytes = windvane_store::read_capped_file(path, 4096, "token file")
             .map_err(|e| bad(e.to_string()))?;
         let text = String::from_utf8(bytes).map_err(|_| bad("not UTF-8".to_owned()))?;
         if text.trim().is_empty() {

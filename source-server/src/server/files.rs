@@ -24,7 +24,7 @@ use flate2::write::GzEncoder;
 use hyper::header::HeaderValue;
 use windvane_shared::digest::sha256_hex;
 
-use crate::store::{BUNDLES_DIR, CHANNELS_DIR};
+use windvane_store::{BUNDLES_DIR, CHANNELS_DIR};
 
 /// Which kind of store file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,9 +256,9 @@ impl FileCache {
         if version.size > MAX_FILE_BYTES {
             return Err(FileError::TooLarge);
         }
-        let body = crate::store::read_capped_file(&canonical, MAX_FILE_BYTES, "store file")
+        let body = windvane_store::read_capped_file(&canonical, MAX_FILE_BYTES, "store file")
             .map_err(|e| match e {
-                crate::Error::Shared(_) => FileError::TooLarge,
+                windvane_store::Error::Shared(_) => FileError::TooLarge,
                 other => FileError::Io(other.to_string()),
             })?;
         let sha256 = sha256_hex(&body);
@@ -313,7 +313,7 @@ mod tests {
             Arc::ptr_eq(&first, &again),
             "unchanged file comes from the cache"
         );
-        crate::store::write_atomic(&file, b"{\"a\":2}").expect("publish");
+        windvane_store::write_atomic(&file, b"{\"a\":2}").expect("publish");
         let changed = cache.pointer("prod").expect("served");
         assert_eq!(&changed.body[..], b"{\"a\":2}");
         assert_ne!(changed.etag, first.etag);
@@ -329,7 +329,7 @@ mod tests {
         std::fs::write(&file, b"{\"a\":1}").expect("write");
         let start = Instant::now();
         let first = cache.pointer_at("prod", start).expect("served");
-        crate::store::write_atomic(&file, b"{\"a\":2}").expect("publish");
+        windvane_store::write_atomic(&file, b"{\"a\":2}").expect("publish");
         let within = cache
             .pointer_at("prod", start + period - Duration::from_millis(1))
             .expect("served");

@@ -572,7 +572,7 @@ fn check_read_token(app: &App, request: &Request<Incoming>) -> Option<Response<B
 
 fn latest_serial(app: &App) -> impl Fn(&str) -> Option<u64> + '_ {
     move |channel: &str| {
-        crate::store::check_channel_name(channel).ok()?;
+        windvane_store::check_channel_name(channel).ok()?;
         app.files.pointer(channel).ok()?.serial()
     }
 }

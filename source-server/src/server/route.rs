@@ -9,7 +9,7 @@
 
 use hyper::Method;
 
-use crate::store::check_channel_name;
+use windvane_store::check_channel_name;
 
 /// Where a request goes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -45,6 +45,25 @@ where
     }
 }
 
+/// The `windvane` command line (crate `windvane-cli`) from the target directory this test runs from.
+/// Cargo builds only a package's own binaries for its tests, so it must be built first: `tests/run` builds
+/// every binary of the workspace before it tests.
+pub fn windvane_cli() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test>-<hash> -> target/<profile>/windvane
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable in target/<profile>/deps")
+        .join("windvane");
+    assert!(
+        path.exists(),
+        "{} is missing: build it first (cargo build -p windvane-cli, or run the tests with tests/run)",
+        path.display()
+    );
+    path
+}
+
 /// A store with one channel pointer (serial `serial`) and its bundle.
 pub fn write_store(root: &Path, serial: u64) -> (Vec<u8>, String) {
     std::fs::create_dir_all(root.join("channels")).expect("mkdir");
@@ -74,11 +93,8 @@ pub fn write_store(root: &Path, serial: u64) -> (Vec<u8>, String) {
     let envelope = pointer
         .sign(&signing_key_from_seed([200; 32]))
         .to_json_bytes();
-    windvane_source_server::store::write_atomic(
-        &root.join(format!("channels/{CHANNEL}.json")),
-        &envelope,
-    )
-    .expect("write pointer");
+    windvane_store::write_atomic(&root.join(format!("channels/{CHANNEL}.json")), &envelope)
+        .expect("write pointer");
     (bundle, sha256)
 }
 

@@ -188,10 +188,7 @@ pub fn sign_by_hand(
 ) -> anyhow::Result<ReleasePointer> {
     let bytes = bundle.to_json_bytes();
     let sha256 = windvane_shared::digest::sha256_hex(&bytes);
-    std::fs::write(
-        store.join(windvane_source_server::store::bundle_path(&sha256)),
-        &bytes,
-    )?;
+    std::fs::write(store.join(windvane_store::bundle_path(&sha256)), &bytes)?;
     let pointer = ReleasePointer {
         fleet: bundle.fleet.clone(),
         channel: channel.to_owned(),
@@ -205,7 +202,7 @@ pub fn sign_by_hand(
         allow_empty,
     };
     std::fs::write(
-        store.join(windvane_source_server::store::channel_path(channel)),
+        store.join(windvane_store::channel_path(channel)),
         pointer.sign(key).to_json_bytes(),
     )?;
     Ok(pointer)

@@ -18,7 +18,9 @@ use windvane_shared::digest::sha256_hex;
 use windvane_shared::keys::TrustedKeys;
 use windvane_shared::release::{self, BundleRef, ReleasePointer};
 
-use crate::{Error, Result};
+mod error;
+
+pub use error::{Error, Result};
 
 /// Directory of channel pointers, relative to the store root.
 pub const CHANNELS_DIR: &str = "channels";

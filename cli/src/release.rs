@@ -1,6 +1,6 @@
 //! The release engineer's subcommands: `build`, `publish`, `verify` and `render`. They read a fleet source
 //! tree (or a built bundle), a store (a directory or URL) and keys; the checks themselves live in
-//! `windvane_shared`, and the store's layout and atomic publishing in `windvane_source_server::store`.
+//! `windvane_shared`, and the store's layout and atomic publishing in `windvane_store`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -18,7 +18,7 @@ use windvane_shared::release::{self, AcceptedRelease, PointerExpectations};
 use windvane_shared::render::{ClusterIdentity, render_for_cluster};
 use windvane_shared::selector::{Labels, parse_label_assignment};
 use windvane_shared::{source, yaml_out};
-use windvane_source_server::store::{self, PublishRequest, StoreLocation};
+use windvane_store::{self as store, PublishRequest, StoreLocation};
 
 #[derive(Debug, Args)]
 pub struct BuildArgs {
