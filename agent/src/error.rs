@@ -23,6 +23,14 @@ pub enum Error {
         url: String,
         retry_after: std::time::Duration,
     },
+    /// The source server refused an enrolment or a heartbeat with a 4xx (401/404: it no longer knows this
+    /// cluster's key, so the agent enrols again; 409: the name is bound to another key).
+    #[error("{url}: refused with HTTP {status}: {detail}")]
+    ServerRefused {
+        url: String,
+        status: u16,
+        detail: String,
+    },
     /// The release, bundle or rendering was refused by the shared core (the reason is in the inner error).
     #[error(transparent)]
     Release(#[from] windvane_shared::Error),
@@ -67,6 +75,7 @@ impl Error {
             Error::Config(_) | Error::ConfigFile { .. } => "config",
             Error::Fetch { .. } => "fetch",
             Error::SourceBusy { .. } => "busy",
+            Error::ServerRefused { .. } => "refused",
             Error::Release(inner) => inner.reason(),
             Error::Discovery { .. } => "discovery",
             Error::Apply { .. } => "apply",

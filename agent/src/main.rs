@@ -158,6 +158,7 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
             reporter,
             key,
             status.clone(),
+            metrics.clone(),
             shutdown.clone(),
         ));
     }

@@ -14,6 +14,7 @@ const SYNC_BUCKETS: [f64; 10] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 #[derive(Debug, Default)]
 struct Values {
     source_fetch: BTreeMap<String, u64>,
+    enrolments: BTreeMap<String, u64>,
     apply: BTreeMap<String, u64>,
     release_serial: Option<u64>,
     source_stale: bool,
@@ -37,6 +38,12 @@ impl Metrics {
             .source_fetch
             .entry(result.to_owned())
             .or_default() += 1;
+    }
+
+    /// Counts an enrolment at the source server by result (`enrolled`, `already_enrolled`, `rekeyed`,
+    /// `conflict`, `refused`, `error`).
+    pub fn enrolment(&self, result: &str) {
+        *self.lock().enrolments.entry(result.to_owned()).or_default() += 1;
     }
 
     /// Counts an object apply by result (`written`, `unchanged`, `failed`, `refused`).
@@ -89,6 +96,18 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "windvane_source_fetch_total{{result=\"{result}\"}} {count}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP windvane_enrolments_total Enrolments at the source server, by result (more than one \
+             `enrolled` means the server forgot this cluster and it enrolled again)."
+        );
+        let _ = writeln!(out, "# TYPE windvane_enrolments_total counter");
+        for (result, count) in &values.enrolments {
+            let _ = writeln!(
+                out,
+                "windvane_enrolments_total{{result=\"{result}\"}} {count}"
             );
         }
         let _ = writeln!(
@@ -163,6 +182,7 @@ mod tests {
         metrics.source_fetch("ok");
         metrics.source_fetch("ok");
         metrics.apply("written");
+        metrics.enrolment("enrolled");
         metrics.set_release_serial(7);
         metrics.set_objects(&BTreeMap::from([(SyncState::Synced, 3)]));
         metrics.observe_sync(Duration::from_millis(300));
@@ -172,6 +192,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("windvane_apply_total{result=\"written\"} 1"));
+        assert!(text.contains("windvane_enrolments_total{result=\"enrolled\"} 1"));
         assert!(text.contains("windvane_release_serial 7"));
         assert!(text.contains("windvane_source_stale 0"));
         metrics.set_source_stale(true);

@@ -2,9 +2,13 @@
 //! (made on first start); it enrols once with the fleet's registration token, binding that key to the
 //! cluster's name, then signs every heartbeat as a DSSE envelope. A heartbeat goes out every interval
 //! (jittered) and at once when the cluster's state changes; while the server is away the agent backs off and
-//! keeps its drift records until a heartbeat carrying them is acknowledged.
+//! keeps its drift records until a heartbeat carrying them is acknowledged. When the server stops accepting
+//! the key (404: an admin forgot the cluster; 401: another key is bound to the name) the agent enrols again,
+//! which the server grants only for a free name or one an admin allowed to rekey (409 otherwise: the agent
+//! says so and retries slowly).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ed25519_dalek::SigningKey;
@@ -17,7 +21,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 use windvane_shared::dsse;
 use windvane_shared::heartbeat::{
-    EnrollReply, EnrollRequest, HEARTBEAT_PAYLOAD_TYPE, Heartbeat, HeartbeatReply,
+    EnrollOutcome, EnrollReply, EnrollRequest, HEARTBEAT_PAYLOAD_TYPE, Heartbeat, HeartbeatReply,
     MAX_DRIFT_RECORDS_PER_HEARTBEAT, MAX_PROBLEMS_PER_HEARTBEAT,
 };
 use windvane_shared::keys::{
@@ -29,6 +33,7 @@ use windvane_shared::status::SyncState;
 use crate::backoff::{after_busy, full_jitter, jittered, random_unit};
 use crate::cluster::api_message;
 use crate::engine::SharedStatus;
+use crate::metrics::Metrics;
 use crate::{Error, Result};
 
 /// Name of the Secret holding the cluster's identity key.
@@ -145,11 +150,13 @@ pub fn build_heartbeat(
     }
 }
 
-/// Sends heartbeats until `shutdown`.
+/// Sends heartbeats until `shutdown`. A heartbeat answered 404 (the cluster was forgotten) or 401 (another key
+/// is bound to its name: it was rekeyed) makes the agent enrol again, counted in `windvane_enrolments_total`.
 pub async fn run(
     config: ReporterConfig,
     key: SigningKey,
     status: SharedStatus,
+    metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let http = match reqwest::Client::builder()
@@ -162,35 +169,17 @@ pub async fn run(
     };
     let base = config.server.trim_end_matches('/').to_owned();
     let cluster = &config.identity.name;
-    let mut failures = 0u32;
-    let mut sequence = loop {
-        match enroll(&http, &base, &config, &key).await {
-            Ok(reply) => {
-                info!(outcome = ?reply.outcome, keyid = %reply.keyid, "enrolled with the source server");
-                break reply.last_sequence;
-            }
-            Err(error) => {
-                let wait = full_jitter(
-                    failures,
-                    Duration::from_secs(1),
-                    Duration::from_secs(300),
-                    random_unit(),
-                );
-                warn!(%error, wait_s = wait.as_secs(), "cannot enrol yet; retrying");
-                failures += 1;
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = shutdown.changed() => return,
-                }
-            }
-        }
+    let Some(mut sequence) =
+        enroll_until_accepted(&http, &base, &config, &key, &metrics, &mut shutdown).await
+    else {
+        return;
     };
     let url = format!("{base}/api/v1/clusters/{cluster}/heartbeat");
     let mut interval = config.interval;
     let mut drift_acknowledged: Option<Timestamp> = None;
     let mut last_sent: Option<(SyncState, BTreeMap<SyncState, u64>)> = None;
     let mut next = tokio::time::Instant::now();
-    failures = 0;
+    let mut failures = 0u32;
     loop {
         let current = {
             let status = status.read().expect("status lock");
@@ -237,7 +226,26 @@ pub async fn run(
                         }
                         _ => backoff,
                     };
-                    warn!(%error, wait_s = wait.as_secs(), "heartbeat failed; keeping drift records for the next one");
+                    if needs_enrolment(&error) {
+                        warn!(%error, "the source server no longer accepts this cluster's key (an admin forgot or rekeyed it); enrolling again");
+                        let Some(last) = enroll_until_accepted(
+                            &http,
+                            &base,
+                            &config,
+                            &key,
+                            &metrics,
+                            &mut shutdown,
+                        )
+                        .await
+                        else {
+                            return;
+                        };
+                        sequence = last;
+                        // A forgotten cluster's drift log is gone: send what is still held again.
+                        drift_acknowledged = None;
+                    } else {
+                        warn!(%error, wait_s = wait.as_secs(), "heartbeat failed; keeping drift records for the next one");
+                    }
                     failures += 1;
                     next = tokio::time::Instant::now() + wait;
                     // Do not resend on every state flicker while the server is away.
@@ -248,6 +256,70 @@ pub async fn run(
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Whether a heartbeat refusal means the server no longer holds this cluster's key, so it must enrol again.
+fn needs_enrolment(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::ServerRefused {
+            status: 401 | 404,
+            ..
+        }
+    )
+}
+
+/// Enrols until the server binds this key to the cluster's name (or already holds it); the last sequence it
+/// stored, or `None` on shutdown. Failures back off with jitter; a 409 (the name is bound to another key:
+/// only an admin's `windvane cluster rekey|forget` resolves it, as the registration token never takes a name
+/// from another key) retries slowly and says so.
+async fn enroll_until_accepted(
+    http: &reqwest::Client,
+    base: &str,
+    config: &ReporterConfig,
+    key: &SigningKey,
+    metrics: &Metrics,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<u64> {
+    let cluster = &config.identity.name;
+    let mut failures = 0u32;
+    loop {
+        let error = match enroll(http, base, config, key).await {
+            Ok(reply) => {
+                metrics.enrolment(match reply.outcome {
+                    EnrollOutcome::Enrolled => "enrolled",
+                    EnrollOutcome::Rekeyed => "rekeyed",
+                    _ => "already_enrolled",
+                });
+                info!(outcome = ?reply.outcome, keyid = %reply.keyid, "enrolled with the source server");
+                return Some(reply.last_sequence);
+            }
+            Err(error) => error,
+        };
+        let conflict = matches!(error, Error::ServerRefused { status: 409, .. });
+        metrics.enrolment(match &error {
+            _ if conflict => "conflict",
+            Error::ServerRefused { .. } => "refused",
+            _ => "error",
+        });
+        let first = if conflict { 30 } else { 1 };
+        let wait = full_jitter(
+            failures,
+            Duration::from_secs(first),
+            Duration::from_secs(300),
+            random_unit(),
+        );
+        if conflict {
+            warn!(%error, wait_s = wait.as_secs(), "cluster {cluster} is bound to another key at the source server: not reporting until an admin runs `windvane cluster rekey {cluster}` (or `forget`); retrying");
+        } else {
+            warn!(%error, wait_s = wait.as_secs(), "cannot enrol yet; retrying");
+        }
+        failures = failures.saturating_add(1);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.changed() => return None,
         }
     }
 }
@@ -280,15 +352,7 @@ async fn enroll(
     let status = response.status();
     let body = response.text().await.unwrap_or_default();
     if !status.is_success() {
-        let hint = if status == StatusCode::CONFLICT {
-            " (another key is bound to this cluster name: an admin must run `windvane cluster rekey`)"
-        } else {
-            ""
-        };
-        return Err(Error::Fetch {
-            url,
-            detail: format!("HTTP {status}: {}{hint}", body.trim()),
-        });
+        return Err(refused(&url, status, &body));
     }
     serde_json::from_str(&body).map_err(|e| Error::Fetch {
         url,
@@ -327,15 +391,30 @@ async fn send(
     }
     let body = response.text().await.unwrap_or_default();
     if !status.is_success() {
-        return Err(Error::Fetch {
-            url: url.to_owned(),
-            detail: format!("HTTP {status}: {}", body.trim()),
-        });
+        return Err(refused(url, status, &body));
     }
     serde_json::from_str(&body).map_err(|e| Error::Fetch {
         url: url.to_owned(),
         detail: format!("unreadable reply: {e}"),
     })
+}
+
+/// A non-success answer: a 4xx is the server's refusal ([`Error::ServerRefused`], which the loop acts on),
+/// anything else a failed fetch.
+fn refused(url: &str, status: StatusCode, body: &str) -> Error {
+    let detail = body.trim().chars().take(500).collect::<String>();
+    if status.is_client_error() {
+        Error::ServerRefused {
+            url: url.to_owned(),
+            status: status.as_u16(),
+            detail,
+        }
+    } else {
+        Error::Fetch {
+            url: url.to_owned(),
+            detail: format!("HTTP {status}: {detail}"),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -407,6 +486,48 @@ mod tests {
             ),
             "other failures keep the plain backoff"
         );
+    }
+
+    #[tokio::test]
+    async fn a_forgotten_or_rekeyed_cluster_enrols_again_and_a_conflict_does_not_loop_on_heartbeats()
+     {
+        let key = signing_key_from_seed([7; 32]);
+        let heartbeat = build_heartbeat(
+            &AgentStatus::default(),
+            &test_config(),
+            1,
+            Timestamp::from_second(1_700_000_000).unwrap(),
+            None,
+        );
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::new();
+        for (answer, status, enrol_again) in [
+            (
+                "HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+                404,
+                true,
+            ),
+            (
+                "HTTP/1.1 401 Unauthorized\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+                401,
+                true,
+            ),
+            (
+                "HTTP/1.1 409 Conflict\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+                409,
+                false,
+            ),
+        ] {
+            let url = answering(answer).await;
+            let error = send(&http, &url, &heartbeat, &key)
+                .await
+                .expect_err("refused");
+            assert!(
+                matches!(&error, Error::ServerRefused { status: s, .. } if *s == status),
+                "{status}: {error:?}"
+            );
+            assert_eq!(needs_enrolment(&error), enrol_again, "{status}");
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `windvane status` and `windvane cluster rekey|forget`: the SRE's view of the fleet from a terminal or a
 //! pipeline. `status` reads the source server's `/api/v1/fleet` (with an optional label selector and state
 //! filter), prints the table, and exits 0 only when every selected cluster is Synced — Unknown and
-//! NeverSeen are not. `cluster rekey|forget` call the server's admin endpoints with the registration token.
+//! NeverSeen are not. `cluster rekey|forget` call the server's admin endpoints with the admin token (the
+//! server's `--admin-token-file`; the registration token every cluster holds never authorises them).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -46,9 +47,11 @@ pub struct ClusterArgs {
 
 #[derive(Debug, Subcommand)]
 enum ClusterAction {
-    /// Allow the cluster's next enrolment to bind a new identity key (after a reinstall or key loss).
+    /// Allow the cluster's next enrolment to bind a new identity key (after a reinstall or key loss); until
+    /// then the old key keeps reporting, and once a new key is bound the old one is refused.
     Rekey(AdminArgs),
-    /// Remove the cluster and everything stored about it; it may enrol again afresh.
+    /// Remove the cluster and everything stored about it; its agent, if still running, enrols again afresh
+    /// at its next heartbeat (so it reappears), and a stopped one stays gone.
     Forget(AdminArgs),
 }
 
@@ -59,9 +62,10 @@ struct AdminArgs {
     /// The source server, e.g. https://windvane.example.com.
     #[arg(long, env = "WINDVANE_SERVER", value_name = "URL")]
     server: String,
-    /// File with the fleet registration token (admin actions are authorised by it).
-    #[arg(long, env = "WINDVANE_REGISTRATION_TOKEN_FILE", value_name = "FILE")]
-    registration_token_file: PathBuf,
+    /// File with the server's admin token (what `windvane-server serve --admin-token-file` reads); the
+    /// registration token does not authorise admin actions.
+    #[arg(long, env = "WINDVANE_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    admin_token_file: PathBuf,
 }
 
 fn http_client() -> anyhow::Result<reqwest::Client> {
@@ -283,7 +287,7 @@ pub fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
         ClusterAction::Rekey(admin) => ("rekey", admin),
         ClusterAction::Forget(admin) => ("forget", admin),
     };
-    let token = read_token(&admin.registration_token_file)?;
+    let token = read_token(&admin.admin_token_file)?;
     let url = format!(
         "{}/api/v1/clusters/{}/{action}",
         admin.server.trim_end_matches('/'),

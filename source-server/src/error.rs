@@ -20,6 +20,12 @@ pub enum Error {
     /// A secret file (registration or read token) is missing, unreadable or empty.
     #[error("{}: {detail}", path.display())]
     TokenFile { path: PathBuf, detail: String },
+    /// The admin token is the registration token, which every cluster holds, so it would let any cluster
+    /// rekey or forget another.
+    #[error(
+        "the admin token (--admin-token-file) is the registration token, which every cluster holds: give admin actions a token of their own (e.g. `head -c 32 /dev/urandom | base64`)"
+    )]
+    AdminTokenIsRegistrationToken,
     /// The notifications config file could not be read or is invalid.
     #[error("notifications config {}: {detail}", path.display())]
     NotificationConfig { path: PathBuf, detail: String },

@@ -1,6 +1,7 @@
 //! `windvane status` and `windvane cluster rekey|forget` against a real `windvane-server`: the table, the
 //! exit code a pipeline relies on (0 only when every selected cluster is Synced), the read token, and the
-//! admin actions.
+//! admin actions (authorised by the admin token only; refused by a server without one, which also refuses to
+//! start with an admin token that is the registration token or too short).
 
 mod server_support;
 
@@ -125,8 +126,32 @@ async fn cluster_rekey_and_forget() {
     let new = Agent::new("edge-7", 2, &[]);
     assert_eq!(old.enroll(&http, &server.url).await.status(), 201);
     assert_eq!(new.enroll(&http, &server.url).await.status(), 409);
-    let token = server.dir.join("token");
+    let token = server.dir.join("admin-token");
     let token = token.to_str().expect("utf-8");
+    let registration = server.dir.join("token");
+    let registration = registration.to_str().expect("utf-8");
+
+    // The registration token, which every cluster holds, is no admin credential.
+    let as_a_cluster = windvane(&[
+        "cluster",
+        "forget",
+        "edge-7",
+        "--server",
+        &server.url,
+        "--admin-token-file",
+        registration,
+    ]);
+    assert_eq!(as_a_cluster.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&as_a_cluster.stderr).contains("401"),
+        "{}",
+        String::from_utf8_lossy(&as_a_cluster.stderr)
+    );
+    assert_eq!(
+        new.enroll(&http, &server.url).await.status(),
+        409,
+        "nothing was forgotten"
+    );
 
     let rekey = windvane(&[
         "cluster",
@@ -134,7 +159,7 @@ async fn cluster_rekey_and_forget() {
         "edge-7",
         "--server",
         &server.url,
-        "--registration-token-file",
+        "--admin-token-file",
         token,
     ]);
     assert!(
@@ -150,7 +175,7 @@ async fn cluster_rekey_and_forget() {
         "edge-7",
         "--server",
         &server.url,
-        "--registration-token-file",
+        "--admin-token-file",
         token,
     ]);
     assert!(
@@ -173,7 +198,7 @@ async fn cluster_rekey_and_forget() {
         "edge-7",
         "--server",
         &server.url,
-        "--registration-token-file",
+        "--admin-token-file",
         token,
     ]);
     assert_eq!(again.status.code(), Some(1));
@@ -187,9 +212,109 @@ async fn cluster_rekey_and_forget() {
         "x",
         "--server",
         &server.url,
-        "--registration-token-file",
+        "--admin-token-file",
         wrong.to_str().expect("utf-8"),
     ]);
     assert_eq!(denied.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&denied.stderr).contains("401"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_actions_are_refused_by_a_server_without_an_admin_token() {
+    let server = ServerProcess::start(Options {
+        no_admin_token: true,
+        ..Options::default()
+    });
+    let http = client();
+    assert_eq!(
+        Agent::new("edge-7", 1, &[])
+            .enroll(&http, &server.url)
+            .await
+            .status(),
+        201
+    );
+    for token in ["admin-token", "token"] {
+        let file = server.dir.join(token);
+        let refused = windvane(&[
+            "cluster",
+            "forget",
+            "edge-7",
+            "--server",
+            &server.url,
+            "--admin-token-file",
+            file.to_str().expect("utf-8"),
+        ]);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("403") && stderr.contains("--admin-token-file"),
+            "{stderr}"
+        );
+    }
+    assert_eq!(
+        http.get(format!("{}/api/v1/clusters/edge-7", server.url))
+            .send()
+            .await
+            .expect("get")
+            .status(),
+        200,
+        "still enrolled"
+    );
+}
+
+/// Runs `windvane-server serve` with `admin_token` in its admin token file, expecting it to refuse to start;
+/// returns its stderr.
+fn serve_refused(admin_token: &str) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("root")).expect("root");
+    std::fs::write(
+        dir.path().join("token"),
+        format!("{}\n", server_support::TOKEN),
+    )
+    .expect("token");
+    std::fs::write(dir.path().join("admin-token"), admin_token).expect("admin token");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_windvane-server"))
+        .arg("serve")
+        .arg("--root")
+        .arg(dir.path().join("root"))
+        .arg("--data")
+        .arg(dir.path().join("data"))
+        .args(["--listen", "127.0.0.1:0"])
+        .arg("--registration-token-file")
+        .arg(dir.path().join("token"))
+        .arg("--admin-token-file")
+        .arg(dir.path().join("admin-token"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start windvane-server");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("windvane-server started with admin token {admin_token:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr)
+        .expect("stderr");
+    assert!(!status.success(), "{stderr}");
+    stderr
+}
+
+#[test]
+fn the_server_refuses_an_admin_token_that_is_the_registration_token_or_too_short() {
+    let same = serve_refused(&format!("  {}\n", server_support::TOKEN));
+    assert!(
+        same.contains("the admin token (--admin-token-file) is the registration token"),
+        "{same}"
+    );
+    let short = serve_refused("admin\n");
+    assert!(short.contains("admin-token: token too short"), "{short}");
+    let empty = serve_refused("\n");
+    assert!(empty.contains("admin-token: empty token"), "{empty}");
 }

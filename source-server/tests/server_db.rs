@@ -1,7 +1,7 @@
 //! The database contract, run the same way against SQLite and against PostgreSQL (a throwaway cluster from
 //! Debian's packages, started by the harness; the test fails if it cannot start): enrolment decisions, batch
 //! ingest with sequence and key checks inside the transaction, summaries, drift log, rekey/forget,
-//! notification claims, and pruning.
+//! notification claims per alert episode, and pruning.
 
 mod server_support;
 
@@ -12,6 +12,7 @@ use server_support::{Agent, Postgres};
 use windvane_shared::heartbeat::{DriftAction, DriftRecord};
 use windvane_shared::keys::{keyid, verifying_key_to_pem};
 use windvane_shared::status::SyncState;
+use windvane_source_server::server::db::EpisodeClaim::{self, Close, Open, Within};
 use windvane_source_server::server::db::postgres::PostgresDb;
 use windvane_source_server::server::db::sqlite::SqliteDb;
 use windvane_source_server::server::db::{
@@ -171,30 +172,39 @@ async fn contract(db: &impl Database) {
             .is_empty()
     );
 
-    // Notification claims: once each.
+    // Notification claims: once each per serial and alert episode; a recovery starts the next episode.
     let now = Timestamp::now();
-    assert!(
-        db.claim_notification("beta", "OutOfSync", 3, now)
-            .await
-            .expect("claim")
-    );
-    assert!(
-        !db.claim_notification("beta", "OutOfSync", 3, now)
-            .await
-            .expect("claim")
-    );
-    assert!(
-        db.claim_notification("beta", "OutOfSync", 4, now)
-            .await
-            .expect("claim"),
+    let claim = |trigger: &'static str, serial: u64, claim: EpisodeClaim| {
+        db.claim_notification("beta", trigger, serial, now, claim)
+    };
+    assert_eq!(claim("OutOfSync", 3, Open).await.expect("claim"), Some(1));
+    assert_eq!(claim("OutOfSync", 3, Open).await.expect("claim"), None);
+    assert_eq!(
+        claim("OutOfSync", 4, Open).await.expect("claim"),
+        Some(1),
         "per serial"
     );
-    assert!(
-        db.claim_notification("beta", "Recovered", 3, now)
+    assert_eq!(
+        claim("Drift apps/Deployment ns/x", 3, Within)
             .await
             .expect("claim"),
-        "per trigger"
+        Some(1)
     );
+    assert_eq!(db.open_episodes().await.expect("open"), ["beta"]);
+    assert_eq!(claim("Recovered", 3, Close).await.expect("claim"), Some(1));
+    assert_eq!(
+        claim("Recovered", 3, Close).await.expect("claim"),
+        None,
+        "recovered once per episode"
+    );
+    assert!(db.open_episodes().await.expect("open").is_empty());
+    assert_eq!(
+        claim("OutOfSync", 3, Open).await.expect("claim"),
+        Some(2),
+        "the next episode alerts again"
+    );
+    assert_eq!(claim("OutOfSync", 3, Open).await.expect("claim"), None);
+    assert_eq!(claim("Recovered", 3, Close).await.expect("claim"), Some(2));
 
     // Rekey: the next enrolment binds the new key and restarts the sequence.
     assert!(db.allow_rekey("alpha").await.expect("rekey"));
@@ -229,11 +239,12 @@ async fn contract(db: &impl Database) {
             .is_empty()
     );
     assert_eq!(db.heartbeat_count(Some("beta")).await.expect("count"), 0);
-    assert!(
-        db.claim_notification("beta", "OutOfSync", 3, now)
+    assert_eq!(
+        db.claim_notification("beta", "OutOfSync", 3, now, Open)
             .await
             .expect("claim"),
-        "claims forgotten too"
+        Some(1),
+        "claims and episodes forgotten too"
     );
 
     // Pruning the log keeps the clusters' latest state and what arrived since.

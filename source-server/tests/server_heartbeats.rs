@@ -10,8 +10,8 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde_json::Value;
 use server_support::{
-    Agent, Options, READ_TOKEN, ServerProcess, TOKEN, client, eventually, get_json, json_body,
-    json_of,
+    ADMIN_TOKEN, Agent, Options, READ_TOKEN, ServerProcess, TOKEN, client, eventually, get_json,
+    json_body, json_of,
 };
 use windvane_shared::heartbeat::{DriftAction, DriftRecord, MAX_HEARTBEAT_BYTES};
 use windvane_shared::keys::signing_key_from_seed;
@@ -61,8 +61,24 @@ async fn enrolment_binds_one_key_until_an_admin_allows_another() {
     )
     .await;
 
-    // Admin endpoints take the registration token as a bearer token.
+    // Admin endpoints take the admin token as a bearer token, never the registration token.
     let rekey_url = format!("{}/api/v1/clusters/prod-eu/rekey", server.url);
+    refused(
+        http.post(&rekey_url)
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("post"),
+        401,
+        "bad_token",
+    )
+    .await;
+    refused(
+        impostor.enroll(&http, &server.url).await,
+        409,
+        "key_conflict",
+    )
+    .await;
     assert_eq!(
         http.post(&rekey_url).send().await.expect("post").status(),
         401
@@ -78,7 +94,7 @@ async fn enrolment_binds_one_key_until_an_admin_allows_another() {
     );
     assert_eq!(
         http.post(&rekey_url)
-            .bearer_auth(TOKEN)
+            .bearer_auth(ADMIN_TOKEN)
             .send()
             .await
             .expect("post")
@@ -92,7 +108,7 @@ async fn enrolment_binds_one_key_until_an_admin_allows_another() {
 
     let forget = http
         .post(format!("{}/api/v1/clusters/prod-eu/forget", server.url))
-        .bearer_auth(TOKEN)
+        .bearer_auth(ADMIN_TOKEN)
         .send()
         .await;
     assert_eq!(forget.expect("post").status(), 200);

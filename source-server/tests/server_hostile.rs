@@ -3,7 +3,8 @@
 //! late), clock skew inside and beyond the window, token guessing from one address while another enrols,
 //! oversized, lying and malformed bodies on every POST endpoint, and slow or idle connections (trickled headers
 //! and bodies time out; a flood of idle connections stays bounded while other clients are served). The
-//! refusals `server_heartbeats.rs` already walks through one by one are not repeated here.
+//! refusals `server_heartbeats.rs` already walks through one by one are not repeated here. A cluster can act
+//! only as itself: the registration token every cluster holds enrols a free name and nothing more.
 
 mod server_support;
 
@@ -13,8 +14,8 @@ use std::time::{Duration, Instant};
 use jiff::Timestamp;
 use serde_json::Value;
 use server_support::{
-    Agent, FLEET, Options, ServerProcess, TOKEN, assert_refused, client, client_from, eventually,
-    get_json, json_body,
+    ADMIN_TOKEN, Agent, FLEET, Options, ServerProcess, TOKEN, assert_refused, client, client_from,
+    eventually, get_json, json_body,
 };
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -396,6 +397,87 @@ async fn clock_skew_inside_the_window_is_accepted_and_beyond_it_refused_with_the
     let detail = get_json(&http, &format!("{}/api/v1/clusters/c1", server.url)).await;
     assert_eq!(detail["cluster"]["sequence"], 3);
     assert_eq!(detail["cluster"]["state"], "Synced");
+}
+
+// ---- a cluster acts only as itself ----
+
+/// Every cluster holds the registration token, so a compromised one is the attacker here: it may enrol a name
+/// nobody holds, and nothing else. It cannot take an enrolled name, report for another cluster, or use an admin
+/// action (rekey, forget) on one; the victim keeps reporting throughout. An admin (the admin token) can.
+#[tokio::test]
+async fn a_cluster_can_act_only_as_itself() {
+    let server = ServerProcess::start(Options::default());
+    let http = client();
+    let mut victim = Agent::new("victim", 1, &[]);
+    let mut attacker = Agent::new("attacker", 2, &[]);
+    assert_eq!(victim.enroll(&http, &server.url).await.status(), 201);
+    assert_eq!(attacker.enroll(&http, &server.url).await.status(), 201);
+    victim.beat(&http, &server.url, SyncState::Degraded).await;
+    attacker.beat(&http, &server.url, SyncState::Synced).await;
+    let victim_keyid = get_json(&http, &format!("{}/api/v1/clusters/victim", server.url)).await
+        ["cluster"]["keyid"]
+        .clone();
+
+    // Enrolment with the registration token binds only a free name: the victim's is taken.
+    let mut squatter = Agent::new("victim", 2, &[]);
+    assert_refused(
+        squatter.enroll(&http, &server.url).await,
+        409,
+        "key_conflict",
+    )
+    .await;
+
+    // Heartbeats are accepted only signed by the key bound to the cluster they name.
+    let forged = squatter.next(SyncState::Synced);
+    let response = squatter
+        .post(&http, &server.url, squatter.sign(&forged))
+        .await;
+    assert_refused(response, 401, "bad_signature").await;
+    let response = attacker
+        .post(&http, &server.url, attacker.sign(&forged))
+        .await;
+    assert_refused(response, 403, "cluster_mismatch").await;
+
+    // No admin action works with the registration token, from any cluster's hands.
+    for action in ["rekey", "forget"] {
+        let response = http
+            .post(format!("{}/api/v1/clusters/victim/{action}", server.url))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("post");
+        assert_refused(response, 401, "bad_token").await;
+    }
+    assert_refused(
+        squatter.enroll(&http, &server.url).await,
+        409,
+        "key_conflict",
+    )
+    .await;
+
+    // The victim was never touched: same key, still reporting, its state its own.
+    victim.beat(&http, &server.url, SyncState::Degraded).await;
+    let view = get_json(&http, &format!("{}/api/v1/clusters/victim", server.url)).await;
+    assert_eq!(view["cluster"]["keyid"], victim_keyid);
+    assert_eq!(view["cluster"]["state"], "Degraded");
+    assert_eq!(server.stored_heartbeats(Some("victim")), 2);
+
+    // The admin token does what the registration token cannot: after a rekey the next enrolment binds a new
+    // key, and from then on the old key is refused.
+    let response = http
+        .post(format!("{}/api/v1/clusters/victim/rekey", server.url))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(response.status(), 200);
+    assert_eq!(squatter.enroll(&http, &server.url).await.status(), 200);
+    squatter.sequence = 0;
+    squatter.beat(&http, &server.url, SyncState::Synced).await;
+    let old = victim.next(SyncState::Degraded);
+    let response = victim.post(&http, &server.url, victim.sign(&old)).await;
+    assert_refused(response, 401, "bad_signature").await;
+    assert_refused(victim.enroll(&http, &server.url).await, 409, "key_conflict").await;
 }
 
 // ---- the registration token ----

@@ -2,7 +2,8 @@
 //! real hyper server in this test. Each notification (entering OutOfSync with critical RBAC drift, the drift
 //! itself, recovery, silence turning Unknown) arrives exactly once per sink, the Slack sink gets only the
 //! critical ones in Slack's shape, a sink that fails first gets it after a retry, and repeats within the
-//! same release serial are deduplicated.
+//! same release serial and alert episode are deduplicated — but a cluster that recovers and goes Unknown
+//! again alerts again, once per episode, across restarts.
 
 mod server_support;
 
@@ -272,4 +273,86 @@ async fn each_notification_is_delivered_exactly_once() {
         0,
         "the selector keeps prod out of the staging sink"
     );
+}
+
+/// The webhook's triggers in arrival order, with their ids.
+fn arrivals(received: &Arc<Mutex<Received>>, path: &str) -> Vec<(String, String)> {
+    received
+        .lock()
+        .expect("lock")
+        .by_path
+        .get(path)
+        .map(|list| {
+            list.iter()
+                .map(|v| {
+                    (
+                        v["trigger"].as_str().unwrap_or_default().to_owned(),
+                        v["id"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn wait_for_arrivals(received: &Arc<Mutex<Received>>, expected: &[&str]) {
+    let what = format!("/hook to receive {expected:?} in this order");
+    eventually(&what, Duration::from_secs(30), || {
+        let got: Vec<String> = arrivals(received, "/hook")
+            .into_iter()
+            .map(|(t, _)| t)
+            .collect();
+        async move {
+            assert!(
+                got.len() <= expected.len() && got.iter().zip(expected).all(|(g, e)| g == e),
+                "/hook got {got:?}, expected {expected:?}"
+            );
+            (got.len() == expected.len()).then_some(())
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_goes_unknown_again_after_recovering_alerts_again_once_per_episode() {
+    let (hooks, received) = receiver().await;
+    let config = serde_json::json!({
+        "sinks": [{ "name": "ops", "type": "webhook", "url": format!("{hooks}/hook") }]
+    });
+    let mut server = ServerProcess::start(Options {
+        notifications: Some(config.to_string()),
+        unknown_after: Some("2s".into()),
+        ..Options::default()
+    });
+    let http = client();
+    let mut agent = Agent::new("prod-eu", 1, &[("env", "prod")]);
+    assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
+
+    // Every heartbeat reports release serial 3: one release throughout.
+    agent.beat(&http, &server.url, SyncState::Synced).await;
+    wait_for_arrivals(&received, &["Unknown"]).await;
+    agent.beat(&http, &server.url, SyncState::Synced).await;
+    wait_for_arrivals(&received, &["Unknown", "Recovered"]).await;
+    wait_for_arrivals(&received, &["Unknown", "Recovered", "Unknown"]).await;
+    let ids: Vec<String> = arrivals(&received, "/hook")
+        .into_iter()
+        .map(|(_, id)| id)
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "prod-eu/Unknown/3",
+            "prod-eu/Recovered/3",
+            "prod-eu/Unknown#2/3"
+        ],
+        "each episode has its own id, so receivers do not fold the second into the first"
+    );
+
+    // A restart in the middle of the second episode sends nothing for it again; its recovery, once.
+    server.restart();
+    stays_quiet(&received, Duration::from_secs(3)).await;
+    agent.beat(&http, &server.url, SyncState::Synced).await;
+    wait_for_arrivals(&received, &["Unknown", "Recovered", "Unknown", "Recovered"]).await;
+    let last = arrivals(&received, "/hook").pop().expect("arrivals");
+    assert_eq!(last.1, "prod-eu/Recovered#2/3");
 }

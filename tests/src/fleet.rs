@@ -330,6 +330,8 @@ pub struct SourceServer {
     /// `http://ADDR`, the address it bound.
     pub url: String,
     pub token_file: PathBuf,
+    /// The admin token (`--admin-token-file`), for `windvane cluster rekey|forget`.
+    pub admin_token_file: PathBuf,
     program: PathBuf,
     /// The arguments of `serve`, with the bound address in `--listen` once known (for restarts).
     args: Vec<String>,
@@ -361,8 +363,9 @@ impl SourceServer {
         Ok(server)
     }
 
-    /// Starts `program serve` with its database (`data/`), registration token (`registration-token`, written
-    /// with a fixed test token unless the file exists) and log (`server.log`) under `dir`, listening on
+    /// Starts `program serve` with its database (`data/`), registration and admin tokens (`registration-token`,
+    /// `admin-token`, each written with a fixed test token unless the file exists) and log (`server.log`)
+    /// under `dir`, listening on
     /// `listen` (port 0: any free port, read back from the line the server prints).
     pub async fn start_in(
         program: &Path,
@@ -375,6 +378,10 @@ impl SourceServer {
         if !token_file.exists() {
             std::fs::write(&token_file, "fleet-registration-token-for-tests\n")?;
         }
+        let admin_token_file = dir.join("admin-token");
+        if !admin_token_file.exists() {
+            std::fs::write(&admin_token_file, "fleet-admin-token-for-tests\n")?;
+        }
         let mut args = vec![
             "serve".to_owned(),
             "--root".to_owned(),
@@ -385,6 +392,8 @@ impl SourceServer {
             dir.join("data").display().to_string(),
             "--registration-token-file".to_owned(),
             token_file.display().to_string(),
+            "--admin-token-file".to_owned(),
+            admin_token_file.display().to_string(),
         ];
         args.extend(extra.iter().map(|a| (*a).to_owned()));
         let log = dir.join("server.log");
@@ -396,6 +405,7 @@ impl SourceServer {
             process,
             url: format!("http://{addr}"),
             token_file,
+            admin_token_file,
             program: program.to_path_buf(),
             args,
             log,

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use windvane_shared::duration::parse_duration;
-use windvane_source_server::server::auth::TokenHash;
+use windvane_source_server::server::auth::{MIN_ADMIN_TOKEN_LEN, TokenHash};
 use windvane_source_server::server::{self, ServeConfig, Server, notify};
 
 /// Windvane source server: serves the release store, ingests signed heartbeats, and shows the fleet.
@@ -32,7 +32,8 @@ Endpoints:
   GET|HEAD /channels/<ch>.json, /bundles/<sha256>.json   the static store (ETag, 304, gzip)
   POST /api/v1/clusters/<name>/enroll                    enrolment (registration token in the body)
   POST /api/v1/clusters/<name>/heartbeat                 signed heartbeats (DSSE)
-  POST /api/v1/clusters/<name>/rekey|forget              admin (Authorization: Bearer <registration token>)
+  POST /api/v1/clusters/<name>/rekey|forget              admin (Authorization: Bearer <admin token>;
+                                                         403 when the server has no --admin-token-file)
   GET  /, /clusters/<name>                               fleet page     (read token, if set)
   GET  /api/v1/fleet|clusters|clusters/<name>|drift      JSON API       (read token, if set)
   GET  /metrics                                          Prometheus     (read token, if set)
@@ -61,10 +62,14 @@ struct ServeArgs {
         hide_env_values = true
     )]
     database_url: Option<String>,
-    /// File holding the fleet registration token: agents enrol with it; it also authorises
-    /// `windvane cluster rekey|forget`. Only its SHA-256 is kept in memory.
+    /// File holding the fleet registration token: agents enrol with it, and it authorises nothing else
+    /// (a name already bound to another key needs an admin's rekey first). Only its SHA-256 is kept in memory.
     #[arg(long, env = "WINDVANE_REGISTRATION_TOKEN_FILE", value_name = "FILE")]
     registration_token_file: PathBuf,
+    /// File holding the admin token, which authorises `windvane cluster rekey|forget` (at least 16
+    /// characters, and not the registration token). Without it the admin endpoints answer 403.
+    #[arg(long, env = "WINDVANE_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
     /// File holding a read token; when given, the page, the JSON API and /metrics require it
     /// (Authorization: Bearer TOKEN, or HTTP Basic with TOKEN as the password).
     #[arg(long, env = "WINDVANE_READ_TOKEN_FILE", value_name = "FILE")]
@@ -124,6 +129,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         data: args.data,
         database_url: args.database_url,
         registration_token: TokenHash::from_file(&args.registration_token_file)?,
+        admin_token: args
+            .admin_token_file
+            .as_deref()
+            .map(|path| TokenHash::from_file_min(path, MIN_ADMIN_TOKEN_LEN))
+            .transpose()?,
         read_token: args
             .read_token_file
             .as_deref()
@@ -139,6 +149,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ingest_queue: args.ingest_queue,
         max_batch: args.max_batch,
     };
+    if config.admin_token.is_none() {
+        tracing::warn!(
+            "no --admin-token-file: the admin endpoints (windvane cluster rekey|forget) answer 403 until the server is started with one"
+        );
+    }
     if !config.root.is_dir() {
         anyhow::bail!("--root {}: not a directory", config.root.display());
     }

@@ -1,5 +1,7 @@
-//! Secrets and who may do what: the fleet registration token (enrolment and the admin endpoints), the
-//! optional read token (page, JSON API and `/metrics`), and the limiter that slows down anyone guessing them.
+//! Secrets and who may do what: the fleet registration token (enrolment only), the admin token (the admin
+//! endpoints, `windvane cluster rekey|forget`; they are refused when the server has none), the optional read
+//! token (page, JSON API and `/metrics`), and the limiter that slows down anyone guessing them. Every cluster
+//! holds the registration token, so it never authorises anything but enrolling a name not bound yet.
 //!
 //! Tokens are read once from their files at start-up; only their SHA-256 is kept in memory ([`TokenHash`]),
 //! and an offered token is hashed and compared in constant time. Neither the tokens nor their hashes are ever
@@ -14,6 +16,10 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::{Error, Result};
+
+/// Shortest admin token accepted (after trimming): it guards every cluster's enrolment, so a guessable one is
+/// refused at start (`head -c 32 /dev/urandom | base64` gives 44 characters).
+pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
 
 /// The SHA-256 of a secret token; the only form in which the server keeps it.
 #[derive(Clone)]
@@ -33,6 +39,11 @@ impl TokenHash {
 
     /// Reads a token file: non-empty after trimming, at most 4 KiB.
     pub fn from_file(path: &Path) -> Result<TokenHash> {
+        TokenHash::from_file_min(path, 1)
+    }
+
+    /// Reads a token file whose token must have at least `min_len` characters after trimming.
+    pub fn from_file_min(path: &Path, min_len: usize) -> Result<TokenHash> {
         let bad = |detail: String| Error::TokenFile {
             path: path.to_path_buf(),
             detail,
@@ -40,10 +51,21 @@ impl TokenHash {
         let bytes = windvane_store::read_capped_file(path, 4096, "token file")
             .map_err(|e| bad(e.to_string()))?;
         let text = String::from_utf8(bytes).map_err(|_| bad("not UTF-8".to_owned()))?;
-        if text.trim().is_empty() {
+        let length = text.trim().chars().count();
+        if length == 0 {
             return Err(bad("empty token".to_owned()));
         }
+        if length < min_len {
+            return Err(bad(format!(
+                "token too short ({length} characters, at least {min_len}): make one with `head -c 32 /dev/urandom | base64`"
+            )));
+        }
         Ok(TokenHash::of(&text))
+    }
+
+    /// Whether two tokens are the same, compared in constant time.
+    pub fn same_as(&self, other: &TokenHash) -> bool {
+        bool::from(self.0.ct_eq(&other.0))
     }
 
     /// Whether `offered` is the token, compared in constant time over the hashes.
@@ -130,6 +152,34 @@ mod tests {
         assert!(!hash.verify("s3cre"));
         assert!(!hash.verify(""));
         assert!(!format!("{hash:?}").contains("s3cret"));
+        assert!(hash.same_as(&TokenHash::of(" s3cret")));
+        assert!(!hash.same_as(&TokenHash::of("s3cret2")));
+    }
+
+    #[test]
+    fn token_files_must_hold_a_long_enough_token() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("admin-token");
+        std::fs::write(&file, "  \n").expect("write");
+        let empty = TokenHash::from_file_min(&file, MIN_ADMIN_TOKEN_LEN).expect_err("empty");
+        assert!(empty.to_string().contains("empty token"), "{empty}");
+        std::fs::write(&file, "short\n").expect("write");
+        let short = TokenHash::from_file_min(&file, MIN_ADMIN_TOKEN_LEN).expect_err("short");
+        assert!(
+            short
+                .to_string()
+                .contains("too short (5 characters, at least 16)"),
+            "{short}"
+        );
+        assert!(
+            TokenHash::from_file(&file).is_ok(),
+            "the plain check only refuses empty tokens"
+        );
+        std::fs::write(&file, "0123456789abcdef\n").expect("write");
+        assert!(
+            TokenHash::from_file_min(&file, MIN_ADMIN_TOKEN_LEN)
+                .is_ok_and(|h| h.verify("0123456789abcdef"))
+        );
     }
 
     #[test]

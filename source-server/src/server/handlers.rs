@@ -2,6 +2,11 @@
 //! the database through [`Database`], and handing heartbeats to the ingest queue. Decisions live in the pure
 //! modules ([`route`], [`ingest`], [`status`], [`view`], [`page`]); this module does the I/O around them and
 //! picks status codes. Errors are JSON `{"error": message, "reason": code}`; secrets never reach a log.
+//!
+//! Who may do what: enrolment takes the registration token and binds a name not bound yet (or re-binds one an
+//! admin allowed to rekey); a heartbeat is accepted only signed by the key bound to the cluster it names (an
+//! unknown name is 404 `unknown_cluster`, another key 401 `bad_signature`: the agent enrols again on either);
+//! rekey and forget take the admin token (`--admin-token-file`; 403 `admin_disabled` without one).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -395,19 +400,17 @@ fn rate_limited(app: &App, peer: SocketAddr) -> Option<Response<Body>> {
     Some(response)
 }
 
-fn token_failed(app: &App, peer: SocketAddr) -> Response<Body> {
+/// Counts a wrong `token` (`"registration token"` or `"admin token"`) against the address and answers 401.
+fn token_failed(app: &App, peer: SocketAddr, token: &str) -> Response<Body> {
     app.limiter
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .fail(peer.ip(), Instant::now());
-    app.metrics
-        .enrollments_refused
-        .fetch_add(1, Ordering::Relaxed);
-    tracing::warn!(%peer, "wrong registration token");
+    tracing::warn!(%peer, "wrong {token}");
     json_error(
         StatusCode::UNAUTHORIZED,
         "bad_token",
-        "wrong or missing registration token",
+        &format!("wrong or missing {token}"),
     )
 }
 
@@ -429,7 +432,10 @@ async fn enroll(
         Err(e) => return refusal_response(&Refusal::Malformed(format!("enrolment body: {e}"))),
     };
     if !app.registration_token.verify(&enroll.token) {
-        return token_failed(app, peer);
+        app.metrics
+            .enrollments_refused
+            .fetch_add(1, Ordering::Relaxed);
+        return token_failed(app, peer, "registration token");
     }
     let checked = match ingest::check_enroll(cluster, &enroll) {
         Ok(checked) => checked,
@@ -514,8 +520,17 @@ async fn admin(
     if let Err(refusal) = read_body(request, MAX_SMALL_BODY).await {
         return refusal_response(&refusal);
     }
-    if !offered.is_some_and(|t| app.registration_token.verify(&t)) {
-        return token_failed(app, peer);
+    // Only the admin token: every cluster holds the registration token, and a cluster may act only as itself.
+    let Some(admin_token) = &app.admin_token else {
+        return json_error(
+            StatusCode::FORBIDDEN,
+            "admin_disabled",
+            "admin actions are disabled on this server: start windvane-server with --admin-token-file to allow \
+             `windvane cluster rekey|forget`",
+        );
+    };
+    if !offered.is_some_and(|t| admin_token.verify(&t)) {
+        return token_failed(app, peer, "admin token");
     }
     let result = if rekey {
         app.db.allow_rekey(cluster).await

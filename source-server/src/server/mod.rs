@@ -65,8 +65,11 @@ pub struct ServeConfig {
     pub data: PathBuf,
     /// PostgreSQL URL; SQLite under `data` when absent.
     pub database_url: Option<String>,
-    /// Hash of the fleet registration token (enrolment and admin endpoints).
+    /// Hash of the fleet registration token (enrolment only).
     pub registration_token: TokenHash,
+    /// Hash of the admin token (rekey, forget); the admin endpoints answer 403 when absent. Must differ from
+    /// the registration token ([`Server::bind`] refuses it otherwise).
+    pub admin_token: Option<TokenHash>,
     /// Hash of the read token; the page, API and metrics are open when absent.
     pub read_token: Option<TokenHash>,
     pub notifications: Option<notify::Config>,
@@ -92,6 +95,7 @@ struct App {
     /// Heartbeats whose signature is being checked; when none is left, 429.
     checking: tokio::sync::Semaphore,
     registration_token: TokenHash,
+    admin_token: Option<TokenHash>,
     read_token: Option<TokenHash>,
     limiter: Mutex<FailureLimiter>,
     unknown_after: Option<Duration>,
@@ -110,6 +114,13 @@ pub struct Server {
 impl Server {
     /// Opens the database, binds the address and starts the background tasks.
     pub async fn bind(config: ServeConfig) -> Result<Server> {
+        if config
+            .admin_token
+            .as_ref()
+            .is_some_and(|admin| admin.same_as(&config.registration_token))
+        {
+            return Err(Error::AdminTokenIsRegistrationToken);
+        }
         let db = Arc::new(match &config.database_url {
             Some(url) => Db::Postgres(Box::new(db::postgres::PostgresDb::open(url).await?)),
             None => Db::Sqlite(db::sqlite::SqliteDb::open(&config.data)?),
@@ -162,6 +173,7 @@ impl Server {
             verifier,
             checking: tokio::sync::Semaphore::new(MAX_CHECKING),
             registration_token: config.registration_token,
+            admin_token: config.admin_token,
             read_token: config.read_token,
             limiter: Mutex::new(FailureLimiter::new(10, Duration::from_secs(60))),
             unknown_after: config.unknown_after,

@@ -9,8 +9,11 @@
 //! Events come from the ingest writer (each accepted heartbeat, after its commit) and from a periodic scan of
 //! the database (which is how silence becomes Unknown). The decisions are pure ([`Tracker::observe`],
 //! [`transition`], [`drift_severity`]); each candidate is then claimed in the database under
-//! `(cluster, trigger, release serial)`, so it is sent once across restarts and replicas, and handed to
-//! delivery tasks that retry with exponential backoff. Ingestion never waits for any of this: events travel
+//! `(cluster, trigger, release serial)` within the cluster's alert episode — one episode runs from entering an
+//! alerting state until the cluster is Synced again, and the episodes are stored
+//! ([`crate::server::db::decide_episode`]) — so it is sent once per episode across restarts and replicas,
+//! and a cluster that goes Unknown, recovers and goes Unknown again in one release alerts twice. Claimed
+//! notifications go to delivery tasks that retry with exponential backoff. Ingestion never waits for any of this: events travel
 //! through a bounded queue and are dropped (and counted) when it is full; deliveries run on their own tasks.
 
 use std::collections::{BTreeMap, HashMap};
@@ -24,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Semaphore, mpsc};
 use windvane_shared::heartbeat::DriftRecord;
 
-use super::db::{Database, Db, VerifiedHeartbeat};
+use super::db::{Database, Db, EpisodeClaim, VerifiedHeartbeat, episode_key};
 use super::metrics::Metrics;
 use super::status::{self, ClusterFacts, ClusterState, Filter};
 use crate::{Error, Result};
@@ -59,11 +62,20 @@ impl Trigger {
         }
     }
 
-    /// The dedup key within a cluster and serial.
+    /// The dedup key within a cluster, serial and episode.
     pub fn key(&self) -> String {
         match self {
             Trigger::Drift { object } => format!("Drift {object}"),
             other => other.name().to_owned(),
+        }
+    }
+
+    /// What the trigger does to the cluster's alert episode.
+    pub fn claim(&self) -> EpisodeClaim {
+        match self {
+            Trigger::Entered(_) => EpisodeClaim::Open,
+            Trigger::Recovered => EpisodeClaim::Close,
+            Trigger::Drift { .. } => EpisodeClaim::Within,
         }
     }
 }
@@ -262,12 +274,17 @@ impl Event {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Notification {
-    /// `cluster/trigger-key/serial`: the dedup key, also a stable id receivers can dedupe on.
+    /// `cluster/trigger-key/serial` in the cluster's first alert episode, `cluster/trigger-key#N/serial` in its
+    /// Nth: the dedup key, also a stable id receivers can dedupe on.
     pub id: String,
     pub cluster: String,
     pub trigger: String,
     #[serde(skip)]
     pub trigger_key: String,
+    #[serde(skip)]
+    pub claim: EpisodeClaim,
+    /// The cluster's alert episode it belongs to (set when claimed; 0 before any episode).
+    pub episode: u64,
     pub severity: Severity,
     pub state: ClusterState,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -298,27 +315,53 @@ pub fn transition(
     }
 }
 
+/// What the notifier remembers of a cluster: its last state (unknown for one seeded from the database), and
+/// whether it has alerted since it was Synced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Memory {
+    state: Option<ClusterState>,
+    alerting: bool,
+}
+
 /// The notifier's memory: the last state of each cluster, and whether it has alerted since it was Synced.
 #[derive(Debug, Default)]
 pub struct Tracker {
-    clusters: HashMap<String, (ClusterState, bool)>,
+    clusters: HashMap<String, Memory>,
 }
 
 impl Tracker {
+    /// Remembers `clusters` as alerting: those whose alert episode is open in the database, so that a
+    /// restarted notifier still sends their recovery (and closes the episode) when they are Synced again.
+    pub fn seed_alerting(&mut self, clusters: impl IntoIterator<Item = String>) {
+        for cluster in clusters {
+            self.clusters.entry(cluster).or_insert(Memory {
+                state: None,
+                alerting: true,
+            });
+        }
+    }
+
     /// Updates the memory with `event` and returns the notifications it calls for (before dedup).
     pub fn observe(&mut self, event: &Event) -> Vec<Notification> {
         let remembered = self.clusters.get(&event.cluster).copied();
-        let previous = remembered.map(|(state, _)| state).or(event.previous);
-        let was_alerting =
-            remembered.map_or(previous.is_some_and(ClusterState::is_alerting), |(_, a)| a);
+        let previous = remembered.and_then(|m| m.state).or(event.previous);
+        let was_alerting = remembered
+            .map_or(previous.is_some_and(ClusterState::is_alerting), |m| {
+                m.alerting
+            });
         let trigger = transition(previous, event.state, was_alerting);
         let alerting = match event.state {
             ClusterState::Synced => false,
             state if state.is_alerting() => true,
             _ => was_alerting,
         };
-        self.clusters
-            .insert(event.cluster.clone(), (event.state, alerting));
+        self.clusters.insert(
+            event.cluster.clone(),
+            Memory {
+                state: Some(event.state),
+                alerting,
+            },
+        );
 
         let critical_drift = !event.drift.is_empty();
         let mut out = Vec::new();
@@ -375,6 +418,8 @@ impl Tracker {
             cluster: event.cluster.clone(),
             trigger: trigger.name().to_owned(),
             trigger_key: key,
+            claim: trigger.claim(),
+            episode: 0,
             severity,
             state: event.state,
             previous_state: previous,
@@ -385,6 +430,20 @@ impl Tracker {
             drift,
             at: event.at,
         }
+    }
+}
+
+impl Notification {
+    /// The notification as claimed in `episode`: its id names the episode.
+    pub fn in_episode(mut self, episode: u64) -> Notification {
+        self.episode = episode;
+        self.id = format!(
+            "{}/{}/{}",
+            self.cluster,
+            episode_key(&self.trigger_key, episode),
+            self.serial
+        );
+        self
     }
 }
 
@@ -463,6 +522,12 @@ pub async fn run(
     };
     let deliveries = Arc::new(Semaphore::new(32));
     let mut tracker = Tracker::default();
+    match db.open_episodes().await {
+        Ok(alerting) => tracker.seed_alerting(alerting),
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the open alert episodes; recoveries of clusters alerting before this start may not be notified");
+        }
+    }
     let mut scan = tokio::time::interval(settings.scan_every);
     scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -487,24 +552,30 @@ pub async fn run(
                 .filter(|s| sink_wants(s, &notification))
                 .cloned()
                 .collect();
-            if sinks.is_empty() {
+            // Opening and closing episodes is claimed even when no sink wants this trigger: the episodes
+            // decide what every sink gets next.
+            if sinks.is_empty() && notification.claim == EpisodeClaim::Within {
                 continue;
             }
-            match db
+            let notification = match db
                 .claim_notification(
                     &notification.cluster,
                     &notification.trigger_key,
                     notification.serial,
                     notification.at,
+                    notification.claim,
                 )
                 .await
             {
-                Ok(true) => {}
-                Ok(false) => continue,
+                Ok(Some(episode)) => notification.in_episode(episode),
+                Ok(None) => continue,
                 Err(error) => {
                     tracing::warn!(%error, id = %notification.id, "cannot claim notification; not sending it");
                     continue;
                 }
+            };
+            if sinks.is_empty() {
+                continue;
             }
             tracing::info!(id = %notification.id, severity = ?notification.severity, "notifying");
             let notification = Arc::new(notification);
@@ -691,6 +762,51 @@ mod tests {
             ["Unknown"],
             "first sight of a silent cluster"
         );
+    }
+
+    #[test]
+    fn each_alert_episode_notifies_again_and_names_itself() {
+        use ClusterState::*;
+        let mut t = Tracker::default();
+        let notes: Vec<(String, EpisodeClaim)> = [Unknown, Synced, Unknown, Degraded, Synced]
+            .into_iter()
+            .flat_map(|state| t.observe(&event(state, 4)))
+            .map(|n| (n.trigger_key, n.claim))
+            .collect();
+        assert_eq!(
+            notes,
+            [
+                ("Unknown".to_owned(), EpisodeClaim::Open),
+                ("Recovered".to_owned(), EpisodeClaim::Close),
+                ("Unknown".to_owned(), EpisodeClaim::Open),
+                ("Degraded".to_owned(), EpisodeClaim::Open),
+                ("Recovered".to_owned(), EpisodeClaim::Close),
+            ],
+            "the same trigger again after a recovery is a candidate again (the database dedups per episode)"
+        );
+        let second = t.observe(&event(Failed, 4)).remove(0).in_episode(2);
+        assert_eq!(second.id, "c1/Failed#2/4");
+        assert_eq!(body_for(SinkKind::Webhook, &second)["episode"], 2);
+        assert_eq!(
+            t.observe(&event(Synced, 4)).remove(0).in_episode(1).id,
+            "c1/Recovered/4",
+            "the first episode keeps the ids of before"
+        );
+    }
+
+    #[test]
+    fn a_restarted_tracker_seeded_with_open_episodes_sends_their_recovery() {
+        let mut t = Tracker::default();
+        t.seed_alerting(["c1".to_owned()]);
+        let mut e = event(ClusterState::Synced, 1);
+        e.previous = Some(ClusterState::Synced);
+        assert_eq!(
+            triggers(&mut t, &e),
+            ["Recovered"],
+            "an Unknown cluster's stored state is its last report (Synced): only the episode says it alerted"
+        );
+        let mut fresh = Tracker::default();
+        assert!(triggers(&mut fresh, &e).is_empty());
     }
 
     #[test]

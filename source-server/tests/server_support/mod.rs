@@ -23,6 +23,8 @@ use windvane_shared::status::SyncState;
 
 pub const TOKEN: &str = "test-registration-token-0123456789";
 pub const READ_TOKEN: &str = "test-read-token-abcdef";
+/// The admin token (`--admin-token-file`), which servers get unless [`Options::no_admin_token`].
+pub const ADMIN_TOKEN: &str = "test-admin-token-fedcba9876543210";
 pub const FLEET: &str = "acme";
 pub const CHANNEL: &str = "stable";
 
@@ -102,6 +104,8 @@ pub fn write_store(root: &Path, serial: u64) -> (Vec<u8>, String) {
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     pub read_token: bool,
+    /// Start without `--admin-token-file` (admin actions disabled).
+    pub no_admin_token: bool,
     pub notifications: Option<String>,
     pub unknown_after: Option<String>,
     pub database_url: Option<String>,
@@ -132,6 +136,7 @@ impl ServerProcess {
         write_store(&dir.join("root"), 4);
         std::fs::write(dir.join("token"), format!("{TOKEN}\n")).expect("token");
         std::fs::write(dir.join("read-token"), READ_TOKEN).expect("read token");
+        std::fs::write(dir.join("admin-token"), format!("{ADMIN_TOKEN}\n")).expect("admin token");
         if let Some(config) = &options.notifications {
             std::fs::write(dir.join("notifications.json"), config).expect("notifications");
         }
@@ -175,6 +180,11 @@ impl ServerProcess {
             .arg(self.dir.join("data"))
             .arg("--registration-token-file")
             .arg(self.dir.join("token"));
+        if !self.options.no_admin_token {
+            command
+                .arg("--admin-token-file")
+                .arg(self.dir.join("admin-token"));
+        }
         if self.options.read_token {
             command
                 .arg("--read-token-file")

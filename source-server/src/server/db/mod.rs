@@ -5,7 +5,7 @@
 //!
 //! Data comes from the enrolment and heartbeat handlers (already verified: this layer checks only what needs
 //! the stored state — key binding and sequence order — with the pure [`decide_enroll`] and
-//! [`check_sequence`]) and goes to the page, the API, `/metrics` and the notifier. Heartbeats are written in
+//! [`check_sequence`]; notification claims per alert episode with [`decide_episode`]) and goes to the page, the API, `/metrics` and the notifier. Heartbeats are written in
 //! batches ([`Database::ingest`]): one transaction per batch, and each heartbeat is answered only after the
 //! transaction that holds it has committed, so every 2xx survives a crash.
 
@@ -105,6 +105,61 @@ pub fn check_sequence(
     }
 }
 
+/// How a notification relates to its cluster's alert episode: an episode opens when the cluster enters an
+/// alerting state and closes when it recovers (Synced again); each trigger notifies at most once per
+/// episode and release serial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpisodeClaim {
+    /// Entering an alerting state: within the open episode, or opening the next one.
+    Open,
+    /// Within the current episode, without opening one (critical drift).
+    Within,
+    /// Recovery: closes the open episode; nothing to claim when none is open.
+    Close,
+}
+
+/// A cluster's current alert episode as stored: its number (0: it never had one) and whether it is open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Episode {
+    pub number: u64,
+    pub open: bool,
+}
+
+/// Decides a claim against the stored episode (pure): the episode number to claim the notification under and
+/// the episode to store, or `None` when there is nothing to claim (a recovery without an open episode).
+pub fn decide_episode(current: Episode, claim: EpisodeClaim) -> Option<(u64, Episode)> {
+    match claim {
+        EpisodeClaim::Open if current.open => Some((current.number, current)),
+        EpisodeClaim::Open => {
+            let next = Episode {
+                number: current.number.saturating_add(1),
+                open: true,
+            };
+            Some((next.number, next))
+        }
+        EpisodeClaim::Within => Some((current.number, current)),
+        EpisodeClaim::Close if current.open => Some((
+            current.number,
+            Episode {
+                number: current.number,
+                open: false,
+            },
+        )),
+        EpisodeClaim::Close => None,
+    }
+}
+
+/// The dedup key of a trigger in an episode, as stored with the serial. The first episode (and the time before
+/// any) uses the bare trigger key, which is also what claims stored before episodes existed hold, so an
+/// upgrade does not repeat them.
+pub fn episode_key(trigger_key: &str, episode: u64) -> String {
+    if episode <= 1 {
+        trigger_key.to_owned()
+    } else {
+        format!("{trigger_key}#{episode}")
+    }
+}
+
 /// One row of the fleet table: what is known about an enrolled cluster, without its full report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterSummary {
@@ -167,15 +222,19 @@ pub trait Database: Send + Sync + 'static {
     fn allow_rekey(&self, cluster: &str) -> impl Future<Output = Result<bool>> + Send;
     /// Removes a cluster and everything stored about it. False when it was not enrolled.
     fn forget(&self, cluster: &str) -> impl Future<Output = Result<bool>> + Send;
-    /// Claims the notification `(cluster, trigger, serial)`: true the first time only (across restarts and
-    /// replicas), so each is sent once.
+    /// Claims the notification `(cluster, trigger, serial)` in the cluster's alert episode, moving the episode as
+    /// [`decide_episode`] says, in one transaction: the episode number the first time only (across restarts
+    /// and replicas), so each is sent once per episode.
     fn claim_notification(
         &self,
         cluster: &str,
         trigger: &str,
         serial: u64,
         at: Timestamp,
-    ) -> impl Future<Output = Result<bool>> + Send;
+        claim: EpisodeClaim,
+    ) -> impl Future<Output = Result<Option<u64>>> + Send;
+    /// The clusters whose alert episode is open (a restarted notifier's memory of who is alerting).
+    fn open_episodes(&self) -> impl Future<Output = Result<Vec<String>>> + Send;
     /// Heartbeats in the log, for one cluster or all.
     fn heartbeat_count(&self, cluster: Option<&str>) -> impl Future<Output = Result<u64>> + Send;
     /// Deletes heartbeat log rows received before `before`.
@@ -236,8 +295,12 @@ impl Database for Db {
         trigger: &str,
         serial: u64,
         at: Timestamp,
-    ) -> Result<bool> {
-        delegate!(self, db => db.claim_notification(cluster, trigger, serial, at))
+        claim: EpisodeClaim,
+    ) -> Result<Option<u64>> {
+        delegate!(self, db => db.claim_notification(cluster, trigger, serial, at, claim))
+    }
+    async fn open_episodes(&self) -> Result<Vec<String>> {
+        delegate!(self, db => db.open_episodes())
     }
     async fn heartbeat_count(&self, cluster: Option<&str>) -> Result<u64> {
         delegate!(self, db => db.heartbeat_count(cluster))
@@ -346,6 +409,11 @@ pub(crate) fn schema(serial: &str, log_id: &str) -> String {
             serial BIGINT NOT NULL,
             sent_ms BIGINT NOT NULL,
             PRIMARY KEY (cluster, trigger_key, serial)
+        );
+        CREATE TABLE IF NOT EXISTS alert_episodes (
+            cluster TEXT PRIMARY KEY,
+            episode BIGINT NOT NULL,
+            open BIGINT NOT NULL
         );"
     )
 }
@@ -418,6 +486,56 @@ mod tests {
         assert_eq!(
             decide_enroll(Some(&binding("acme", "k1", true)), "other", "k2"),
             EnrollOutcome::Rekeyed
+        );
+    }
+
+    #[test]
+    fn alerts_are_claimed_once_per_episode_and_a_recovery_starts_the_next() {
+        use EpisodeClaim::*;
+        let never = Episode::default();
+        let open = |number| Episode { number, open: true };
+        let closed = |number| Episode {
+            number,
+            open: false,
+        };
+        assert_eq!(decide_episode(never, Open), Some((1, open(1))));
+        assert_eq!(
+            decide_episode(open(1), Open),
+            Some((1, open(1))),
+            "entering another state, or the same again, stays in the episode"
+        );
+        assert_eq!(decide_episode(open(1), Close), Some((1, closed(1))));
+        assert_eq!(
+            decide_episode(closed(1), Close),
+            None,
+            "recovered once per episode"
+        );
+        assert_eq!(decide_episode(never, Close), None);
+        assert_eq!(
+            decide_episode(closed(1), Open),
+            Some((2, open(2))),
+            "after a recovery, the next alert is a new episode"
+        );
+        assert_eq!(decide_episode(closed(2), Within), Some((2, closed(2))));
+        assert_eq!(decide_episode(never, Within), Some((0, never)));
+        assert_eq!(
+            decide_episode(open(u64::MAX), Close),
+            Some((u64::MAX, closed(u64::MAX)))
+        );
+        assert_eq!(
+            decide_episode(closed(u64::MAX), Open).map(|(n, _)| n),
+            Some(u64::MAX)
+        );
+    }
+
+    #[test]
+    fn the_first_episode_keeps_the_bare_trigger_key() {
+        assert_eq!(episode_key("Unknown", 0), "Unknown");
+        assert_eq!(episode_key("Unknown", 1), "Unknown");
+        assert_eq!(episode_key("Unknown", 2), "Unknown#2");
+        assert_eq!(
+            episode_key("Drift apps/Deployment ns/x", 7),
+            "Drift apps/Deployment ns/x#7"
         );
     }
 

@@ -12,9 +12,10 @@ use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls, Row};
 
 use super::{
-    Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, IngestOutcome,
-    LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, RowUpdate, SequenceState, VerifiedHeartbeat,
-    check_sequence, decide_enroll, from_ms, id_ranges, labels_from_json, schema, to_i64, to_u64,
+    Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, Episode,
+    EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, RowUpdate, SequenceState,
+    VerifiedHeartbeat, check_sequence, decide_enroll, decide_episode, episode_key, from_ms,
+    id_ranges, labels_from_json, schema, to_i64, to_u64,
 };
 use crate::server::status::parse_sync_state;
 use crate::{Error, Result};
@@ -374,7 +375,7 @@ impl Database for PostgresDb {
                 let n = tx
                     .execute("DELETE FROM clusters WHERE name = $1", &[&cluster])
                     .await?;
-                for table in ["drift", "notifications"] {
+                for table in ["drift", "notifications", "alert_episodes"] {
                     tx.execute(
                         &format!("DELETE FROM {table} WHERE cluster = $1"),
                         &[&cluster],
@@ -415,17 +416,61 @@ impl Database for PostgresDb {
         trigger: &str,
         serial: u64,
         at: Timestamp,
-    ) -> Result<bool> {
-        let client = self.client(&self.writer).await?;
-        let n = client
-            .execute(
-                "INSERT INTO notifications (cluster, trigger_key, serial, sent_ms) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT DO NOTHING",
-                &[&cluster, &trigger, &to_i64(serial), &at.as_millisecond()],
-            )
+        claim: EpisodeClaim,
+    ) -> Result<Option<u64>> {
+        let mut client = self.client(&self.writer).await?;
+        let run = async {
+            let tx = client.transaction().await?;
+            // The episode row is locked while the claim is decided, so replicas move it one at a time.
+            let current = tx
+                .query_opt(
+                    "SELECT episode, open FROM alert_episodes WHERE cluster = $1 FOR UPDATE",
+                    &[&cluster],
+                )
+                .await?
+                .map(|row| Episode {
+                    number: to_u64(row.get(0)),
+                    open: row.get::<_, i64>(1) != 0,
+                })
+                .unwrap_or_default();
+            let Some((episode, next)) = decide_episode(current, claim) else {
+                return Ok(None);
+            };
+            if next != current {
+                tx.execute(
+                    "INSERT INTO alert_episodes (cluster, episode, open) VALUES ($1, $2, $3) \
+                     ON CONFLICT (cluster) DO UPDATE SET episode = excluded.episode, open = excluded.open",
+                    &[&cluster, &to_i64(next.number), &i64::from(next.open)],
+                )
+                .await?;
+            }
+            let claimed = tx
+                .execute(
+                    "INSERT INTO notifications (cluster, trigger_key, serial, sent_ms) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT DO NOTHING",
+                    &[
+                        &cluster,
+                        &episode_key(trigger, episode),
+                        &to_i64(serial),
+                        &at.as_millisecond(),
+                    ],
+                )
+                .await?;
+            tx.commit().await?;
+            Ok((claimed > 0).then_some(episode))
+        };
+        run.await.map_err(db_err(format!(
+            "claim notification {trigger} for cluster {cluster}"
+        )))
+    }
+
+    async fn open_episodes(&self) -> Result<Vec<String>> {
+        let client = self.client(&self.reader).await?;
+        let rows = client
+            .query("SELECT cluster FROM alert_episodes WHERE open = 1", &[])
             .await
-            .map_err(db_err(format!("claim notification {trigger} for cluster {cluster}")))?;
-        Ok(n > 0)
+            .map_err(db_err("list open alert episodes"))?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
     async fn heartbeat_count(&self, cluster: Option<&str>) -> Result<u64> {

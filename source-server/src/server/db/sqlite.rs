@@ -13,9 +13,10 @@ use jiff::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{
-    Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, IngestOutcome,
-    LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, RowUpdate, SequenceState, VerifiedHeartbeat,
-    check_sequence, decide_enroll, from_ms, id_ranges, labels_from_json, schema, to_i64, to_u64,
+    Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, Episode,
+    EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, RowUpdate, SequenceState,
+    VerifiedHeartbeat, check_sequence, decide_enroll, decide_episode, episode_key, from_ms,
+    id_ranges, labels_from_json, schema, to_i64, to_u64,
 };
 use crate::server::status::parse_sync_state;
 use crate::{Error, Result};
@@ -371,7 +372,7 @@ impl Database for SqliteDb {
                 let run = |conn: &mut Connection| -> rusqlite::Result<(bool, (i64, i64))> {
                     let tx = conn.transaction()?;
                     let n = tx.execute("DELETE FROM clusters WHERE name = ?1", [&name])?;
-                    for table in ["drift", "notifications"] {
+                    for table in ["drift", "notifications", "alert_episodes"] {
                         tx.execute(&format!("DELETE FROM {table} WHERE cluster = ?1"), [&name])?;
                     }
                     let span = tx.query_row(
@@ -409,16 +410,63 @@ impl Database for SqliteDb {
         trigger: &str,
         serial: u64,
         at: Timestamp,
-    ) -> Result<bool> {
+        claim: EpisodeClaim,
+    ) -> Result<Option<u64>> {
         let (cluster, trigger) = (cluster.to_owned(), trigger.to_owned());
+        let operation = format!("claim notification {trigger} for cluster {cluster}");
         self.with_writer(move |conn| {
-            conn.execute(
-                "INSERT INTO notifications (cluster, trigger_key, serial, sent_ms) VALUES (?1, ?2, ?3, ?4) \
-                 ON CONFLICT DO NOTHING",
-                params![cluster, trigger, to_i64(serial), at.as_millisecond()],
-            )
-            .map(|n| n > 0)
-            .map_err(db_err(format!("claim notification {trigger} for cluster {cluster}")))
+            let run = |conn: &mut Connection| -> rusqlite::Result<Option<u64>> {
+                let tx = conn.transaction()?;
+                let current = tx
+                    .query_row(
+                        "SELECT episode, open FROM alert_episodes WHERE cluster = ?1",
+                        [&cluster],
+                        |r| {
+                            Ok(Episode {
+                                number: to_u64(r.get(0)?),
+                                open: r.get::<_, i64>(1)? != 0,
+                            })
+                        },
+                    )
+                    .optional()?
+                    .unwrap_or_default();
+                let Some((episode, next)) = decide_episode(current, claim) else {
+                    return Ok(None);
+                };
+                if next != current {
+                    tx.execute(
+                        "INSERT INTO alert_episodes (cluster, episode, open) VALUES (?1, ?2, ?3) \
+                         ON CONFLICT (cluster) DO UPDATE SET episode = excluded.episode, open = excluded.open",
+                        params![cluster, to_i64(next.number), i64::from(next.open)],
+                    )?;
+                }
+                let claimed = tx.execute(
+                    "INSERT INTO notifications (cluster, trigger_key, serial, sent_ms) VALUES (?1, ?2, ?3, ?4) \
+                     ON CONFLICT DO NOTHING",
+                    params![
+                        cluster,
+                        episode_key(&trigger, episode),
+                        to_i64(serial),
+                        at.as_millisecond()
+                    ],
+                )?;
+                tx.commit()?;
+                Ok((claimed > 0).then_some(episode))
+            };
+            run(conn).map_err(db_err(operation))
+        })
+        .await
+    }
+
+    async fn open_episodes(&self) -> Result<Vec<String>> {
+        self.with_reader(|conn| {
+            let run = || -> rusqlite::Result<Vec<String>> {
+                let mut stmt =
+                    conn.prepare_cached("SELECT cluster FROM alert_episodes WHERE open = 1")?;
+                let rows = stmt.query_map([], |r| r.get(0))?;
+                rows.collect()
+            };
+            run().map_err(db_err("list open alert episodes"))
         })
         .await
     }

@@ -150,17 +150,19 @@ impl Demo {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
-    /// Starts `windvane-server serve` on the store with a fresh random registration token.
+    /// Starts `windvane-server serve` on the store with fresh random registration and admin tokens.
     pub async fn start_server(&mut self) -> anyhow::Result<&SourceServer> {
         let dir = self.path("server");
-        let mut token = [0u8; 32];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut token))
-            .context("reading /dev/urandom for the registration token")?;
-        std::fs::write(
-            dir.join("registration-token"),
-            base64::engine::general_purpose::STANDARD.encode(token) + "\n",
-        )?;
+        for file in ["registration-token", "admin-token"] {
+            let mut token = [0u8; 32];
+            std::fs::File::open("/dev/urandom")
+                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut token))
+                .with_context(|| format!("reading /dev/urandom for the {file}"))?;
+            std::fs::write(
+                dir.join(file),
+                base64::engine::general_purpose::STANDARD.encode(token) + "\n",
+            )?;
+        }
         let server = SourceServer::start_in(
             &self.settings.bin_dir.join("windvane-server"),
             &self.path("store"),

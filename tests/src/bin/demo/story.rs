@@ -60,7 +60,7 @@ fn release(demo: &Demo) -> anyhow::Result<()> {
 async fn serve(demo: &mut Demo) -> anyhow::Result<()> {
     demo.say.step("The source server");
     demo.say.command(&format!(
-        "windvane-server serve --root store --data server/data --registration-token-file server/registration-token --listen {} --unknown-after {}",
+        "windvane-server serve --root store --data server/data --registration-token-file server/registration-token --admin-token-file server/admin-token --listen {} --unknown-after {}",
         demo.settings.listen, demo.settings.unknown_after
     ));
     let url = demo.start_server().await?.url.clone();
