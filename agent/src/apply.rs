@@ -258,6 +258,14 @@ async fn apply_one(
         if (hooks.unchanged)(&ObjectKey::of(&object.id), &hash) {
             return ObjectResult { object, body_hash: hash, outcome: Outcome::Applied { written: false }, applied: None };
         }
+        // Fields left to others must have another owner before the apply that stops sending them, or the
+        // API server resets them.
+        if !object.ignored_pointers.is_empty()
+            && let Err(error) = crate::handover::hand_over(cluster, &object, &resolved).await
+        {
+            warn!(%error, "not applied");
+            return ObjectResult { object, body_hash: hash, outcome: Outcome::Failed(error.to_string()), applied: None };
+        }
         let mut attempt = 0;
         loop {
             match cluster.apply(&object.id, &resolved, &object.body(), false).await {

@@ -132,8 +132,33 @@ impl Cluster {
     ) -> std::result::Result<Value, ApplyFailure> {
         let mut params = PatchParams::apply(FIELD_MANAGER).force();
         params.dry_run = dry_run;
+        self.patch_apply(id, resolved, body, &params).await
+    }
+
+    /// Server-side apply of `body` as field manager `manager`, without force: it co-owns fields at the values
+    /// they have and never takes one from another manager (a conflict is an error, retriable).
+    #[instrument(skip(self, resolved, body), fields(object = %id))]
+    pub async fn apply_as(
+        &self,
+        manager: &str,
+        id: &ObjectRef,
+        resolved: &Resolved,
+        body: &Value,
+    ) -> std::result::Result<Value, ApplyFailure> {
+        self.patch_apply(id, resolved, body, &PatchParams::apply(manager))
+            .await
+    }
+
+    async fn patch_apply(
+        &self,
+        id: &ObjectRef,
+        resolved: &Resolved,
+        body: &Value,
+        params: &PatchParams,
+    ) -> std::result::Result<Value, ApplyFailure> {
+        let dry_run = params.dry_run;
         let api = self.api(resolved, id.namespace.as_deref());
-        match api.patch(&id.name, &params, &Patch::Apply(body)).await {
+        match api.patch(&id.name, params, &Patch::Apply(body)).await {
             Ok(object) => {
                 debug!(dry_run, "applied");
                 Ok(serde_json::to_value(object).unwrap_or(Value::Null))

@@ -20,6 +20,9 @@ pub struct Desired {
     /// True when the app prunes and the object is not marked `windvane.io/prune: disabled`.
     pub prune: bool,
     pub drift_grace_period: Option<Duration>,
+    /// The pointers `ignoreDifferences` leaves to other managers: never sent, handed over before Windvane's
+    /// ownership of them is dropped ([`crate::handover`]).
+    pub ignored_pointers: Vec<String>,
     /// The body sent with server-side apply, as `serde_json::to_vec` writes it.
     body: Box<[u8]>,
 }
@@ -35,6 +38,7 @@ impl Desired {
             self_heal: object.self_heal,
             prune: object.prune,
             drift_grace_period: object.drift_grace_period,
+            ignored_pointers: object.ignored_pointers,
         }
     }
 

@@ -106,10 +106,16 @@ fn stateful_set(live: &Value) -> Health {
     let updated = int(live, "/status/updatedReplicas").unwrap_or(0);
     let rolling =
         text(live, "/spec/updateStrategy/type").unwrap_or("RollingUpdate") == "RollingUpdate";
+    // A partitioned rollout updates only the pods from ordinal `partition` up; the others stay as they are
+    // on purpose (a canary), so the rollout is done once those are updated.
+    let partition = int(live, "/spec/updateStrategy/rollingUpdate/partition")
+        .unwrap_or(0)
+        .clamp(0, wanted.max(0));
+    let to_update = wanted - partition;
     if ready < wanted {
         Health::Progressing(format!("{ready} of {wanted} replicas ready"))
-    } else if rolling && updated < wanted {
-        Health::Progressing(format!("{updated} of {wanted} replicas updated"))
+    } else if rolling && updated < to_update {
+        Health::Progressing(format!("{updated} of {to_update} replicas updated"))
     } else {
         Health::Healthy
     }
@@ -122,7 +128,10 @@ fn daemon_set(live: &Value) -> Health {
     let desired = int(live, "/status/desiredNumberScheduled").unwrap_or(0);
     let updated = int(live, "/status/updatedNumberScheduled").unwrap_or(0);
     let available = int(live, "/status/numberAvailable").unwrap_or(0);
-    if updated < desired {
+    // OnDelete replaces a pod only when someone deletes it: old pods are not a rollout in progress.
+    let rolling =
+        text(live, "/spec/updateStrategy/type").unwrap_or("RollingUpdate") == "RollingUpdate";
+    if rolling && updated < desired {
         Health::Progressing(format!("{updated} of {desired} pods updated"))
     } else if available < desired {
         Health::Progressing(format!("{available} of {desired} pods available"))
@@ -132,6 +141,11 @@ fn daemon_set(live: &Value) -> Health {
 }
 
 fn replica_set(live: &Value) -> Health {
+    // The controller cannot create pods (a quota, an admission webhook, a missing ServiceAccount): it will
+    // not get better by waiting.
+    if let Some(("True", reason, message)) = condition(live, "ReplicaFailure") {
+        return Health::Degraded(format!("cannot create pods ({reason}): {message}"));
+    }
     let wanted = int(live, "/spec/replicas").unwrap_or(1);
     let available = int(live, "/status/availableReplicas").unwrap_or(0);
     if available < wanted {
@@ -267,5 +281,109 @@ mod tests {
             assess("example.com", "Widget", &lagging),
             Health::Progressing(_)
         ));
+    }
+
+    #[test]
+    fn stateful_sets_progress_until_every_replica_is_ready_and_updated() {
+        let mut s = json!({"metadata": {"generation": 1}, "spec": {"replicas": 3}, "status": {}});
+        assert!(
+            matches!(assess("apps", "StatefulSet", &s), Health::Progressing(m) if m.contains("controller"))
+        );
+        s["status"] = json!({"observedGeneration": 1, "replicas": 3, "readyReplicas": 1, "updatedReplicas": 3});
+        assert!(
+            matches!(assess("apps", "StatefulSet", &s), Health::Progressing(m) if m.contains("1 of 3 replicas ready"))
+        );
+        s["status"]["readyReplicas"] = json!(3);
+        assert_eq!(assess("apps", "StatefulSet", &s), Health::Healthy);
+        // A new spec the controller has not seen yet, then a rollout under way.
+        s["metadata"]["generation"] = json!(2);
+        assert!(
+            matches!(assess("apps", "StatefulSet", &s), Health::Progressing(m) if m.contains("generation 2"))
+        );
+        s["status"]["observedGeneration"] = json!(2);
+        s["status"]["updatedReplicas"] = json!(1);
+        assert!(
+            matches!(assess("apps", "StatefulSet", &s), Health::Progressing(m) if m.contains("1 of 3 replicas updated"))
+        );
+        // OnDelete: old pods stay until someone deletes them; that is not a rollout in progress.
+        s["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
+        assert_eq!(assess("apps", "StatefulSet", &s), Health::Healthy);
+        // Scaled to zero: nothing to wait for.
+        let zero = json!({"spec": {"replicas": 0}, "status": {"observedGeneration": 1}});
+        assert_eq!(assess("apps", "StatefulSet", &zero), Health::Healthy);
+    }
+
+    #[test]
+    fn a_partitioned_stateful_set_is_healthy_once_the_pods_above_the_partition_are_updated() {
+        let s = json!({"metadata": {"generation": 2},
+            "spec": {"replicas": 4, "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 3}}},
+            "status": {"observedGeneration": 2, "replicas": 4, "readyReplicas": 4, "updatedReplicas": 1}});
+        assert_eq!(assess("apps", "StatefulSet", &s), Health::Healthy);
+        let mut behind = s.clone();
+        behind["status"]["updatedReplicas"] = json!(0);
+        assert!(
+            matches!(assess("apps", "StatefulSet", &behind), Health::Progressing(m) if m.contains("0 of 1"))
+        );
+        // A partition above the replica count updates nothing, and a negative one everything.
+        let mut wide = s.clone();
+        wide["spec"]["updateStrategy"]["rollingUpdate"]["partition"] = json!(99);
+        wide["status"]["updatedReplicas"] = json!(0);
+        assert_eq!(assess("apps", "StatefulSet", &wide), Health::Healthy);
+        wide["spec"]["updateStrategy"]["rollingUpdate"]["partition"] = json!(-5);
+        assert!(matches!(
+            assess("apps", "StatefulSet", &wide),
+            Health::Progressing(_)
+        ));
+    }
+
+    #[test]
+    fn daemon_sets_progress_until_every_scheduled_pod_is_updated_and_available() {
+        let mut d = json!({"metadata": {"generation": 1}, "status": {}});
+        assert!(
+            matches!(assess("apps", "DaemonSet", &d), Health::Progressing(m) if m.contains("controller"))
+        );
+        d["status"] = json!({"observedGeneration": 1, "desiredNumberScheduled": 2,
+            "updatedNumberScheduled": 2, "numberAvailable": 1});
+        assert!(
+            matches!(assess("apps", "DaemonSet", &d), Health::Progressing(m) if m.contains("1 of 2 pods available"))
+        );
+        d["status"]["numberAvailable"] = json!(2);
+        assert_eq!(assess("apps", "DaemonSet", &d), Health::Healthy);
+        d["metadata"]["generation"] = json!(2);
+        assert!(
+            matches!(assess("apps", "DaemonSet", &d), Health::Progressing(m) if m.contains("generation 2"))
+        );
+        d["status"]["observedGeneration"] = json!(2);
+        d["status"]["updatedNumberScheduled"] = json!(0);
+        assert!(
+            matches!(assess("apps", "DaemonSet", &d), Health::Progressing(m) if m.contains("0 of 2 pods updated"))
+        );
+        d["spec"] = json!({"updateStrategy": {"type": "OnDelete"}});
+        assert_eq!(assess("apps", "DaemonSet", &d), Health::Healthy);
+        // No node matches its selector: nothing to run, nothing to wait for.
+        let nowhere = json!({"status": {"observedGeneration": 1, "desiredNumberScheduled": 0}});
+        assert_eq!(assess("apps", "DaemonSet", &nowhere), Health::Healthy);
+    }
+
+    #[test]
+    fn replica_sets_progress_until_available_and_degrade_when_pods_cannot_be_created() {
+        let mut r = json!({"metadata": {"generation": 1}, "spec": {"replicas": 2},
+            "status": {"observedGeneration": 1, "replicas": 2, "availableReplicas": 0}});
+        assert!(
+            matches!(assess("apps", "ReplicaSet", &r), Health::Progressing(m) if m.contains("0 of 2"))
+        );
+        r["status"]["availableReplicas"] = json!(2);
+        assert_eq!(assess("apps", "ReplicaSet", &r), Health::Healthy);
+        r["metadata"]["generation"] = json!(2);
+        assert!(matches!(
+            assess("apps", "ReplicaSet", &r),
+            Health::Progressing(_)
+        ));
+        let failing = json!({"metadata": {"generation": 1}, "spec": {"replicas": 2},
+            "status": {"observedGeneration": 1, "replicas": 0, "conditions": [{"type": "ReplicaFailure",
+                "status": "True", "reason": "FailedCreate", "message": "pods \"web-x\" is forbidden: exceeded quota"}]}});
+        assert!(
+            matches!(assess("apps", "ReplicaSet", &failing), Health::Degraded(m) if m.contains("FailedCreate") && m.contains("quota"))
+        );
     }
 }

@@ -16,6 +16,7 @@ pub mod diff;
 pub mod drift;
 pub mod engine;
 pub mod error;
+pub mod handover;
 pub mod heal;
 pub mod health;
 pub mod inventory;

@@ -42,7 +42,8 @@ pub struct DesiredObject {
     /// True when the app prunes and the object is not marked `windvane.io/prune: disabled`.
     pub prune: bool,
     pub drift_grace_period: Option<Duration>,
-    /// The pointers removed from the body because another manager owns them.
+    /// The pointers of the `ignoreDifferences` rules that match the object: removed from the body (when there),
+    /// because another manager owns them.
     pub ignored_pointers: Vec<String>,
     pub file: String,
     pub document: usize,
@@ -78,7 +79,10 @@ pub fn desired_object(
         .filter(|ignore| ignore.matches(&id))
     {
         for pointer in &ignore.json_pointers {
-            if remove_pointer(&mut body, pointer) {
+            remove_pointer(&mut body, pointer);
+            // Kept even when the manifest does not set it: a field Windvane applied in an earlier release is
+            // still Windvane's on the cluster, and must be handed over rather than dropped.
+            if !ignored_pointers.contains(pointer) {
                 ignored_pointers.push(pointer.clone());
             }
         }
@@ -228,7 +232,10 @@ mod tests {
         let desired =
             desired_object("acme", "api", &policy, &rendered(deployment(json!({})))).unwrap();
         assert_eq!(desired.body.pointer("/spec/replicas"), None);
-        assert_eq!(desired.ignored_pointers, vec!["/spec/replicas".to_owned()]);
+        assert_eq!(
+            desired.ignored_pointers,
+            vec!["/spec/replicas".to_owned(), "/spec/absent".to_owned()]
+        );
         assert_eq!(
             desired.body.pointer("/metadata/labels/windvane.io~1app"),
             Some(&json!("api"))

@@ -74,12 +74,28 @@ pub struct LocalKube {
     port: u16,
     keep: bool,
     config: kube::Config,
+    /// Extra localkube flags it was started with (kept for restarts).
+    args: Vec<String>,
 }
+
+/// `--controllers` for a localkube that also runs the horizontal-pod-autoscaler controller: localkube's
+/// default set (`defaultControllers` in tests/localkube/controlplane.go) with the HPA controller left on.
+/// Without a metrics API the HPA cannot compute a utilization, but it still enforces `minReplicas` and
+/// `maxReplicas` through the scale subresource, as it would on a real cluster.
+pub const CONTROLLERS_WITH_HPA: &str = "*,-persistentvolume-attach-detach-controller,\
+    -persistentvolume-expander-controller,-node-ipam-controller,-selinux-warning-controller";
 
 impl LocalKube {
     /// Starts a localkube on a free port with a fresh data directory and
     /// waits until it is ready (at most [`READY_TIMEOUT`]).
     pub async fn start() -> Result<Self> {
+        Self::start_with(&[]).await
+    }
+
+    /// Starts a localkube with extra flags of the localkube binary (e.g.
+    /// `["--controllers", CONTROLLERS_WITH_HPA]`), as [`start`](Self::start) does.
+    pub async fn start_with(args: &[&str]) -> Result<Self> {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         let binary = binary_path()?;
         let keep = std::env::var(KEEP_ENV).is_ok_and(|v| v == "1");
         let mut data_dir = tempfile::Builder::new()
@@ -87,7 +103,7 @@ impl LocalKube {
             .tempdir()
             .context("creating a data directory for localkube")?;
         data_dir.disable_cleanup(keep);
-        let (child, ready) = spawn_and_wait(&binary, data_dir.path(), 0, keep).await?;
+        let (child, ready) = spawn_and_wait(&binary, data_dir.path(), 0, keep, &args).await?;
         let port = port_of(&ready.server)?;
         let config = match kube_config(&ready.kubeconfig).await {
             Ok(config) => config,
@@ -105,6 +121,7 @@ impl LocalKube {
             port,
             keep,
             config,
+            args,
         };
         // Fail here, not in the first test step, if the kubeconfig is unusable.
         kube::Client::try_from(kube.config.clone()).context("building a client for localkube")?;
@@ -219,8 +236,14 @@ impl LocalKube {
     /// working once it is back.
     pub async fn restart(&mut self) -> Result<()> {
         self.stop().await?;
-        let (child, ready) =
-            spawn_and_wait(&self.binary, self.data_dir.path(), self.port, self.keep).await?;
+        let (child, ready) = spawn_and_wait(
+            &self.binary,
+            self.data_dir.path(),
+            self.port,
+            self.keep,
+            &self.args,
+        )
+        .await?;
         self.child = Some(child);
         self.ready = ready;
         self.config = kube_config(&self.ready.kubeconfig).await?;
@@ -289,6 +312,7 @@ async fn spawn_and_wait(
     data_dir: &Path,
     port: u16,
     keep: bool,
+    args: &[String],
 ) -> Result<(Child, ReadyInfo)> {
     let log_path = data_dir.join(LOG_FILE);
     let log = OpenOptions::new()
@@ -309,6 +333,7 @@ async fn spawn_and_wait(
         } else {
             "--remove-data-dir-on-stdin-eof"
         })
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log))
