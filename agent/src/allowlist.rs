@@ -38,8 +38,9 @@ impl Allowlist {
         }
     }
 
-    /// `Ok` when the object may be applied, otherwise the reason, for the object's status.
-    pub fn check(&self, id: &ObjectRef) -> Result<(), String> {
+    /// `Ok` when the object's kind may be applied, otherwise the reason. Known before discovery, so a refused
+    /// kind is never looked up.
+    pub fn check_kind(&self, id: &ObjectRef) -> Result<(), String> {
         let group = if id.group().is_empty() {
             "core"
         } else {
@@ -52,12 +53,22 @@ impl Allowlist {
                 None => pattern == "*" || *pattern == id.kind,
                 Some((g, k)) => (g == "*" || g == group) && (k == "*" || k == id.kind),
             });
-        if !kind_allowed {
-            return Err(format!(
-                "{group}/{} is not in the operator's allowed kinds",
-                id.kind
-            ));
+        if kind_allowed {
+            Ok(())
+        } else {
+            Err(format!(
+                "{group}/{} is not in the operator's allowed kinds ({})",
+                id.kind,
+                self.kinds.join(", ")
+            ))
         }
+    }
+
+    /// `Ok` when the object may be applied, otherwise the reason, for the object's status. `id` must carry
+    /// the object's final namespace (see [`crate::plan::place`]): a namespaced object without one would be
+    /// defaulted after this check, outside it.
+    pub fn check(&self, id: &ObjectRef) -> Result<(), String> {
+        self.check_kind(id)?;
         // A Namespace object is governed by the namespace list too: creating it is touching that namespace.
         let namespace = if id.kind == "Namespace" && id.group().is_empty() {
             Some(&id.name)
@@ -71,7 +82,8 @@ impl Allowlist {
                 .any(|allowed| allowed == "*" || allowed == namespace)
         {
             return Err(format!(
-                "namespace {namespace} is not in the operator's allowed namespaces"
+                "namespace {namespace} is not in the operator's allowed namespaces ({})",
+                self.namespaces.join(", ")
             ));
         }
         Ok(())

@@ -110,18 +110,18 @@ pub async fn apply_all(
     let mut report = ApplyReport::default();
     let mut by_stage: BTreeMap<Stage, Vec<Desired>> = BTreeMap::new();
     let mut later = Vec::new();
-    for object in desired {
-        if let Err(reason) = allowlist.check(&object.id) {
+    for mut object in desired {
+        if let Err(reason) = allowlist.check_kind(&object.id) {
+            let reason = format!("{}: {reason}", object.id);
             report
                 .results
                 .push(result(object, Outcome::Refused(reason), None));
-        } else if plan::is_crd(&object.id) {
-            by_stage
-                .entry(Stage::CustomResourceDefinitions)
-                .or_default()
-                .push(object);
-        } else if plan::is_namespace(&object.id) {
-            by_stage.entry(Stage::Namespaces).or_default().push(object);
+        } else if plan::is_crd(&object.id) || plan::is_namespace(&object.id) {
+            // Their scope is known without discovery: they are what makes the rest discoverable.
+            match plan::place(&mut object, Scope::Cluster, allowlist) {
+                Ok(stage) => by_stage.entry(stage).or_default().push(object),
+                Err(unplaced) => report.results.push(unplaced_result(object, unplaced)),
+            }
         } else {
             later.push(object);
         }
@@ -158,12 +158,10 @@ pub async fn apply_all(
             .resolve(&object.id.api_version, &object.id.kind)
             .await
         {
-            Ok(resolved) => match plan::normalize_namespace(&mut object, resolved.scope) {
-                Ok(()) if resolved.scope == Scope::Cluster => cluster_scoped.push(object),
-                Ok(()) => namespaced.push(object),
-                Err(message) => report
-                    .results
-                    .push(result(object, Outcome::Failed(message), None)),
+            Ok(resolved) => match plan::place(&mut object, resolved.scope, allowlist) {
+                Ok(Stage::ClusterScoped) => cluster_scoped.push(object),
+                Ok(_) => namespaced.push(object),
+                Err(unplaced) => report.results.push(unplaced_result(object, unplaced)),
             },
             Err(error) => {
                 report
@@ -192,6 +190,16 @@ pub async fn apply_all(
 struct Hooks<'a> {
     unchanged: &'a (dyn Fn(&ObjectKey, &str) -> bool + Sync),
     observe: &'a (dyn Fn(&Value) + Sync),
+}
+
+/// The result of an object [`plan::place`] found no place for; a refusal names the object, as it will be
+/// read in the heartbeat and in logs.
+fn unplaced_result(object: Desired, unplaced: plan::Unplaced) -> ObjectResult {
+    let outcome = match unplaced {
+        plan::Unplaced::Refused(reason) => Outcome::Refused(format!("{}: {reason}", object.id)),
+        plan::Unplaced::Invalid(message) => Outcome::Failed(message),
+    };
+    result(object, outcome, None)
 }
 
 fn result(object: Desired, outcome: Outcome, applied: Option<Baseline>) -> ObjectResult {

@@ -78,7 +78,7 @@ pub async fn run(
     let cluster = Cluster::new(client);
     let mut summary = DiffSummary::default();
     for mut object in desired {
-        if let Err(reason) = config.allowlist.check(&object.id) {
+        if let Err(reason) = config.allowlist.check_kind(&object.id) {
             write(out, &format!("! {}: refused: {reason}\n", object.id))?;
             summary.failed += 1;
             continue;
@@ -94,10 +94,19 @@ pub async fn run(
                 continue;
             }
         };
-        if let Err(message) = crate::plan::normalize_namespace(&mut object, resolved.scope) {
-            write(out, &format!("! {}: {message}\n", object.id))?;
-            summary.failed += 1;
-            continue;
+        // Placed as the agent places it: the allowlist judges the namespace the object would land in.
+        match crate::plan::place(&mut object, resolved.scope, &config.allowlist) {
+            Ok(_) => {}
+            Err(crate::plan::Unplaced::Refused(reason)) => {
+                write(out, &format!("! {}: refused: {reason}\n", object.id))?;
+                summary.failed += 1;
+                continue;
+            }
+            Err(crate::plan::Unplaced::Invalid(message)) => {
+                write(out, &format!("! {}: {message}\n", object.id))?;
+                summary.failed += 1;
+                continue;
+            }
         }
         let live = cluster.get(&object.id, &resolved).await?;
         let dry_run = match cluster

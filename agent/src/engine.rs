@@ -25,7 +25,9 @@ use crate::desired::Desired;
 use crate::drift::{Baseline, ContestTracker};
 use crate::heal::Healer;
 use crate::health::assess;
-use crate::inventory::{Inventory, InventoryEntry, ObjectKey, ReleaseOutcome, plan_prune};
+use crate::inventory::{
+    Inventory, InventoryEntry, ObjectKey, ReleaseOutcome, incomplete_apps, plan_prune,
+};
 use crate::metrics::Metrics;
 use crate::report::{AgentStatus, ObjectStatus, object_state};
 use crate::source::{Poll, SourceClient, SourceLimits};
@@ -432,11 +434,13 @@ impl Engine {
                     }
                 },
             };
-            let (desired, render_errors) = render(&bundle, &self.config.identity);
+            let (desired, unrendered) = render(&bundle, &self.config.identity);
             drop(bundle);
+            let render_errors: Vec<String> = unrendered
+                .iter()
+                .map(|(app, error)| format!("app {app}: {error}"))
+                .collect();
             let release_empty = desired.is_empty() && render_errors.is_empty();
-            let desired_keys: BTreeSet<ObjectKey> =
-                desired.iter().map(|d| ObjectKey::of(&d.id)).collect();
 
             let inventory = &self.inventory;
             let live = &self.live;
@@ -518,16 +522,25 @@ impl Engine {
                 }
             }
             let complete = report.complete() && render_errors.is_empty();
+            // Keys as applied: each object carries its final namespace, decided while applying.
+            let desired_keys: BTreeSet<ObjectKey> =
+                report.results.iter().map(|r| r.key()).collect();
 
             let outcome = ReleaseOutcome {
-                apply_complete: complete,
+                incomplete: incomplete_apps(
+                    report.results.iter().map(|r| {
+                        let applied = matches!(r.outcome, Outcome::Applied { .. });
+                        (r.object.app.as_str(), applied)
+                    }),
+                    unrendered.iter().map(|(app, _)| app.as_str()),
+                ),
                 empty: release_empty,
                 allow_empty: enforced.accepted.pointer.allow_empty,
             };
             let prune = plan_prune(
                 &self.inventory,
                 &desired_keys,
-                outcome,
+                &outcome,
                 self.config.prune_budget,
             );
             let mut prune_errors = Vec::new();
@@ -582,17 +595,11 @@ impl Engine {
                     },
                 );
             }
-            // Objects that stay out of the release only because pruning was held back remain managed.
-            if prune.held_back.is_some() {
-                for entry in self
-                    .inventory
-                    .managed()
-                    .filter(|e| !desired_keys.contains(&e.key()) && e.prune)
-                {
-                    next.entries
-                        .entry(entry.key())
-                        .or_insert_with(|| entry.clone());
-                }
+            // Objects that stay out of the release only because pruning waits remain managed.
+            for entry in &prune.postponed {
+                next.entries
+                    .entry(entry.key())
+                    .or_insert_with(|| entry.clone());
             }
             // Orphans stay reported until their object is gone.
             for entry in self
@@ -605,7 +612,7 @@ impl Engine {
                     .entry(entry.key())
                     .or_insert_with(|| entry.clone());
             }
-            if complete && prune_errors.is_empty() && prune.held_back.is_none() {
+            if complete && prune_errors.is_empty() && prune.postponed.is_empty() {
                 next.complete_serial = Some(serial);
             }
             if let Err(error) = self.state.save_inventory(&next).await {
@@ -614,7 +621,7 @@ impl Engine {
             self.inventory = next;
 
             let mut errors: Vec<String> = render_errors;
-            errors.extend(prune.held_back.clone());
+            errors.extend(prune.reasons().cloned());
             errors.extend(prune_errors);
             {
                 let mut status = self.status.write().expect("status lock");
@@ -623,6 +630,7 @@ impl Engine {
                     Some(enforced.accepted.pointer.bundle.sha256.clone());
                 status.enforced = true;
                 status.last_error = errors.first().cloned();
+                status.prune_postponed = prune.postponed_apps.clone();
                 status.objects.clear();
                 for result in &report.results {
                     let failure = match &result.outcome {
@@ -747,7 +755,8 @@ impl Engine {
 
 /// This cluster's desired objects: every selected app rendered, with Windvane's labels, each kept compact as
 /// soon as its app rendered. An app that fails to render is reported and skipped; the others still apply.
-fn render(bundle: &Bundle, identity: &ClusterIdentity) -> (Vec<Desired>, Vec<String>) {
+/// Render errors come back with their app's name: that app's prunes wait until it renders again.
+fn render(bundle: &Bundle, identity: &ClusterIdentity) -> (Vec<Desired>, Vec<(String, String)>) {
     let mut desired = Vec::new();
     let mut errors = Vec::new();
     for app in selected_apps(bundle, identity) {
@@ -757,7 +766,7 @@ fn render(bundle: &Bundle, identity: &ClusterIdentity) -> (Vec<Desired>, Vec<Str
             Ok(objects) => desired.extend(objects.into_iter().map(Desired::of)),
             Err(error) => {
                 error!(app = %app.name, %error, "cannot render app");
-                errors.push(format!("app {}: {error}", app.name));
+                errors.push((app.name.clone(), error.to_string()));
             }
         }
     }

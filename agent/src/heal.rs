@@ -353,7 +353,36 @@ impl Healer {
         {
             return;
         }
+        // The grace period is there for changes that are taken back: one undone meanwhile (the object is as
+        // the release says) needs no write. Its fields stay with whoever set them back; the backstop and
+        // the object's next apply judge them by value.
+        if let Some(Phase::Grace(_)) = episode_phase
+            && let Some(live) = &live
+            && self.matches_release(&desired, live).await
+        {
+            info!(fields = ?fields, "drift undone within the grace period; nothing to revert");
+            self.episodes.remove(key);
+            self.baseline.insert(key.clone(), Baseline::of(live));
+            set_health(status, key, Some(live));
+            return;
+        }
         self.revert(key, &desired, status, &fields).await;
+    }
+
+    /// True when applying the release would change nothing on `live` (a server-side dry run, compared as the
+    /// backstop compares). False when it cannot tell: then the drift is reverted.
+    async fn matches_release(&self, desired: &Desired, live: &Value) -> bool {
+        let Ok(resolved) = self
+            .cluster
+            .resolve(&desired.id.api_version, &desired.id.kind)
+            .await
+        else {
+            return false;
+        };
+        self.cluster
+            .apply(&desired.id, &resolved, &desired.body(), true)
+            .await
+            .is_ok_and(|dry_run| !crate::compare::would_change(Some(live), &dry_run))
     }
 
     /// The backstop: a server-side-apply dry run of every managed object, compared with live state, catching

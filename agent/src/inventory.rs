@@ -111,14 +111,41 @@ impl Inventory {
 }
 
 /// How an apply of a release went, as far as pruning cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReleaseOutcome {
-    /// Every object of the release applied without error.
-    pub apply_complete: bool,
+    /// Apps of the release that did not apply completely, each with why ([`incomplete_apps`]). Their prunes
+    /// wait; every other app's go ahead.
+    pub incomplete: BTreeMap<String, String>,
     /// The release holds no object at all for this cluster.
     pub empty: bool,
     /// The signed pointer allows an empty release to remove everything.
     pub allow_empty: bool,
+}
+
+/// The apps that did not apply completely, with why, for [`ReleaseOutcome::incomplete`]: from every
+/// object's app and whether it applied, and the apps that failed to render (all their objects are missing
+/// from the release, so none of them may be taken as removed).
+pub fn incomplete_apps<'a>(
+    objects: impl IntoIterator<Item = (&'a str, bool)>,
+    unrendered: impl IntoIterator<Item = &'a str>,
+) -> BTreeMap<String, String> {
+    let mut failed: BTreeMap<&str, usize> = BTreeMap::new();
+    for (app, applied) in objects {
+        if !applied {
+            *failed.entry(app).or_default() += 1;
+        }
+    }
+    let mut incomplete: BTreeMap<String, String> = failed
+        .into_iter()
+        .map(|(app, n)| {
+            let objects = if n == 1 { "object" } else { "objects" };
+            (app.to_owned(), format!("{n} {objects} failed to apply"))
+        })
+        .collect();
+    for app in unrendered {
+        incomplete.insert(app.to_owned(), "the app failed to render".to_owned());
+    }
+    incomplete
 }
 
 /// What to do with objects that left the release.
@@ -128,17 +155,30 @@ pub struct PrunePlan {
     pub delete: Vec<InventoryEntry>,
     /// Objects to keep and report as orphaned (their app does not prune, or they are marked disabled).
     pub orphan: Vec<InventoryEntry>,
-    /// Why nothing is deleted this time although some objects would be; they stay in the inventory.
+    /// Objects that would be deleted but wait: they stay in the inventory, still managed.
+    pub postponed: Vec<InventoryEntry>,
+    /// Apps whose prunes wait for their own complete apply, each with the message for the status
+    /// ("prune of app a postponed: 1 object failed to apply").
+    pub postponed_apps: BTreeMap<String, String>,
+    /// Why nothing at all is deleted this time (an empty release, the deletion budget).
     pub held_back: Option<String>,
 }
 
+impl PrunePlan {
+    /// Every reason a prune waits, for the status: release-wide first, then per app.
+    pub fn reasons(&self) -> impl Iterator<Item = &String> {
+        self.held_back.iter().chain(self.postponed_apps.values())
+    }
+}
+
 /// Decides what leaves the cluster. Rules: only objects that left the release; only those applied with
-/// prune on; only after a complete apply; never from an empty release unless it allows it; never more than
-/// `budget_fraction` of the managed inventory at once (rounded up, so one object can always go).
+/// prune on; only once their own app applied completely (one failing app never holds another's prunes
+/// back); never from an empty release unless it allows it; never more than `budget_fraction` of the
+/// managed inventory at once (rounded up, so one object can always go).
 pub fn plan_prune(
     previous: &Inventory,
     desired: &BTreeSet<ObjectKey>,
-    outcome: ReleaseOutcome,
+    outcome: &ReleaseOutcome,
     budget_fraction: f64,
 ) -> PrunePlan {
     let gone: Vec<&InventoryEntry> = previous
@@ -147,33 +187,43 @@ pub fn plan_prune(
         .collect();
     let (to_delete, orphan): (Vec<&InventoryEntry>, Vec<&InventoryEntry>) =
         gone.into_iter().partition(|e| e.prune);
+    let (waiting, ready): (Vec<&InventoryEntry>, Vec<&InventoryEntry>) = to_delete
+        .into_iter()
+        .partition(|e| outcome.incomplete.contains_key(&e.app));
     let mut plan = PrunePlan {
         orphan: orphan.into_iter().cloned().collect(),
+        postponed: waiting.iter().map(|e| (*e).clone()).collect(),
         ..PrunePlan::default()
     };
-    if to_delete.is_empty() {
+    for entry in waiting {
+        let why = &outcome.incomplete[&entry.app];
+        plan.postponed_apps
+            .entry(entry.app.clone())
+            .or_insert_with(|| format!("prune of app {} postponed: {why}", entry.app));
+    }
+    if ready.is_empty() {
         return plan;
     }
     let managed = previous.managed().count();
     let budget = (budget_fraction * managed as f64).ceil() as usize;
-    plan.held_back = if !outcome.apply_complete {
-        Some("the release did not apply completely; pruning waits for a complete apply".to_owned())
-    } else if outcome.empty && !outcome.allow_empty {
+    plan.held_back = if outcome.empty && !outcome.allow_empty {
         Some(format!(
             "the release is empty and does not allow it; refusing to prune {} objects",
-            to_delete.len()
+            ready.len()
         ))
-    } else if to_delete.len() > budget {
+    } else if ready.len() > budget {
         Some(format!(
             "pruning {} of {managed} objects exceeds the deletion budget of {budget} ({:.0}%); refusing",
-            to_delete.len(),
+            ready.len(),
             budget_fraction * 100.0
         ))
     } else {
         None
     };
     if plan.held_back.is_none() {
-        plan.delete = to_delete.into_iter().cloned().collect();
+        plan.delete = ready.into_iter().cloned().collect();
+    } else {
+        plan.postponed.extend(ready.into_iter().cloned());
     }
     plan
 }
@@ -208,7 +258,7 @@ mod tests {
     }
 
     const COMPLETE: ReleaseOutcome = ReleaseOutcome {
-        apply_complete: true,
+        incomplete: BTreeMap::new(),
         empty: false,
         allow_empty: false,
     };
@@ -223,7 +273,7 @@ mod tests {
         let plan = plan_prune(
             &inventory(&[a.clone(), b.clone(), c.clone()]),
             &keys(&[&a]),
-            COMPLETE,
+            &COMPLETE,
             0.5,
         );
         assert_eq!(plan.delete, vec![b]);
@@ -232,15 +282,148 @@ mod tests {
     }
 
     #[test]
-    fn nothing_is_pruned_after_an_incomplete_apply() {
-        let (a, b) = (entry("x", "a", true), entry("x", "b", true));
-        let outcome = ReleaseOutcome {
-            apply_complete: false,
+    fn an_incomplete_app_postpones_only_its_own_prunes() {
+        // Inventory: app a has a1, a2; app b has b1, b2; app c (prune off) has c1. Each case removes some
+        // objects from the release and names the apps that did not apply completely.
+        let inv = [
+            entry("a", "a1", true),
+            entry("a", "a2", true),
+            entry("b", "b1", true),
+            entry("b", "b2", true),
+            entry("c", "c1", false),
+        ];
+        let by_name = |names: &[&str]| -> Vec<InventoryEntry> {
+            names
+                .iter()
+                .map(|n| inv.iter().find(|e| e.name == *n).unwrap().clone())
+                .collect()
+        };
+        struct Case {
+            kept: &'static [&'static str],
+            incomplete: &'static [(&'static str, &'static str)],
+            delete: &'static [&'static str],
+            postponed: &'static [&'static str],
+            orphan: &'static [&'static str],
+            messages: &'static [&'static str],
+        }
+        let cases = [
+            // Everything applied: both removed objects go.
+            Case {
+                kept: &["a1", "b1", "c1"],
+                incomplete: &[],
+                delete: &["a2", "b2"],
+                postponed: &[],
+                orphan: &[],
+                messages: &[],
+            },
+            // One object of a failed: b's removed object still goes, a's waits.
+            Case {
+                kept: &["a1", "b1", "c1"],
+                incomplete: &[("a", "1 object failed to apply")],
+                delete: &["b2"],
+                postponed: &["a2"],
+                orphan: &[],
+                messages: &["prune of app a postponed: 1 object failed to apply"],
+            },
+            // a failed to render (all its objects are missing): none of them is pruned.
+            Case {
+                kept: &["b1", "b2", "c1"],
+                incomplete: &[("a", "the app failed to render")],
+                delete: &[],
+                postponed: &["a1", "a2"],
+                orphan: &[],
+                messages: &["prune of app a postponed: the app failed to render"],
+            },
+            // An app that failed but removed nothing postpones nothing; orphans are not postponed.
+            Case {
+                kept: &["a1", "a2", "b1"],
+                incomplete: &[
+                    ("a", "2 objects failed to apply"),
+                    ("c", "1 object failed to apply"),
+                ],
+                delete: &["b2"],
+                postponed: &[],
+                orphan: &["c1"],
+                messages: &[],
+            },
+        ];
+        for (i, case) in cases.iter().enumerate() {
+            let outcome = ReleaseOutcome {
+                incomplete: case
+                    .incomplete
+                    .iter()
+                    .map(|(a, m)| ((*a).to_owned(), (*m).to_owned()))
+                    .collect(),
+                ..COMPLETE
+            };
+            let kept: BTreeSet<ObjectKey> = by_name(case.kept).iter().map(|e| e.key()).collect();
+            let plan = plan_prune(&inventory(&inv), &kept, &outcome, 1.0);
+            assert_eq!(plan.delete, by_name(case.delete), "case {i}: delete");
+            assert_eq!(
+                plan.postponed,
+                by_name(case.postponed),
+                "case {i}: postponed"
+            );
+            assert_eq!(plan.orphan, by_name(case.orphan), "case {i}: orphan");
+            assert_eq!(plan.held_back, None, "case {i}");
+            assert_eq!(
+                plan.reasons().map(String::as_str).collect::<Vec<_>>(),
+                case.messages,
+                "case {i}: messages"
+            );
+        }
+    }
+
+    #[test]
+    fn incomplete_apps_count_failures_and_render_errors() {
+        let objects = [
+            ("a", true),
+            ("a", false),
+            ("b", true),
+            ("c", false),
+            ("c", false),
+        ];
+        let incomplete = incomplete_apps(objects, ["d"]);
+        assert_eq!(
+            incomplete.into_iter().collect::<Vec<_>>(),
+            vec![
+                ("a".to_owned(), "1 object failed to apply".to_owned()),
+                ("c".to_owned(), "2 objects failed to apply".to_owned()),
+                ("d".to_owned(), "the app failed to render".to_owned()),
+            ]
+        );
+        assert!(incomplete_apps([("a", true)], []).is_empty());
+    }
+
+    #[test]
+    fn the_budget_counts_only_what_is_ready_and_holds_it_all_back() {
+        // Four of eight objects removed; app a failed, so only b's two are ready: within a budget of 2.
+        let inv: Vec<InventoryEntry> = (0..4)
+            .flat_map(|i| {
+                [
+                    entry("a", &format!("a{i}"), true),
+                    entry("b", &format!("b{i}"), true),
+                ]
+            })
+            .collect();
+        let kept: BTreeSet<ObjectKey> = inv
+            .iter()
+            .filter(|e| e.name.ends_with('0') || e.name.ends_with('1'))
+            .map(InventoryEntry::key)
+            .collect();
+        let a_failed = ReleaseOutcome {
+            incomplete: [("a".to_owned(), "1 object failed to apply".to_owned())].into(),
             ..COMPLETE
         };
-        let plan = plan_prune(&inventory(&[a.clone(), b]), &keys(&[&a]), outcome, 0.5);
+        let plan = plan_prune(&inventory(&inv), &kept, &a_failed, 0.25);
+        assert_eq!(plan.delete.len(), 2);
+        assert!(plan.delete.iter().all(|e| e.app == "b"));
+        assert_eq!(plan.postponed.len(), 2);
+        // Everything complete: four ready exceed the budget of 2, and all four stay, managed.
+        let plan = plan_prune(&inventory(&inv), &kept, &COMPLETE, 0.25);
         assert!(plan.delete.is_empty());
-        assert!(plan.held_back.unwrap().contains("did not apply completely"));
+        assert_eq!(plan.postponed.len(), 4);
+        assert!(plan.held_back.unwrap().contains("deletion budget of 2"));
     }
 
     #[test]
@@ -253,7 +436,7 @@ mod tests {
         let plan = plan_prune(
             &inventory(std::slice::from_ref(&a)),
             &BTreeSet::new(),
-            empty,
+            &empty,
             1.0,
         );
         assert!(plan.delete.is_empty() && plan.held_back.unwrap().contains("empty"));
@@ -264,7 +447,7 @@ mod tests {
         let plan = plan_prune(
             &inventory(std::slice::from_ref(&a)),
             &BTreeSet::new(),
-            allowed,
+            &allowed,
             1.0,
         );
         assert_eq!(plan.delete, vec![a]);
@@ -276,12 +459,12 @@ mod tests {
             .map(|i| entry("x", &format!("o{i}"), true))
             .collect();
         let keep_four: BTreeSet<ObjectKey> = all[..4].iter().map(InventoryEntry::key).collect();
-        let plan = plan_prune(&inventory(&all), &keep_four, COMPLETE, 0.5);
+        let plan = plan_prune(&inventory(&all), &keep_four, &COMPLETE, 0.5);
         assert!(plan.delete.is_empty());
         assert!(plan.held_back.unwrap().contains("deletion budget of 5"));
         let keep_five: BTreeSet<ObjectKey> = all[..5].iter().map(InventoryEntry::key).collect();
         assert_eq!(
-            plan_prune(&inventory(&all), &keep_five, COMPLETE, 0.5)
+            plan_prune(&inventory(&all), &keep_five, &COMPLETE, 0.5)
                 .delete
                 .len(),
             5
@@ -292,7 +475,7 @@ mod tests {
             plan_prune(
                 &inventory(&one),
                 &BTreeSet::new(),
-                ReleaseOutcome {
+                &ReleaseOutcome {
                     allow_empty: true,
                     empty: true,
                     ..COMPLETE
@@ -316,7 +499,7 @@ mod tests {
     fn orphans_are_not_reconsidered() {
         let mut a = entry("x", "a", true);
         a.orphaned = true;
-        let plan = plan_prune(&inventory(&[a]), &BTreeSet::new(), COMPLETE, 1.0);
+        let plan = plan_prune(&inventory(&[a]), &BTreeSet::new(), &COMPLETE, 1.0);
         assert_eq!(plan, PrunePlan::default());
     }
 }

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use windvane_shared::bundle::ObjectRef;
 
+use crate::allowlist::Allowlist;
 use crate::desired::Desired;
 
 /// The namespace given to a namespaced object that names none, as `kubectl apply` would with no context.
@@ -80,6 +81,33 @@ pub fn normalize_namespace(object: &mut Desired, scope: Scope) -> Result<(), Str
         )),
         _ => Ok(()),
     }
+}
+
+/// Why an object has no place on this cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unplaced {
+    /// Outside the operator's allowlist (under its final namespace); never sent.
+    Refused(String),
+    /// Its namespace contradicts its kind's scope.
+    Invalid(String),
+}
+
+/// Decides where an object goes: its final namespace from its kind's scope ([`normalize_namespace`]), then
+/// the operator's allowlist checked on that final identity, and its stage. The one place both happen, so no
+/// object is checked under one namespace and applied in another (a namespaced object naming none is checked
+/// as the `default` it lands in). Every path that sends objects (apply, `diff`) places them here.
+pub fn place(object: &mut Desired, scope: Scope, allowlist: &Allowlist) -> Result<Stage, Unplaced> {
+    let defaulted = scope == Scope::Namespaced && object.id.namespace.is_none();
+    normalize_namespace(object, scope).map_err(Unplaced::Invalid)?;
+    allowlist.check(&object.id).map_err(|reason| {
+        let why = if defaulted {
+            format!(" (it names no namespace, so it would land in {DEFAULT_NAMESPACE})")
+        } else {
+            String::new()
+        };
+        Unplaced::Refused(format!("{reason}{why}"))
+    })?;
+    Ok(stage_of(&object.id, scope))
 }
 
 /// Groups the objects of one stage by wave, lowest wave first, keeping release order within a wave.
@@ -176,6 +204,82 @@ mod tests {
                 (5, vec!["late".to_owned()])
             ]
         );
+    }
+
+    #[test]
+    fn the_allowlist_judges_the_final_namespace() {
+        let team_a = Allowlist::new(Vec::new(), vec!["team-a".into()]);
+        // (object, scope) → outcome: the namespace each object really lands in decides.
+        // Placed: the stage and final namespace; refused: the reason.
+        type Expected = Result<(Stage, Option<&'static str>), &'static str>;
+        let cases: [(Desired, Scope, Expected); 6] = [
+            (
+                desired("v1", "ConfigMap", Some("team-a"), "in", 0),
+                Scope::Namespaced,
+                Ok((Stage::Namespaced, Some("team-a"))),
+            ),
+            (
+                desired("v1", "ConfigMap", None, "unnamed", 0),
+                Scope::Namespaced,
+                Err(
+                    "namespace default is not in the operator's allowed namespaces (team-a) (it names no namespace, so it would land in default)",
+                ),
+            ),
+            (
+                desired("v1", "ConfigMap", Some("team-b"), "out", 0),
+                Scope::Namespaced,
+                Err("namespace team-b is not in the operator's allowed namespaces (team-a)"),
+            ),
+            (
+                desired("rbac.authorization.k8s.io/v1", "ClusterRole", None, "r", 0),
+                Scope::Cluster,
+                Ok((Stage::ClusterScoped, None)),
+            ),
+            (
+                desired("v1", "Namespace", None, "team-a", 0),
+                Scope::Cluster,
+                Ok((Stage::Namespaces, None)),
+            ),
+            (
+                desired("v1", "Namespace", None, "kube-system", 0),
+                Scope::Cluster,
+                Err("namespace kube-system is not in the operator's allowed namespaces (team-a)"),
+            ),
+        ];
+        for (mut object, scope, expected) in cases {
+            let name = object.id.to_string();
+            let placed = place(&mut object, scope, &team_a);
+            match expected {
+                Ok((stage, namespace)) => {
+                    assert_eq!(placed, Ok(stage), "{name}");
+                    assert_eq!(object.id.namespace.as_deref(), namespace, "{name}");
+                }
+                Err(message) => {
+                    assert_eq!(placed, Err(Unplaced::Refused(message.into())), "{name}")
+                }
+            }
+        }
+        // Everything allowed: the unnamed object is placed in default, body and identity alike.
+        let mut unnamed = desired("v1", "ConfigMap", None, "unnamed", 0);
+        assert_eq!(
+            place(&mut unnamed, Scope::Namespaced, &Allowlist::default()),
+            Ok(Stage::Namespaced)
+        );
+        assert_eq!(
+            unnamed.body().pointer("/metadata/namespace"),
+            Some(&json!("default"))
+        );
+        let mut role = desired(
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRole",
+            Some("x"),
+            "r",
+            0,
+        );
+        assert!(matches!(
+            place(&mut role, Scope::Cluster, &team_a),
+            Err(Unplaced::Invalid(message)) if message.contains("cluster-scoped")
+        ));
     }
 
     #[test]

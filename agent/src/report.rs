@@ -48,6 +48,9 @@ pub struct AgentStatus {
     pub orphans: Vec<String>,
     /// A problem that is not about one object (rendering an app, pruning held back).
     pub last_error: Option<String>,
+    /// Apps whose prunes wait for their own complete apply, with why ("prune of app a postponed: 1 object
+    /// failed to apply"): shown with the app in `/status`.
+    pub prune_postponed: BTreeMap<String, String>,
     /// Drift seen, newest last (bounded).
     pub drift: Vec<windvane_shared::heartbeat::DriftRecord>,
 }
@@ -121,12 +124,19 @@ impl AgentStatus {
             "enforced": self.enforced,
             "source": self.source,
             "counts": self.counts(),
-            "apps": self.apps(),
+            "apps": self.apps().into_iter().map(|app| {
+                let mut json = serde_json::json!(app);
+                if let Some(message) = self.prune_postponed.get(&app.name) {
+                    json["message"] = message.as_str().into();
+                }
+                json
+            }).collect::<Vec<_>>(),
             "objects": self.objects.values().map(|o| serde_json::json!({
                 "app": o.app, "object": o.display, "state": o.state, "message": o.message,
             })).collect::<Vec<_>>(),
             "orphans": self.orphans,
             "lastError": self.last_error,
+            "prunePostponed": self.prune_postponed,
             "drift": self.drift,
         })
     }
