@@ -13,16 +13,18 @@ use tracing::{Instrument, error, info, info_span, warn};
 use windvane_shared::bundle::{Bundle, BundleLimits};
 use windvane_shared::desired::desired_objects;
 use windvane_shared::keys::TrustedKeys;
-use windvane_shared::release::{self, AcceptedRelease, PointerExpectations};
+use windvane_shared::release::{self, AcceptedRelease};
 use windvane_shared::render::{ClusterIdentity, render_app, selected_apps};
 use windvane_shared::status::SyncState;
 
 use crate::allowlist::Allowlist;
 use crate::apply::{ApplyOptions, Outcome, apply_all};
 use crate::backoff::{full_jitter, jittered, random_unit};
+use crate::clamp;
 use crate::cluster::{Cluster, Deletion};
 use crate::desired::Desired;
 use crate::drift::{Baseline, ContestTracker};
+use crate::fetcher::{Fetched, Fetcher, FetcherConfig, NewRelease};
 use crate::heal::Healer;
 use crate::health::assess;
 use crate::inventory::{
@@ -30,7 +32,7 @@ use crate::inventory::{
 };
 use crate::metrics::Metrics;
 use crate::report::{AgentStatus, ObjectStatus, object_state};
-use crate::source::{Poll, SourceClient, SourceLimits};
+use crate::source::{SourceClient, SourceLimits};
 use crate::state::{KnownGood, StateStore};
 use crate::watch::{Change, LiveCache};
 use crate::{Error, Result};
@@ -80,7 +82,8 @@ pub struct Engine {
     config: EngineConfig,
     cluster: Cluster,
     state: StateStore,
-    source: SourceClient,
+    /// The store's client, until `run` hands it to the fetcher task.
+    source: Option<SourceClient>,
     live: LiveCache,
     changes: mpsc::UnboundedReceiver<Change>,
     enforced: Option<Enforced>,
@@ -124,7 +127,7 @@ impl Engine {
             config,
             cluster,
             state,
-            source,
+            source: Some(source),
             live,
             changes,
             enforced: None,
@@ -186,51 +189,40 @@ impl Engine {
             self.watch_inventory().await;
             self.reconcile().await;
         }
-        let mut next_poll = Instant::now();
+        // Polls and fetches run in their own task: the loop below never waits on the store.
+        let Some(source) = self.source.take() else {
+            return Err(Error::Config("the sync engine was already run".to_owned()));
+        };
+        let highest = self.enforced.as_ref().map(|e| {
+            (
+                e.accepted.pointer.serial,
+                e.accepted.pointer.bundle.sha256.clone(),
+            )
+        });
+        let (mut fetched, fetcher) = Fetcher::new(self.fetcher_config(), source, highest).spawn();
+        let _fetcher = AbortOnDrop(fetcher);
         let mut next_retry: Option<Instant> = None;
         let backstop_interval = self.config.backstop_interval;
         let backstop_every = || jittered(backstop_interval, 0.2, random_unit());
-        let mut next_backstop = Instant::now() + backstop_every();
-        let mut source_failures = 0u32;
+        let mut next_backstop = clamp::after(Instant::now(), backstop_every());
         loop {
             let now = Instant::now();
             if now >= next_backstop {
                 self.healer.backstop(&self.status).await;
                 self.publish_drift();
-                next_backstop = Instant::now() + backstop_every();
-            }
-            if now >= next_poll {
-                let interval = self.config.poll_interval;
-                let wait = match self.poll().await {
-                    Ok(changed) => {
-                        source_failures = 0;
-                        if changed {
-                            self.retry_attempt = None;
-                            self.reconcile().await;
-                        }
-                        jittered(interval, 0.2, random_unit())
-                    }
-                    Err(Error::SourceBusy { retry_after, .. }) => retry_after,
-                    // The source is unreachable: back off exponentially (full jitter), up to ten intervals,
-                    // so a fleet does not hammer a source that is coming back.
-                    Err(Error::Fetch { .. }) => {
-                        source_failures = source_failures.saturating_add(1);
-                        full_jitter(source_failures, interval / 2, interval * 10, random_unit())
-                    }
-                    // A refused release: the pointer is there but bad; look again at the normal pace.
-                    Err(_) => jittered(interval, 0.2, random_unit()),
-                };
-                next_poll = Instant::now() + wait;
+                next_backstop = clamp::after(Instant::now(), backstop_every());
             }
             if let Some(attempt) = self.retry_attempt {
                 let due = *next_retry.get_or_insert_with(|| {
-                    Instant::now()
-                        + full_jitter(
+                    clamp::after(
+                        Instant::now(),
+                        full_jitter(
                             attempt,
                             Duration::from_secs(1),
                             Duration::from_secs(300),
                             random_unit(),
-                        )
+                        ),
+                    )
                 });
                 if Instant::now() >= due {
                     next_retry = None;
@@ -239,15 +231,19 @@ impl Engine {
             } else {
                 next_retry = None;
             }
-            let mut wake = next_retry
-                .map_or(next_poll, |retry| retry.min(next_poll))
-                .min(next_backstop);
+            let mut wake = next_retry.map_or(next_backstop, |retry| retry.min(next_backstop));
             if let Some(timer) = self.healer.next_timer() {
                 wake = wake.min(timer);
             }
             tokio::select! {
                 _ = tokio::time::sleep_until(wake.into()) => self.on_timers().await,
                 Some(change) = self.changes.recv() => self.on_change(change).await,
+                Some(found) = fetched.recv() => {
+                    if self.on_fetched(found).await {
+                        self.retry_attempt = None;
+                        self.reconcile().await;
+                    }
+                }
                 _ = shutdown.changed() => {
                     if *shutdown.borrow() {
                         info!("stopping the sync engine");
@@ -293,108 +289,93 @@ impl Engine {
         }
     }
 
-    /// Polls the source once. True when a new release was accepted and persisted.
-    async fn poll(&mut self) -> Result<bool> {
-        let span = info_span!("poll", url = %self.source.pointer_url());
-        async {
-            let bytes = match self.source.poll_pointer().await {
-                Ok(Poll::Unchanged) => {
-                    self.metrics.source_fetch("not_modified");
-                    self.mark_source_fresh();
-                    return Ok(false);
-                }
-                Ok(Poll::Changed(bytes)) => bytes,
-                Err(error) => {
-                    self.metrics.source_fetch(error.reason());
-                    if matches!(error, Error::Release(_)) {
-                        // The source answered, with what no pointer can be (over the size cap): refused, as a
-                        // bad release is, not mistaken for an outage; the next poll reads the pointer whole.
-                        self.source.forget_etag();
-                        warn!(reason = error.reason(), %error, "refusing the release; enforcing the last known good one");
-                        self.status.write().expect("status lock").refuse(error.reason(), error.to_string(), Timestamp::now());
-                    } else {
-                        warn!(%error, "source unavailable; enforcing the last known good release");
-                        self.mark_source_stale(&error);
-                    }
-                    return Err(error);
-                }
-            };
-            match self.accept(&bytes).await {
-                Ok(changed) => {
-                    self.metrics.source_fetch("ok");
-                    self.mark_source_fresh();
-                    Ok(changed)
-                }
-                Err(error) => {
-                    self.metrics.source_fetch(error.reason());
-                    // Look at the pointer again next time even if the store serves it unchanged.
-                    self.source.forget_etag();
-                    if matches!(error, Error::Release(_)) {
-                        warn!(reason = error.reason(), %error, "refusing the release; enforcing the last known good one");
-                        self.status.write().expect("status lock").refuse(error.reason(), error.to_string(), Timestamp::now());
-                    } else {
-                        self.mark_source_stale(&error);
-                    }
-                    Err(error)
-                }
+    /// What the fetcher found. True when a new release was accepted and persisted, to be applied now.
+    async fn on_fetched(&mut self, fetched: Fetched) -> bool {
+        match fetched {
+            Fetched::NotModified => {
+                self.metrics.source_fetch("not_modified");
+                self.mark_source_fresh();
+                false
+            }
+            Fetched::Current => {
+                self.metrics.source_fetch("ok");
+                self.clear_refusal();
+                self.mark_source_fresh();
+                false
+            }
+            Fetched::Release(release) => self.accept(*release).await,
+            Fetched::Unavailable(error) => {
+                self.metrics.source_fetch(error.reason());
+                warn!(%error, "source unavailable; enforcing the last known good release");
+                self.mark_source_stale(&error);
+                false
+            }
+            Fetched::Refused(error) => {
+                self.metrics.source_fetch(error.reason());
+                warn!(reason = error.reason(), %error, "refusing the release; enforcing the last known good one");
+                self.status.write().expect("status lock").refuse(
+                    error.reason(),
+                    error.to_string(),
+                    Timestamp::now(),
+                );
+                false
             }
         }
-        .instrument(span)
-        .await
     }
 
-    /// Verifies a pointer (and fetches and verifies its bundle when it is new), persisting it as last known
-    /// good before anything is applied. True when the release changed.
-    async fn accept(&mut self, pointer_bytes: &[u8]) -> Result<bool> {
-        let highest = self.enforced.as_ref().map(|e| {
-            (
-                e.accepted.pointer.serial,
-                e.accepted.pointer.bundle.sha256.clone(),
-            )
-        });
-        let mut expectations = PointerExpectations::new(
-            &self.config.trusted,
-            &self.config.fleet,
-            &self.config.channel,
-            Timestamp::now(),
-        );
-        expectations.highest_accepted = highest
-            .as_ref()
-            .map(|(serial, sha)| (*serial, sha.as_str()));
-        expectations.max_pointer_bytes = self.config.source_limits.max_pointer_bytes;
-        let accepted = release::verify_pointer(pointer_bytes, &expectations)?;
-        // A new status clears any earlier refusal: the source is good again.
-        self.status
-            .write()
-            .expect("status lock")
-            .source
-            .last_refusal = None;
-        if highest.is_some_and(|(serial, _)| serial == accepted.pointer.serial) {
-            return Ok(false);
-        }
-        let bundle_bytes = self
-            .source
-            .fetch_bundle(&accepted.pointer.bundle.sha256)
-            .await?;
-        let bundle = release::verify_bundle(
-            &bundle_bytes,
-            &accepted.pointer,
-            self.config.source_limits.max_bundle_bytes,
-            BundleLimits::default(),
-        )?;
+    /// Takes a release the fetcher verified: persists it as last known good before anything is applied, and
+    /// tells the fetcher whether it did. True when it was taken.
+    async fn accept(&mut self, release: NewRelease) -> bool {
+        let NewRelease {
+            pointer_bytes,
+            bundle_bytes,
+            accepted,
+            bundle,
+            taken,
+        } = release;
         let known_good = KnownGood {
-            pointer: pointer_bytes.to_vec(),
+            pointer: pointer_bytes,
             bundle: bundle_bytes,
         };
-        self.state.save_known_good(&known_good).await?;
+        if let Err(error) = self.state.save_known_good(&known_good).await {
+            self.metrics.source_fetch(error.reason());
+            warn!(%error, "cannot persist the new release; enforcing the last known good one");
+            self.mark_source_stale(&error);
+            let _ = taken.send(false);
+            return false;
+        }
         info!(serial = accepted.pointer.serial, sha256 = %accepted.pointer.bundle.sha256, keyid = %accepted.keyid, "accepted a new release");
+        self.metrics.source_fetch("ok");
         self.metrics.set_release_serial(accepted.pointer.serial);
         self.enforced = Some(Enforced {
             accepted,
             bundle: known_good.bundle.into(),
         });
         self.fresh_bundle = Some(bundle);
-        Ok(true)
+        self.clear_refusal();
+        self.mark_source_fresh();
+        let _ = taken.send(true);
+        true
+    }
+
+    /// A release verified: any earlier refusal is over, the source is good again.
+    fn clear_refusal(&self) {
+        self.status
+            .write()
+            .expect("status lock")
+            .source
+            .last_refusal = None;
+    }
+
+    fn fetcher_config(&self) -> FetcherConfig {
+        FetcherConfig {
+            trusted: self.config.trusted.clone(),
+            fleet: self.config.fleet.clone(),
+            channel: self.config.channel.clone(),
+            poll_interval: self.config.poll_interval,
+            max_pointer_bytes: self.config.source_limits.max_pointer_bytes,
+            max_bundle_bytes: self.config.source_limits.max_bundle_bytes,
+        }
     }
 
     fn mark_source_fresh(&self) {
@@ -750,6 +731,16 @@ impl Engine {
         let counts = status.counts();
         drop(status);
         self.metrics.set_objects(&counts);
+    }
+}
+
+/// Stops the fetcher task when the engine stops.
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

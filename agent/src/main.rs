@@ -3,11 +3,13 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio::sync::watch;
 use tracing::{error, info};
+use windvane_agent::backoff::{full_jitter, random_unit};
 use windvane_agent::config::{DiffArgs, RunArgs, RunConfig};
 use windvane_agent::engine::{Engine, SharedStatus};
 use windvane_agent::leader::{Elector, LeaseTiming};
@@ -152,15 +154,13 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
         _ = waiting.wait_for(|stop| *stop) => return Ok(()),
     }
     if let Some(reporter) = config.reporter.clone() {
-        let key =
-            windvane_agent::reporter::identity_key(client.clone(), &reporter.namespace).await?;
-        tokio::spawn(windvane_agent::reporter::run(
+        spawn_reporter(
             reporter,
-            key,
+            client.clone(),
             status.clone(),
             metrics.clone(),
             shutdown.clone(),
-        ));
+        );
     }
     let engine = Engine::start(config.engine.clone(), client, status, metrics).await?;
     tokio::select! {
@@ -168,6 +168,49 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
         lost = elector.keep() => return Err(lost).context("stopping: leadership lost"),
     }
     Ok(())
+}
+
+/// Runs the heartbeat reporter in a task of its own. Enforcement does not depend on it: whether the identity
+/// key cannot be loaded, the server misbehaves or the reporter panics, the engine keeps applying and
+/// healing; the reporter's end is logged.
+fn spawn_reporter(
+    config: windvane_agent::reporter::ReporterConfig,
+    client: kube::Client,
+    status: SharedStatus,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let reporter = tokio::spawn(async move {
+        let mut attempt = 0;
+        let key = loop {
+            match windvane_agent::reporter::identity_key(client.clone(), &config.namespace).await {
+                Ok(key) => break key,
+                Err(error) => {
+                    let wait = full_jitter(
+                        attempt,
+                        Duration::from_secs(1),
+                        Duration::from_secs(300),
+                        random_unit(),
+                    );
+                    error!(%error, wait_s = wait.as_secs(), "cannot load the cluster identity key; not reporting yet (enforcement goes on)");
+                    attempt += 1;
+                    let mut stop = shutdown.clone();
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        _ = stop.wait_for(|stop| *stop) => return,
+                    }
+                }
+            }
+        };
+        windvane_agent::reporter::run(config, key, status, metrics, shutdown).await;
+    });
+    tokio::spawn(async move {
+        if let Err(error) = reporter.await
+            && error.is_panic()
+        {
+            error!("the heartbeat reporter panicked; not reporting (enforcement goes on)");
+        }
+    });
 }
 
 async fn kube_client(kubeconfig: Option<&std::path::PathBuf>) -> anyhow::Result<kube::Client> {

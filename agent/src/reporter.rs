@@ -33,8 +33,12 @@ use windvane_shared::status::SyncState;
 use crate::backoff::{after_busy, full_jitter, jittered, random_unit};
 use crate::cluster::api_message;
 use crate::engine::SharedStatus;
+use crate::http::{fetch_error, read_capped, with_deadline};
 use crate::metrics::Metrics;
-use crate::{Error, Result};
+use crate::{Error, Result, clamp};
+
+/// Total deadline of one enrolment or heartbeat request, its reply read whole.
+const REPLY_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Name of the Secret holding the cluster's identity key.
 pub const IDENTITY_SECRET: &str = "windvane-identity";
@@ -161,7 +165,7 @@ pub async fn run(
 ) {
     let http = match reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
-        .timeout(Duration::from_secs(30))
+        .timeout(REPLY_DEADLINE)
         .build()
     {
         Ok(http) => http,
@@ -187,7 +191,8 @@ pub async fn run(
         };
         let changed = last_sent.as_ref() != Some(&current);
         if changed || tokio::time::Instant::now() >= next {
-            sequence += 1;
+            // The server's last sequence is a number from outside: never an overflow.
+            sequence = sequence.saturating_add(1);
             let now = Timestamp::now();
             let heartbeat = build_heartbeat(
                 &status.read().expect("status lock"),
@@ -209,8 +214,11 @@ pub async fn run(
                     if newest_drift.is_some() {
                         drift_acknowledged = newest_drift;
                     }
-                    interval = Duration::from_secs(reply.next_interval_seconds.max(1));
-                    next = tokio::time::Instant::now() + jittered(interval, 0.2, random_unit());
+                    interval = clamp::heartbeat_interval(reply.next_interval_seconds);
+                    next = clamp::after_tokio(
+                        tokio::time::Instant::now(),
+                        jittered(interval, 0.2, random_unit()),
+                    );
                 }
                 Err(error) => {
                     let backoff = full_jitter(
@@ -247,7 +255,7 @@ pub async fn run(
                         warn!(%error, wait_s = wait.as_secs(), "heartbeat failed; keeping drift records for the next one");
                     }
                     failures += 1;
-                    next = tokio::time::Instant::now() + wait;
+                    next = clamp::after_tokio(tokio::time::Instant::now(), wait);
                     // Do not resend on every state flicker while the server is away.
                     last_sent = Some(current);
                 }
@@ -339,24 +347,47 @@ async fn enroll(
     };
     let body =
         serde_json::to_vec(&request).map_err(|e| Error::Config(format!("enrolment: {e}")))?;
-    let response = http
-        .post(&url)
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .map_err(|e| Error::Fetch {
-            url: url.clone(),
-            detail: e.to_string(),
-        })?;
-    let status = response.status();
-    let body = response.text().await.unwrap_or_default();
-    if !status.is_success() {
-        return Err(refused(&url, status, &body));
+    with_deadline(&url, REPLY_DEADLINE, async {
+        let response = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| fetch_error(&url, &e))?;
+        let status = response.status();
+        let body = read_capped(&url, response, clamp::MAX_REPLY_BYTES, "enrolment reply")
+            .await
+            .map_err(|e| naming(&url, e))?;
+        enroll_reply(&url, status, &body)
+    })
+    .await
+}
+
+/// A reply over its cap, as a failed request naming the URL (for the source a size cap is a refused release;
+/// for the server it is a failed exchange, retried with the backoff).
+fn naming(url: &str, error: Error) -> Error {
+    match error {
+        Error::Release(inner) => Error::Fetch {
+            url: url.to_owned(),
+            detail: inner.to_string(),
+        },
+        other => other,
     }
-    serde_json::from_str(&body).map_err(|e| Error::Fetch {
-        url,
-        detail: format!("unreadable reply: {e}"),
+}
+
+/// What the server's answer to an enrolment means. Pure: (status, body) in, the reply or the error out.
+pub fn enroll_reply(url: &str, status: StatusCode, body: &[u8]) -> Result<EnrollReply> {
+    if !status.is_success() {
+        return Err(refused(url, status, body));
+    }
+    serde_json::from_slice(body).map_err(|e| Error::Fetch {
+        url: url.to_owned(),
+        // serde quotes the values it refuses: bound what a peer can put in the log.
+        detail: format!(
+            "unreadable reply: {}",
+            clamp::quoted(e.to_string().as_bytes())
+        ),
     })
 }
 
@@ -369,40 +400,51 @@ async fn send(
     let payload =
         serde_json::to_vec(heartbeat).map_err(|e| Error::Config(format!("heartbeat: {e}")))?;
     let envelope = dsse::sign(HEARTBEAT_PAYLOAD_TYPE, &payload, key);
-    let response = http
-        .post(url)
-        .header("content-type", "application/json")
-        .body(envelope.to_json_bytes())
-        .send()
-        .await
-        .map_err(|e| Error::Fetch {
-            url: url.to_owned(),
-            detail: e.to_string(),
-        })?;
-    let status = response.status();
-    if matches!(
-        status,
-        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-    ) {
-        return Err(Error::SourceBusy {
-            url: url.to_owned(),
-            retry_after: crate::source::retry_after(response.headers()),
-        });
-    }
-    let body = response.text().await.unwrap_or_default();
+    with_deadline(url, REPLY_DEADLINE, async {
+        let response = http
+            .post(url)
+            .header("content-type", "application/json")
+            .body(envelope.to_json_bytes())
+            .send()
+            .await
+            .map_err(|e| fetch_error(url, &e))?;
+        let status = response.status();
+        if let Some(busy) = crate::http::busy(url, status, response.headers(), Timestamp::now()) {
+            return Err(busy);
+        }
+        let body = read_capped(url, response, clamp::MAX_REPLY_BYTES, "heartbeat reply")
+            .await
+            .map_err(|e| naming(url, e))?;
+        heartbeat_reply(url, status, &body)
+    })
+    .await
+}
+
+/// What the server's answer to a heartbeat means (a busy 429/503 is judged before, by
+/// [`crate::http::busy`]). Pure: (status, body) in, the reply or the error out.
+pub fn heartbeat_reply(url: &str, status: StatusCode, body: &[u8]) -> Result<HeartbeatReply> {
     if !status.is_success() {
-        return Err(refused(url, status, &body));
+        return Err(refused(url, status, body));
     }
-    serde_json::from_str(&body).map_err(|e| Error::Fetch {
+    serde_json::from_slice(body).map_err(|e| Error::Fetch {
         url: url.to_owned(),
-        detail: format!("unreadable reply: {e}"),
+        // serde quotes the values it refuses: bound what a peer can put in the log.
+        detail: format!(
+            "unreadable reply: {}",
+            clamp::quoted(e.to_string().as_bytes())
+        ),
     })
 }
 
 /// A non-success answer: a 4xx is the server's refusal ([`Error::ServerRefused`], which the loop acts on),
 /// anything else a failed fetch.
-fn refused(url: &str, status: StatusCode, body: &str) -> Error {
-    let detail = body.trim().chars().take(500).collect::<String>();
+fn refused(url: &str, status: StatusCode, body: &[u8]) -> Error {
+    let hint = if status == StatusCode::CONFLICT {
+        " (another key is bound to this cluster name: an admin must run `windvane cluster rekey`)"
+    } else {
+        ""
+    };
+    let detail = format!("{}{hint}", clamp::quoted(body));
     if status.is_client_error() {
         Error::ServerRefused {
             url: url.to_owned(),

@@ -4,10 +4,15 @@
 
 use std::time::Duration;
 
+use jiff::Timestamp;
 use reqwest::StatusCode;
-use reqwest::header::{ETAG, IF_NONE_MATCH, RETRY_AFTER};
+use reqwest::header::{ETAG, HeaderMap, IF_NONE_MATCH};
 
+use crate::http::{self, fetch_error, read_capped, with_deadline};
 use crate::{Error, Result};
+
+/// The longest ETag remembered (and sent back in `If-None-Match`); a longer one is not kept.
+const MAX_ETAG_BYTES: usize = 1024;
 
 /// Caps and timeouts for talking to the source.
 #[derive(Debug, Clone)]
@@ -16,6 +21,10 @@ pub struct SourceLimits {
     pub max_bundle_bytes: u64,
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
+    /// Total deadline of one pointer poll (connect, send, read the whole body).
+    pub pointer_deadline: Duration,
+    /// Total deadline of one bundle fetch.
+    pub bundle_deadline: Duration,
 }
 
 impl Default for SourceLimits {
@@ -25,6 +34,8 @@ impl Default for SourceLimits {
             max_bundle_bytes: windvane_shared::release::DEFAULT_MAX_BUNDLE_BYTES,
             connect_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(60),
+            pointer_deadline: Duration::from_secs(30),
+            bundle_deadline: Duration::from_secs(300),
         }
     }
 }
@@ -76,76 +87,89 @@ impl SourceClient {
         self.etag = None;
     }
 
-    /// Polls the channel pointer. The ETag is remembered only after a body was read whole.
+    /// Polls the channel pointer, within the pointer deadline. The ETag is remembered only after a body was
+    /// read whole.
     pub async fn poll_pointer(&mut self) -> Result<Poll> {
         let url = self.pointer_url();
-        let mut request = self.http.get(&url);
+        let deadline = self.limits.pointer_deadline;
+        let (poll, etag) = with_deadline(&url, deadline, self.request_pointer(&url)).await?;
+        if let Poll::Changed(_) = poll {
+            self.etag = etag;
+        }
+        Ok(poll)
+    }
+
+    async fn request_pointer(&self, url: &str) -> Result<(Poll, Option<String>)> {
+        let mut request = self.http.get(url);
         if let Some(etag) = &self.etag {
             request = request.header(IF_NONE_MATCH, etag);
         }
-        let response = request.send().await.map_err(|e| fetch_error(&url, &e))?;
-        if response.status() == StatusCode::NOT_MODIFIED {
-            return Ok(Poll::Unchanged);
+        let response = request.send().await.map_err(|e| fetch_error(url, &e))?;
+        match judge_pointer(url, response.status(), response.headers(), Timestamp::now())? {
+            PointerAnswer::NotModified => Ok((Poll::Unchanged, None)),
+            PointerAnswer::Body { etag } => {
+                let cap = self.limits.max_pointer_bytes;
+                let body = read_capped(url, response, cap, "channel pointer").await?;
+                Ok((Poll::Changed(body), etag))
+            }
         }
-        let etag = response
-            .headers()
-            .get(ETAG)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let body = read_capped(
-            &url,
-            response,
-            self.limits.max_pointer_bytes,
-            "channel pointer",
-        )
-        .await?;
-        self.etag = etag;
-        Ok(Poll::Changed(body))
     }
 
-    /// Fetches a bundle by digest, reading at most the bundle cap.
+    /// Fetches a bundle by digest, reading at most the bundle cap, within the bundle deadline.
     pub async fn fetch_bundle(&self, sha256: &str) -> Result<Vec<u8>> {
         let url = format!("{}/bundles/{sha256}.json", self.base);
-        let response = self
-            .http
-            .get(&url)
-            .send()
-            .await
-            .map_err(|e| fetch_error(&url, &e))?;
-        read_capped(&url, response, self.limits.max_bundle_bytes, "bundle").await
+        with_deadline(&url, self.limits.bundle_deadline, async {
+            let response = self
+                .http
+                .get(&url)
+                .send()
+                .await
+                .map_err(|e| fetch_error(&url, &e))?;
+            judge(
+                &url,
+                response.status(),
+                response.headers(),
+                Timestamp::now(),
+            )?;
+            read_capped(&url, response, self.limits.max_bundle_bytes, "bundle").await
+        })
+        .await
     }
 }
 
-fn fetch_error(url: &str, error: &reqwest::Error) -> Error {
-    let detail = if error.is_timeout() {
-        "timed out".to_owned()
-    } else if error.is_connect() {
-        format!("cannot connect: {error}")
-    } else {
-        error.to_string()
-    };
-    Error::Fetch {
-        url: url.to_owned(),
-        detail,
-    }
+/// What a reply to a pointer poll means, from its status and headers alone. Pure.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PointerAnswer {
+    /// `304 Not Modified`: nothing to read, nothing to verify.
+    NotModified,
+    /// A body to read, and the ETag to remember once it was read whole.
+    Body { etag: Option<String> },
 }
 
-/// Reads a successful response's body, refusing (without reading further) anything over `cap`.
-async fn read_capped(
+/// Judges a reply to a pointer poll: 304, busy (with the clamped `Retry-After`), failed, or a body to read.
+pub fn judge_pointer(
     url: &str,
-    mut response: reqwest::Response,
-    cap: u64,
-    what: &'static str,
-) -> Result<Vec<u8>> {
-    let status = response.status();
-    if matches!(
-        status,
-        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-    ) {
-        return Err(Error::SourceBusy {
-            url: url.to_owned(),
-            retry_after: retry_after(response.headers()),
-        });
+    status: StatusCode,
+    headers: &HeaderMap,
+    now: Timestamp,
+) -> Result<PointerAnswer> {
+    if status == StatusCode::NOT_MODIFIED {
+        return Ok(PointerAnswer::NotModified);
+    }
+    judge(url, status, headers, now)?;
+    let etag = headers
+        .get(ETAG)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| v.len() <= MAX_ETAG_BYTES)
+        .map(str::to_owned);
+    Ok(PointerAnswer::Body { etag })
+}
+
+/// Judges a reply whose body is wanted: busy (429/503, with the clamped `Retry-After`), failed (any other
+/// non-2xx), or fine. Pure.
+pub fn judge(url: &str, status: StatusCode, headers: &HeaderMap, now: Timestamp) -> Result<()> {
+    if let Some(busy) = http::busy(url, status, headers, now) {
+        return Err(busy);
     }
     if !status.is_success() {
         return Err(Error::Fetch {
@@ -153,25 +177,5 @@ async fn read_capped(
             detail: format!("HTTP {status}"),
         });
     }
-    let too_big = || Error::Release(windvane_shared::Error::SizeCap { what, limit: cap });
-    if response.content_length().is_some_and(|len| len > cap) {
-        return Err(too_big());
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| fetch_error(url, &e))? {
-        if (body.len() + chunk.len()) as u64 > cap {
-            return Err(too_big());
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
-
-/// The wait a 429 or 503 asks for in `Retry-After` (delay-seconds); 30 s when it says nothing usable.
-pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Duration {
-    headers
-        .get(RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map_or(Duration::from_secs(30), Duration::from_secs)
+    Ok(())
 }

@@ -1,14 +1,16 @@
 //! A static file server for a Windvane store directory, for end-to-end tests that need a source they can
 //! break on purpose: serve normally (with ETags and 304s, as any static host does), answer 503 with
-//! Retry-After, serve tampered bytes, cut a body short, stream a body that never ends, or stop listening —
-//! for every file or only the channel pointers or only the bundles. Real HTTP on loopback; the agent cannot
-//! tell it from nginx or a CDN.
+//! Retry-After, serve tampered bytes, cut a body short, stream a body that never ends, accept and never
+//! answer, trickle a body a byte at a time, or stop listening — for every file or only the channel pointers
+//! or only the bundles. It records every request (path, `If-None-Match`, time, how it was answered). Real
+//! HTTP on loopback; the agent cannot tell it from nginx or a CDN.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -25,6 +27,12 @@ pub enum Mode {
     Normal,
     /// `503 Service Unavailable` with `Retry-After: 1`.
     Unavailable,
+    /// `503 Service Unavailable` with this `Retry-After` value.
+    Busy(&'static str),
+    /// Accept the request and never answer (no status line, no byte), as a hung backend behind a proxy.
+    Stuck,
+    /// `200 OK` with the whole file's `Content-Length`, then the body one byte every [`TRICKLE_EVERY`].
+    Trickle,
     /// Serve every file with one byte flipped in the middle.
     Tampered,
     /// Announce the whole file in `Content-Length`, send its first half, then drop the connection.
@@ -55,6 +63,20 @@ impl Target {
     }
 }
 
+/// How often [`Mode::Trickle`] sends one byte.
+pub const TRICKLE_EVERY: Duration = Duration::from_secs(3);
+
+/// One request the server saw.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub path: String,
+    /// The `If-None-Match` header the client sent.
+    pub if_none_match: Option<String>,
+    pub at: Instant,
+    /// How it was answered.
+    pub mode: Mode,
+}
+
 /// Most bytes one [`Mode::Endless`] response sends.
 pub const ENDLESS_LIMIT: u64 = 1 << 30;
 
@@ -75,7 +97,7 @@ pub struct StoreServer {
 #[derive(Debug)]
 struct Faults {
     mode: Mutex<(Mode, Target)>,
-    requests: Mutex<Vec<String>>,
+    requests: Mutex<Vec<Seen>>,
     /// Bytes sent by endless responses, and the most any one of them sent.
     endless_total: AtomicU64,
     endless_max: AtomicU64,
@@ -122,6 +144,11 @@ impl StoreServer {
 
     /// Paths requested so far.
     pub fn requests(&self) -> Vec<String> {
+        self.seen().into_iter().map(|seen| seen.path).collect()
+    }
+
+    /// Every request so far, in order.
+    pub fn seen(&self) -> Vec<Seen> {
         self.faults.requests.lock().expect("requests lock").clone()
     }
 
@@ -176,7 +203,13 @@ async fn serve(listener: TcpListener, root: PathBuf, faults: Arc<Faults>) {
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                 let response = respond(&request, &root, &faults);
-                async move { Ok::<_, Infallible>(response) }
+                async move {
+                    match response {
+                        Some(response) => Ok::<_, Infallible>(response),
+                        // Stuck: the connection stays open with no answer until the client gives up.
+                        None => futures::future::pending().await,
+                    }
+                }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -191,23 +224,42 @@ fn full(bytes: impl Into<Bytes>) -> Body {
         .boxed()
 }
 
+/// The answer to `request`; `None` for no answer at all ([`Mode::Stuck`]).
 fn respond(
     request: &Request<Incoming>,
     root: &std::path::Path,
     faults: &Arc<Faults>,
-) -> Response<Body> {
+) -> Option<Response<Body>> {
     let path = request.uri().path().to_owned();
-    faults
-        .requests
-        .lock()
-        .expect("requests lock")
-        .push(path.clone());
     let (mode, target) = *faults.mode.lock().expect("mode lock");
     let mode = if target.matches(&path) {
         mode
     } else {
         Mode::Normal
     };
+    faults.requests.lock().expect("requests lock").push(Seen {
+        path: path.clone(),
+        if_none_match: request
+            .headers()
+            .get("if-none-match")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        at: Instant::now(),
+        mode,
+    });
+    if mode == Mode::Stuck {
+        return None;
+    }
+    Some(answer(request, &path, mode, root, faults))
+}
+
+fn answer(
+    request: &Request<Incoming>,
+    path: &str,
+    mode: Mode,
+    root: &std::path::Path,
+    faults: &Arc<Faults>,
+) -> Response<Body> {
     let plain = |status: StatusCode| {
         Response::builder()
             .status(status)
@@ -222,8 +274,15 @@ fn respond(
                 .insert("retry-after", "1".parse().expect("valid header"));
             return response;
         }
+        Mode::Busy(retry_after) => {
+            let mut response = plain(StatusCode::SERVICE_UNAVAILABLE);
+            response
+                .headers_mut()
+                .insert("retry-after", retry_after.parse().expect("valid header"));
+            return response;
+        }
         Mode::Endless => return endless(faults.clone()),
-        Mode::Normal | Mode::Tampered | Mode::Truncated => {}
+        Mode::Normal | Mode::Tampered | Mode::Truncated | Mode::Trickle | Mode::Stuck => {}
     }
     let relative = path.trim_start_matches('/');
     let allowed = relative.split('/').count() == 2
@@ -254,7 +313,10 @@ fn respond(
             .body(StreamBody::new(futures::stream::iter(frames)).boxed())
             .expect("valid response");
     }
-    let etag = format!("\"{}\"", windvane_shared::digest::sha256_hex(&bytes));
+    if mode == Mode::Trickle {
+        return trickle(bytes);
+    }
+    let etag = etag_of(&bytes);
     if request
         .headers()
         .get("if-none-match")
@@ -271,6 +333,35 @@ fn respond(
         .header("etag", etag)
         .header("content-type", "application/json")
         .body(full(bytes))
+        .expect("valid response")
+}
+
+/// The ETag the server gives a file: its SHA-256, quoted.
+pub fn etag_of(bytes: &[u8]) -> String {
+    format!("\"{}\"", windvane_shared::digest::sha256_hex(bytes))
+}
+
+/// The whole file announced, then sent one byte every [`TRICKLE_EVERY`]: every read gets a byte long before
+/// a per-read timeout, the body takes an age.
+fn trickle(bytes: Vec<u8>) -> Response<Body> {
+    let length = bytes.len();
+    let stream = futures::stream::unfold((bytes, 0usize), |(bytes, sent)| async move {
+        if sent >= bytes.len() {
+            return None;
+        }
+        if sent > 0 {
+            tokio::time::sleep(TRICKLE_EVERY).await;
+        }
+        let byte = Bytes::copy_from_slice(&bytes[sent..=sent]);
+        Some((
+            Ok::<_, std::io::Error>(Frame::data(byte)),
+            (bytes, sent + 1),
+        ))
+    });
+    Response::builder()
+        .header("content-length", length)
+        .header("content-type", "application/json")
+        .body(StreamBody::new(stream).boxed())
         .expect("valid response")
 }
 

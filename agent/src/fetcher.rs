@@ -1,0 +1,223 @@
+//! The fetcher: a task of its own that polls the channel pointer and fetches new bundles from the store, each
+//! request within a total deadline ([`crate::source`]), verifies what it got and hands it to the engine
+//! through a channel. The engine never waits on the network, so a store that accepts and never answers, or
+//! trickles a byte at a time, delays only the next release — never drift repair.
+//!
+//! Verification happens here, before anything parses: the pointer's signature and fields
+//! (`release::verify_pointer`), then the bundle's size and digest against the pointer
+//! (`release::verify_bundle`). The engine persists a new release as last known good before applying it,
+//! and says whether it did, so that a release it could not persist is fetched again.
+
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use tokio::sync::{mpsc, oneshot};
+use windvane_shared::bundle::{Bundle, BundleLimits};
+use windvane_shared::keys::TrustedKeys;
+use windvane_shared::release::{self, AcceptedRelease, PointerExpectations};
+
+use crate::backoff::{after_busy, full_jitter, jittered, random_unit};
+use crate::source::{Poll, SourceClient};
+use crate::{Error, Result, clamp};
+
+/// What the fetcher checks a release against.
+#[derive(Debug, Clone)]
+pub struct FetcherConfig {
+    pub trusted: TrustedKeys,
+    pub fleet: String,
+    pub channel: String,
+    pub poll_interval: Duration,
+    pub max_pointer_bytes: u64,
+    pub max_bundle_bytes: u64,
+}
+
+/// What one poll found, for the engine.
+#[derive(Debug)]
+pub enum Fetched {
+    /// `304 Not Modified`: nothing was read or verified; the source is fresh.
+    NotModified,
+    /// The pointer verified and names the release already enforced.
+    Current,
+    /// A new release, verified. The engine persists it, then applies it.
+    Release(Box<NewRelease>),
+    /// The store could not be reached, failed, was busy or passed its deadline: the source is stale.
+    Unavailable(Error),
+    /// The store served what the checks refuse (signature, fleet, rollback, digest, size cap).
+    Refused(Error),
+}
+
+/// A verified release on its way to the engine.
+#[derive(Debug)]
+pub struct NewRelease {
+    pub pointer_bytes: Vec<u8>,
+    pub bundle_bytes: Vec<u8>,
+    pub accepted: AcceptedRelease,
+    /// The bundle as parsed while verifying it.
+    pub bundle: Bundle,
+    /// The engine answers whether it persisted (and so enforces) the release.
+    pub taken: oneshot::Sender<bool>,
+}
+
+/// Polls until the engine drops the receiver.
+#[derive(Debug)]
+pub struct Fetcher {
+    config: FetcherConfig,
+    source: SourceClient,
+    /// Serial and digest of the release the engine enforces.
+    highest: Option<(u64, String)>,
+    failures: u32,
+}
+
+impl Fetcher {
+    /// A fetcher over `source`, knowing that the engine enforces `highest` (from its last known good).
+    pub fn new(
+        config: FetcherConfig,
+        source: SourceClient,
+        highest: Option<(u64, String)>,
+    ) -> Self {
+        Self {
+            config,
+            source,
+            highest,
+            failures: 0,
+        }
+    }
+
+    /// Starts the fetcher task; its findings arrive on the returned receiver. The task ends when the
+    /// receiver is dropped.
+    pub fn spawn(self) -> (mpsc::Receiver<Fetched>, tokio::task::JoinHandle<()>) {
+        // One finding at a time: the fetcher waits for the engine to take a release before polling again.
+        let (tx, rx) = mpsc::channel(1);
+        (rx, tokio::spawn(self.run(tx)))
+    }
+
+    async fn run(mut self, tx: mpsc::Sender<Fetched>) {
+        loop {
+            let (fetched, taken) = self.poll_once().await;
+            let wait = self.wait_after(&fetched);
+            let offered = match &fetched {
+                Fetched::Release(release) => Some((
+                    release.accepted.pointer.serial,
+                    release.accepted.pointer.bundle.sha256.clone(),
+                )),
+                _ => None,
+            };
+            if tx.send(fetched).await.is_err() {
+                return;
+            }
+            if let (Some(offered), Some(taken)) = (offered, taken) {
+                if taken.await.unwrap_or(false) {
+                    self.highest = Some(offered);
+                } else {
+                    // Not persisted: read the pointer whole next time, to offer the release again.
+                    self.source.forget_etag();
+                }
+            }
+            let until = clamp::after(Instant::now(), wait);
+            tokio::select! {
+                () = tokio::time::sleep_until(until.into()) => {}
+                () = tx.closed() => return,
+            }
+        }
+    }
+
+    /// When to poll next: the interval (jittered) after an answer, what a busy store asks for (clamped,
+    /// spread), an exponential backoff while the store is unreachable.
+    fn wait_after(&mut self, fetched: &Fetched) -> Duration {
+        let interval = self.config.poll_interval;
+        match fetched {
+            Fetched::Unavailable(Error::SourceBusy { retry_after, .. }) => {
+                after_busy(*retry_after, Duration::ZERO, random_unit())
+            }
+            // Up to ten intervals, so a fleet does not hammer a store that is coming back.
+            Fetched::Unavailable(_) => {
+                self.failures = self.failures.saturating_add(1);
+                full_jitter(
+                    self.failures,
+                    interval / 2,
+                    interval.saturating_mul(10),
+                    random_unit(),
+                )
+            }
+            _ => {
+                self.failures = 0;
+                jittered(interval, 0.2, random_unit())
+            }
+        }
+    }
+
+    /// One poll: the pointer, and the bundle when the pointer names a new release (with the channel the
+    /// engine answers on).
+    async fn poll_once(&mut self) -> (Fetched, Option<oneshot::Receiver<bool>>) {
+        let pointer_bytes = match self.source.poll_pointer().await {
+            Ok(Poll::Unchanged) => return (Fetched::NotModified, None),
+            Ok(Poll::Changed(bytes)) => bytes,
+            Err(error) => return (self.failed(error), None),
+        };
+        let accepted = match self.verify_pointer(&pointer_bytes) {
+            Ok(accepted) => accepted,
+            Err(error) => return (self.failed(error), None),
+        };
+        if self
+            .highest
+            .as_ref()
+            .is_some_and(|(serial, _)| *serial == accepted.pointer.serial)
+        {
+            return (Fetched::Current, None);
+        }
+        match self.fetch_bundle(&accepted).await {
+            Ok((bundle_bytes, bundle)) => {
+                let (taken, answer) = oneshot::channel();
+                let release = NewRelease {
+                    pointer_bytes,
+                    bundle_bytes,
+                    accepted,
+                    bundle,
+                    taken,
+                };
+                (Fetched::Release(Box::new(release)), Some(answer))
+            }
+            Err(error) => (self.failed(error), None),
+        }
+    }
+
+    fn verify_pointer(&self, pointer_bytes: &[u8]) -> Result<AcceptedRelease> {
+        let mut expectations = PointerExpectations::new(
+            &self.config.trusted,
+            &self.config.fleet,
+            &self.config.channel,
+            Timestamp::now(),
+        );
+        expectations.highest_accepted = self
+            .highest
+            .as_ref()
+            .map(|(serial, sha)| (*serial, sha.as_str()));
+        expectations.max_pointer_bytes = self.config.max_pointer_bytes;
+        Ok(release::verify_pointer(pointer_bytes, &expectations)?)
+    }
+
+    async fn fetch_bundle(&self, accepted: &AcceptedRelease) -> Result<(Vec<u8>, Bundle)> {
+        let bytes = self
+            .source
+            .fetch_bundle(&accepted.pointer.bundle.sha256)
+            .await?;
+        let bundle = release::verify_bundle(
+            &bytes,
+            &accepted.pointer,
+            self.config.max_bundle_bytes,
+            BundleLimits::default(),
+        )?;
+        Ok((bytes, bundle))
+    }
+
+    /// A failed poll: refused when the store answered with what the checks refuse, else unavailable. Either
+    /// way the pointer is read whole next time, even if the store then serves it unchanged.
+    fn failed(&mut self, error: Error) -> Fetched {
+        self.source.forget_etag();
+        if matches!(error, Error::Release(_)) {
+            Fetched::Refused(error)
+        } else {
+            Fetched::Unavailable(error)
+        }
+    }
+}
