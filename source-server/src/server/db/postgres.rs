@@ -11,6 +11,7 @@ use jiff::Timestamp;
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls, Row};
 
+use super::sql;
 use super::{
     Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, Episode,
     EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, RowUpdate, SequenceState,
@@ -115,9 +116,6 @@ async fn migrate(client: &mut Client) -> std::result::Result<(), tokio_postgres:
     Ok(())
 }
 
-const SUMMARY_COLUMNS: &str = "name, fleet, keyid, labels, enrolled_ms, rekey_allowed, last_sequence, last_seen_ms, \
-     interval_seconds, state, channel, applied_serial, last_error, drift_total";
-
 fn summary_from_row(row: &Row) -> ClusterSummary {
     ClusterSummary {
         name: row.get(0),
@@ -143,24 +141,15 @@ async fn ingest_batch(
 ) -> std::result::Result<Vec<IngestOutcome>, tokio_postgres::Error> {
     let tx = client.transaction().await?;
     let select = tx
-        .prepare("SELECT keyid, last_sequence, state FROM clusters WHERE name = $1 FOR UPDATE")
+        .prepare(&sql::postgres_locked(sql::SELECT_SEQUENCE))
         .await?;
     let update = tx
-        .prepare(
-            "UPDATE clusters SET last_sequence = $2, last_seen_ms = $3, interval_seconds = $4, state = $5, \
-             channel = $6, applied_serial = $7, last_error = $8, \
-             labels = CASE WHEN $9 = '{}' THEN labels ELSE $9 END, \
-             drift_total = drift_total + $10, heartbeat = $11 WHERE name = $1",
-        )
+        .prepare(&sql::postgres(sql::UPDATE_FROM_HEARTBEAT))
         .await?;
     let log = tx
-        .prepare(
-            "INSERT INTO heartbeat_log (cluster, sequence, received_ms, state) VALUES ($1, $2, $3, $4)",
-        )
+        .prepare(&sql::postgres(sql::INSERT_HEARTBEAT_LOG))
         .await?;
-    let drift = tx
-        .prepare("INSERT INTO drift (cluster, sequence, received_ms, detected_ms, record) VALUES ($1, $2, $3, $4, $5)")
-        .await?;
+    let drift = tx.prepare(&sql::postgres(sql::INSERT_DRIFT)).await?;
     let mut outcomes = Vec::with_capacity(batch.len());
     for hb in batch {
         let name = &hb.heartbeat.cluster;
@@ -228,10 +217,7 @@ async fn enroll_tx(
     tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&e.cluster])
         .await?;
     let existing = tx
-        .query_opt(
-            "SELECT fleet, keyid, rekey_allowed FROM clusters WHERE name = $1 FOR UPDATE",
-            &[&e.cluster],
-        )
+        .query_opt(&sql::postgres_locked(sql::SELECT_BINDING), &[&e.cluster])
         .await?
         .map(|r| Binding {
             fleet: r.get(0),
@@ -244,23 +230,33 @@ async fn enroll_tx(
     match outcome {
         EnrollOutcome::Enrolled => {
             tx.execute(
-                "INSERT INTO clusters (name, fleet, keyid, public_key, labels, enrolled_ms) VALUES ($1, $2, $3, $4, $5, $6)",
-                &[&e.cluster, &e.fleet, &e.keyid, &e.public_key_pem, &labels, &at],
+                &sql::postgres(sql::INSERT_CLUSTER),
+                &[
+                    &e.cluster,
+                    &e.fleet,
+                    &e.keyid,
+                    &e.public_key_pem,
+                    &labels,
+                    &at,
+                ],
             )
             .await?;
         }
         EnrollOutcome::AlreadyEnrolled => {
-            tx.execute(
-                "UPDATE clusters SET labels = $2 WHERE name = $1",
-                &[&e.cluster, &labels],
-            )
-            .await?;
+            tx.execute(&sql::postgres(sql::UPDATE_LABELS), &[&e.cluster, &labels])
+                .await?;
         }
         EnrollOutcome::Rekeyed => {
             tx.execute(
-                "UPDATE clusters SET fleet = $2, keyid = $3, public_key = $4, labels = $5, enrolled_ms = $6, \
-                 rekey_allowed = 0, last_sequence = 0 WHERE name = $1",
-                &[&e.cluster, &e.fleet, &e.keyid, &e.public_key_pem, &labels, &at],
+                &sql::postgres(sql::UPDATE_REKEYED),
+                &[
+                    &e.cluster,
+                    &e.fleet,
+                    &e.keyid,
+                    &e.public_key_pem,
+                    &labels,
+                    &at,
+                ],
             )
             .await?;
         }
@@ -281,10 +277,7 @@ impl Database for PostgresDb {
     async fn cluster_key(&self, cluster: &str) -> Result<Option<(String, String, String)>> {
         let client = self.client(&self.reader).await?;
         let row = client
-            .query_opt(
-                "SELECT fleet, keyid, public_key FROM clusters WHERE name = $1",
-                &[&cluster],
-            )
+            .query_opt(&sql::postgres(sql::SELECT_KEY), &[&cluster])
             .await
             .map_err(db_err(format!("read key of cluster {cluster}")))?;
         Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
@@ -303,10 +296,7 @@ impl Database for PostgresDb {
     async fn list_clusters(&self) -> Result<Vec<ClusterSummary>> {
         let client = self.client(&self.reader).await?;
         let rows = client
-            .query(
-                &format!("SELECT {SUMMARY_COLUMNS} FROM clusters ORDER BY name"),
-                &[],
-            )
+            .query(sql::LIST_CLUSTERS, &[])
             .await
             .map_err(db_err("list clusters"))?;
         Ok(rows.iter().map(summary_from_row).collect())
@@ -315,10 +305,7 @@ impl Database for PostgresDb {
     async fn get_cluster(&self, cluster: &str) -> Result<Option<(ClusterSummary, Option<String>)>> {
         let client = self.client(&self.reader).await?;
         let row = client
-            .query_opt(
-                &format!("SELECT {SUMMARY_COLUMNS}, heartbeat FROM clusters WHERE name = $1"),
-                &[&cluster],
-            )
+            .query_opt(&sql::postgres(sql::GET_CLUSTER), &[&cluster])
             .await
             .map_err(db_err(format!("read cluster {cluster}")))?;
         Ok(row.map(|r| (summary_from_row(&r), r.get(14))))
@@ -334,9 +321,7 @@ impl Database for PostgresDb {
         let since_ms = since.map_or(i64::MIN, |t| t.as_millisecond());
         let rows = client
             .query(
-                "SELECT cluster, sequence, received_ms, record FROM drift \
-                 WHERE ($1::TEXT IS NULL OR cluster = $1) AND detected_ms >= $2 \
-                 ORDER BY detected_ms DESC, id DESC LIMIT $3",
+                &sql::postgres(sql::SELECT_DRIFT),
                 &[&cluster, &since_ms, &i64::from(limit)],
             )
             .await
@@ -358,10 +343,7 @@ impl Database for PostgresDb {
     async fn allow_rekey(&self, cluster: &str) -> Result<bool> {
         let client = self.client(&self.writer).await?;
         let n = client
-            .execute(
-                "UPDATE clusters SET rekey_allowed = 1 WHERE name = $1",
-                &[&cluster],
-            )
+            .execute(&sql::postgres(sql::ALLOW_REKEY), &[&cluster])
             .await
             .map_err(db_err(format!("allow rekey of cluster {cluster}")))?;
         Ok(n > 0)
@@ -373,21 +355,12 @@ impl Database for PostgresDb {
             let run = async {
                 let tx = client.transaction().await?;
                 let n = tx
-                    .execute("DELETE FROM clusters WHERE name = $1", &[&cluster])
+                    .execute(&sql::postgres(sql::DELETE_CLUSTER), &[&cluster])
                     .await?;
-                for table in ["drift", "notifications", "alert_episodes"] {
-                    tx.execute(
-                        &format!("DELETE FROM {table} WHERE cluster = $1"),
-                        &[&cluster],
-                    )
-                    .await?;
+                for statement in sql::DELETE_CLUSTER_RECORDS {
+                    tx.execute(&sql::postgres(statement), &[&cluster]).await?;
                 }
-                let span = tx
-                    .query_one(
-                        "SELECT COALESCE(MIN(id), 0), COALESCE(MAX(id), -1) + 1 FROM heartbeat_log",
-                        &[],
-                    )
-                    .await?;
+                let span = tx.query_one(sql::LOG_SPAN, &[]).await?;
                 tx.commit().await?;
                 Ok((n > 0, (span.get::<_, i64>(0), span.get::<_, i64>(1))))
             };
@@ -399,7 +372,7 @@ impl Database for PostgresDb {
             let client = self.client(&self.writer).await?;
             client
                 .execute(
-                    "DELETE FROM heartbeat_log WHERE id >= $1 AND id < $2 AND cluster = $3",
+                    &sql::postgres(sql::DELETE_CLUSTER_LOG_RANGE),
                     &[&from, &to, &cluster],
                 )
                 .await
@@ -423,10 +396,7 @@ impl Database for PostgresDb {
             let tx = client.transaction().await?;
             // The episode row is locked while the claim is decided, so replicas move it one at a time.
             let current = tx
-                .query_opt(
-                    "SELECT episode, open FROM alert_episodes WHERE cluster = $1 FOR UPDATE",
-                    &[&cluster],
-                )
+                .query_opt(&sql::postgres_locked(sql::SELECT_EPISODE), &[&cluster])
                 .await?
                 .map(|row| Episode {
                     number: to_u64(row.get(0)),
@@ -438,16 +408,14 @@ impl Database for PostgresDb {
             };
             if next != current {
                 tx.execute(
-                    "INSERT INTO alert_episodes (cluster, episode, open) VALUES ($1, $2, $3) \
-                     ON CONFLICT (cluster) DO UPDATE SET episode = excluded.episode, open = excluded.open",
+                    &sql::postgres(sql::UPSERT_EPISODE),
                     &[&cluster, &to_i64(next.number), &i64::from(next.open)],
                 )
                 .await?;
             }
             let claimed = tx
                 .execute(
-                    "INSERT INTO notifications (cluster, trigger_key, serial, sent_ms) VALUES ($1, $2, $3, $4) \
-                     ON CONFLICT DO NOTHING",
+                    &sql::postgres(sql::CLAIM_NOTIFICATION),
                     &[
                         &cluster,
                         &episode_key(trigger, episode),
@@ -467,7 +435,7 @@ impl Database for PostgresDb {
     async fn open_episodes(&self) -> Result<Vec<String>> {
         let client = self.client(&self.reader).await?;
         let rows = client
-            .query("SELECT cluster FROM alert_episodes WHERE open = 1", &[])
+            .query(sql::OPEN_EPISODES, &[])
             .await
             .map_err(db_err("list open alert episodes"))?;
         Ok(rows.iter().map(|row| row.get(0)).collect())
@@ -476,10 +444,7 @@ impl Database for PostgresDb {
     async fn heartbeat_count(&self, cluster: Option<&str>) -> Result<u64> {
         let client = self.client(&self.reader).await?;
         let row = client
-            .query_one(
-                "SELECT COUNT(*) FROM heartbeat_log WHERE ($1::TEXT IS NULL OR cluster = $1)",
-                &[&cluster],
-            )
+            .query_one(&sql::postgres(sql::COUNT_HEARTBEATS), &[&cluster])
             .await
             .map_err(db_err("count heartbeats"))?;
         Ok(to_u64(row.get(0)))
@@ -489,13 +454,7 @@ impl Database for PostgresDb {
         let span = {
             let client = self.client(&self.reader).await?;
             client
-                .query_one(
-                    "SELECT COALESCE(MIN(id), 0), \
-                     COALESCE((SELECT id FROM heartbeat_log WHERE received_ms >= $1 ORDER BY id LIMIT 1), \
-                              MAX(id) + 1, 0) \
-                     FROM heartbeat_log",
-                    &[&before.as_millisecond()],
-                )
+                .query_one(&sql::postgres(sql::PRUNE_SPAN), &[&before.as_millisecond()])
                 .await
                 .map_err(db_err("find the heartbeat log rows to prune"))?
         };
@@ -503,10 +462,7 @@ impl Database for PostgresDb {
         for (from, to) in id_ranges(span.get(0), span.get(1), LOG_DELETE_CHUNK) {
             let client = self.client(&self.writer).await?;
             pruned += client
-                .execute(
-                    "DELETE FROM heartbeat_log WHERE id >= $1 AND id < $2",
-                    &[&from, &to],
-                )
+                .execute(&sql::postgres(sql::DELETE_LOG_RANGE), &[&from, &to])
                 .await
                 .map_err(db_err("prune heartbeat log"))?;
         }
@@ -516,7 +472,7 @@ impl Database for PostgresDb {
     async fn ping(&self) -> Result<()> {
         let client = self.client(&self.reader).await?;
         client
-            .simple_query("SELECT 1")
+            .simple_query(sql::PING)
             .await
             .map_err(db_err("ping"))?;
         Ok(())

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use jiff::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::sql;
 use super::{
     Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, Episode,
     EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, RowUpdate, SequenceState,
@@ -123,9 +124,6 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
         })?
 }
 
-const SUMMARY_COLUMNS: &str = "name, fleet, keyid, labels, enrolled_ms, rekey_allowed, last_sequence, last_seen_ms, \
-     interval_seconds, state, channel, applied_serial, last_error, drift_total";
-
 fn summary_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ClusterSummary> {
     Ok(ClusterSummary {
         name: row.get(0)?,
@@ -154,20 +152,10 @@ fn ingest_batch(
     let tx = conn.transaction()?;
     let mut outcomes = Vec::with_capacity(batch.len());
     {
-        let mut select =
-            tx.prepare_cached("SELECT keyid, last_sequence, state FROM clusters WHERE name = ?1")?;
-        let mut update = tx.prepare_cached(
-            "UPDATE clusters SET last_sequence = ?2, last_seen_ms = ?3, interval_seconds = ?4, state = ?5, \
-             channel = ?6, applied_serial = ?7, last_error = ?8, \
-             labels = CASE WHEN ?9 = '{}' THEN labels ELSE ?9 END, \
-             drift_total = drift_total + ?10, heartbeat = ?11 WHERE name = ?1",
-        )?;
-        let mut log = tx.prepare_cached(
-            "INSERT INTO heartbeat_log (cluster, sequence, received_ms, state) VALUES (?1, ?2, ?3, ?4)",
-        )?;
-        let mut drift = tx.prepare_cached(
-            "INSERT INTO drift (cluster, sequence, received_ms, detected_ms, record) VALUES (?1, ?2, ?3, ?4, ?5)",
-        )?;
+        let mut select = tx.prepare_cached(sql::SELECT_SEQUENCE)?;
+        let mut update = tx.prepare_cached(sql::UPDATE_FROM_HEARTBEAT)?;
+        let mut log = tx.prepare_cached(sql::INSERT_HEARTBEAT_LOG)?;
+        let mut drift = tx.prepare_cached(sql::INSERT_DRIFT)?;
         for hb in batch {
             let name = &hb.heartbeat.cluster;
             let current: Option<(String, i64, Option<String>)> = select
@@ -225,8 +213,12 @@ impl Database for SqliteDb {
             let run = |conn: &mut Connection| -> rusqlite::Result<EnrollOutcome> {
                 let tx = conn.transaction()?;
                 let existing: Option<Binding> = tx
-                    .query_row("SELECT fleet, keyid, rekey_allowed FROM clusters WHERE name = ?1", [&e.cluster], |r| {
-                        Ok(Binding { fleet: r.get(0)?, keyid: r.get(1)?, rekey_allowed: r.get::<_, i64>(2)? != 0 })
+                    .query_row(sql::SELECT_BINDING, [&e.cluster], |r| {
+                        Ok(Binding {
+                            fleet: r.get(0)?,
+                            keyid: r.get(1)?,
+                            rekey_allowed: r.get::<_, i64>(2)? != 0,
+                        })
                     })
                     .optional()?;
                 let outcome = decide_enroll(existing.as_ref(), &e.fleet, &e.keyid);
@@ -234,19 +226,31 @@ impl Database for SqliteDb {
                 match outcome {
                     EnrollOutcome::Enrolled => {
                         tx.execute(
-                            "INSERT INTO clusters (name, fleet, keyid, public_key, labels, enrolled_ms) \
-                             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                            params![e.cluster, e.fleet, e.keyid, e.public_key_pem, labels, e.at.as_millisecond()],
+                            sql::INSERT_CLUSTER,
+                            params![
+                                e.cluster,
+                                e.fleet,
+                                e.keyid,
+                                e.public_key_pem,
+                                labels,
+                                e.at.as_millisecond()
+                            ],
                         )?;
                     }
                     EnrollOutcome::AlreadyEnrolled => {
-                        tx.execute("UPDATE clusters SET labels = ?2 WHERE name = ?1", params![e.cluster, labels])?;
+                        tx.execute(sql::UPDATE_LABELS, params![e.cluster, labels])?;
                     }
                     EnrollOutcome::Rekeyed => {
                         tx.execute(
-                            "UPDATE clusters SET fleet = ?2, keyid = ?3, public_key = ?4, labels = ?5, enrolled_ms = ?6, \
-                             rekey_allowed = 0, last_sequence = 0 WHERE name = ?1",
-                            params![e.cluster, e.fleet, e.keyid, e.public_key_pem, labels, e.at.as_millisecond()],
+                            sql::UPDATE_REKEYED,
+                            params![
+                                e.cluster,
+                                e.fleet,
+                                e.keyid,
+                                e.public_key_pem,
+                                labels,
+                                e.at.as_millisecond()
+                            ],
                         )?;
                     }
                     EnrollOutcome::KeyConflict | EnrollOutcome::FleetConflict => {}
@@ -262,7 +266,7 @@ impl Database for SqliteDb {
     async fn cluster_key(&self, cluster: &str) -> Result<Option<(String, String, String)>> {
         let cluster = cluster.to_owned();
         self.with_reader(move |conn| {
-            conn.prepare_cached("SELECT fleet, keyid, public_key FROM clusters WHERE name = ?1")
+            conn.prepare_cached(sql::SELECT_KEY)
                 .and_then(|mut s| {
                     s.query_row([&cluster], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                         .optional()
@@ -284,9 +288,7 @@ impl Database for SqliteDb {
     async fn list_clusters(&self) -> Result<Vec<ClusterSummary>> {
         self.with_reader(|conn| {
             let run = || -> rusqlite::Result<Vec<ClusterSummary>> {
-                let mut stmt = conn.prepare_cached(&format!(
-                    "SELECT {SUMMARY_COLUMNS} FROM clusters ORDER BY name"
-                ))?;
+                let mut stmt = conn.prepare_cached(sql::LIST_CLUSTERS)?;
                 let rows = stmt.query_map([], summary_from_row)?;
                 rows.collect()
             };
@@ -298,14 +300,12 @@ impl Database for SqliteDb {
     async fn get_cluster(&self, cluster: &str) -> Result<Option<(ClusterSummary, Option<String>)>> {
         let cluster = cluster.to_owned();
         self.with_reader(move |conn| {
-            conn.prepare_cached(&format!(
-                "SELECT {SUMMARY_COLUMNS}, heartbeat FROM clusters WHERE name = ?1"
-            ))
-            .and_then(|mut s| {
-                s.query_row([&cluster], |r| Ok((summary_from_row(r)?, r.get(14)?)))
-                    .optional()
-            })
-            .map_err(db_err(format!("read cluster {cluster}")))
+            conn.prepare_cached(sql::GET_CLUSTER)
+                .and_then(|mut s| {
+                    s.query_row([&cluster], |r| Ok((summary_from_row(r)?, r.get(14)?)))
+                        .optional()
+                })
+                .map_err(db_err(format!("read cluster {cluster}")))
         })
         .await
     }
@@ -320,11 +320,7 @@ impl Database for SqliteDb {
         let since_ms = since.map_or(i64::MIN, |t| t.as_millisecond());
         self.with_reader(move |conn| {
             let run = || -> rusqlite::Result<Vec<DriftEntry>> {
-                let mut stmt = conn.prepare_cached(
-                    "SELECT cluster, sequence, received_ms, record FROM drift \
-                     WHERE (?1 IS NULL OR cluster = ?1) AND detected_ms >= ?2 \
-                     ORDER BY detected_ms DESC, id DESC LIMIT ?3",
-                )?;
+                let mut stmt = conn.prepare_cached(sql::SELECT_DRIFT)?;
                 let rows = stmt.query_map(params![cluster, since_ms, i64::from(limit)], |r| {
                     Ok((
                         r.get::<_, String>(0)?,
@@ -355,12 +351,9 @@ impl Database for SqliteDb {
     async fn allow_rekey(&self, cluster: &str) -> Result<bool> {
         let cluster = cluster.to_owned();
         self.with_writer(move |conn| {
-            conn.execute(
-                "UPDATE clusters SET rekey_allowed = 1 WHERE name = ?1",
-                [&cluster],
-            )
-            .map(|n| n > 0)
-            .map_err(db_err(format!("allow rekey of cluster {cluster}")))
+            conn.execute(sql::ALLOW_REKEY, [&cluster])
+                .map(|n| n > 0)
+                .map_err(db_err(format!("allow rekey of cluster {cluster}")))
         })
         .await
     }
@@ -371,15 +364,11 @@ impl Database for SqliteDb {
             .with_writer(move |conn| {
                 let run = |conn: &mut Connection| -> rusqlite::Result<(bool, (i64, i64))> {
                     let tx = conn.transaction()?;
-                    let n = tx.execute("DELETE FROM clusters WHERE name = ?1", [&name])?;
-                    for table in ["drift", "notifications", "alert_episodes"] {
-                        tx.execute(&format!("DELETE FROM {table} WHERE cluster = ?1"), [&name])?;
+                    let n = tx.execute(sql::DELETE_CLUSTER, [&name])?;
+                    for statement in sql::DELETE_CLUSTER_RECORDS {
+                        tx.execute(statement, [&name])?;
                     }
-                    let span = tx.query_row(
-                        "SELECT COALESCE(MIN(id), 0), COALESCE(MAX(id), -1) + 1 FROM heartbeat_log",
-                        [],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )?;
+                    let span = tx.query_row(sql::LOG_SPAN, [], |r| Ok((r.get(0)?, r.get(1)?)))?;
                     tx.commit()?;
                     Ok((n > 0, span))
                 };
@@ -391,13 +380,10 @@ impl Database for SqliteDb {
         for (from, to) in id_ranges(log_span.0, log_span.1, LOG_DELETE_CHUNK) {
             let name = cluster.to_owned();
             self.with_writer(move |conn| {
-                conn.execute(
-                    "DELETE FROM heartbeat_log WHERE id >= ?1 AND id < ?2 AND cluster = ?3",
-                    params![from, to, name],
-                )
-                .map_err(db_err(format!(
-                    "forget the heartbeat log of cluster {name}"
-                )))
+                conn.execute(sql::DELETE_CLUSTER_LOG_RANGE, params![from, to, name])
+                    .map_err(db_err(format!(
+                        "forget the heartbeat log of cluster {name}"
+                    )))
             })
             .await?;
         }
@@ -418,16 +404,12 @@ impl Database for SqliteDb {
             let run = |conn: &mut Connection| -> rusqlite::Result<Option<u64>> {
                 let tx = conn.transaction()?;
                 let current = tx
-                    .query_row(
-                        "SELECT episode, open FROM alert_episodes WHERE cluster = ?1",
-                        [&cluster],
-                        |r| {
-                            Ok(Episode {
-                                number: to_u64(r.get(0)?),
-                                open: r.get::<_, i64>(1)? != 0,
-                            })
-                        },
-                    )
+                    .query_row(sql::SELECT_EPISODE, [&cluster], |r| {
+                        Ok(Episode {
+                            number: to_u64(r.get(0)?),
+                            open: r.get::<_, i64>(1)? != 0,
+                        })
+                    })
                     .optional()?
                     .unwrap_or_default();
                 let Some((episode, next)) = decide_episode(current, claim) else {
@@ -435,14 +417,12 @@ impl Database for SqliteDb {
                 };
                 if next != current {
                     tx.execute(
-                        "INSERT INTO alert_episodes (cluster, episode, open) VALUES (?1, ?2, ?3) \
-                         ON CONFLICT (cluster) DO UPDATE SET episode = excluded.episode, open = excluded.open",
+                        sql::UPSERT_EPISODE,
                         params![cluster, to_i64(next.number), i64::from(next.open)],
                     )?;
                 }
                 let claimed = tx.execute(
-                    "INSERT INTO notifications (cluster, trigger_key, serial, sent_ms) VALUES (?1, ?2, ?3, ?4) \
-                     ON CONFLICT DO NOTHING",
+                    sql::CLAIM_NOTIFICATION,
                     params![
                         cluster,
                         episode_key(&trigger, episode),
@@ -461,8 +441,7 @@ impl Database for SqliteDb {
     async fn open_episodes(&self) -> Result<Vec<String>> {
         self.with_reader(|conn| {
             let run = || -> rusqlite::Result<Vec<String>> {
-                let mut stmt =
-                    conn.prepare_cached("SELECT cluster FROM alert_episodes WHERE open = 1")?;
+                let mut stmt = conn.prepare_cached(sql::OPEN_EPISODES)?;
                 let rows = stmt.query_map([], |r| r.get(0))?;
                 rows.collect()
             };
@@ -474,13 +453,9 @@ impl Database for SqliteDb {
     async fn heartbeat_count(&self, cluster: Option<&str>) -> Result<u64> {
         let cluster = cluster.map(str::to_owned);
         self.with_reader(move |conn| {
-            conn.query_row(
-                "SELECT COUNT(*) FROM heartbeat_log WHERE (?1 IS NULL OR cluster = ?1)",
-                [&cluster],
-                |r| r.get::<_, i64>(0),
-            )
-            .map(to_u64)
-            .map_err(db_err("count heartbeats"))
+            conn.query_row(sql::COUNT_HEARTBEATS, [&cluster], |r| r.get::<_, i64>(0))
+                .map(to_u64)
+                .map_err(db_err("count heartbeats"))
         })
         .await
     }
@@ -491,14 +466,9 @@ impl Database for SqliteDb {
         // is older (give or take a batch).
         let (first, end) = self
             .with_reader(move |conn| {
-                conn.query_row(
-                    "SELECT COALESCE(MIN(id), 0), \
-                     COALESCE((SELECT id FROM heartbeat_log WHERE received_ms >= ?1 ORDER BY id LIMIT 1), \
-                              MAX(id) + 1, 0) \
-                     FROM heartbeat_log",
-                    [before_ms],
-                    |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
-                )
+                conn.query_row(sql::PRUNE_SPAN, [before_ms], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+                })
                 .map_err(db_err("find the heartbeat log rows to prune"))
             })
             .await?;
@@ -506,12 +476,9 @@ impl Database for SqliteDb {
         for (from, to) in id_ranges(first, end, LOG_DELETE_CHUNK) {
             pruned += self
                 .with_writer(move |conn| {
-                    conn.execute(
-                        "DELETE FROM heartbeat_log WHERE id >= ?1 AND id < ?2",
-                        params![from, to],
-                    )
-                    .map(|n| n as u64)
-                    .map_err(db_err("prune heartbeat log"))
+                    conn.execute(sql::DELETE_LOG_RANGE, params![from, to])
+                        .map(|n| n as u64)
+                        .map_err(db_err("prune heartbeat log"))
                 })
                 .await?;
         }
@@ -519,7 +486,7 @@ impl Database for SqliteDb {
     }
     async fn ping(&self) -> Result<()> {
         self.with_reader(|conn| {
-            conn.query_row("SELECT 1", [], |_| Ok(()))
+            conn.query_row(sql::PING, [], |_| Ok(()))
                 .map_err(db_err("ping"))
         })
         .await

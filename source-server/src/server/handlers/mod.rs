@@ -1,0 +1,221 @@
+//! Request handlers: turn a routed request into a response, reading the store through the file cache,
+//! the database through [`Database`], and handing heartbeats to the ingest queue. Decisions live in the pure
+//! modules ([`route`], [`ingest`], [`status`], [`view`], [`page`]); this module does the I/O around them and
+//! picks status codes. Errors are JSON `{"error": message, "reason": code}`; secrets never reach a log.
+//!
+//! Who may do what: enrolment takes the registration token and binds a name not bound yet (or re-binds one an
+//! admin allowed to rekey); a heartbeat is accepted only signed by the key bound to the cluster it names (an
+//! unknown name is 404 `unknown_cluster`, another key 401 `bad_signature`: the agent enrols again on either);
+//! rekey and forget take the admin token (`--admin-token-file`; 403 `admin_disabled` without one).
+//!
+//! One file per endpoint family, as the router names them: [`store`] (the static store), [`enroll`],
+//! [`heartbeat`], [`admin`] (rekey, forget) and [`read`] (page, JSON API, metrics, readiness); this file
+//! dispatches and holds what they share (bounded body reads, the token limiter's answers, response shapes).
+
+mod admin;
+mod enroll;
+mod heartbeat;
+mod read;
+mod store;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use serde::Serialize;
+
+use super::App;
+use super::ingest::Refusal;
+use super::route::{self, Route};
+
+pub(super) type Body = Full<Bytes>;
+
+/// Largest enrolment or admin request body.
+pub(super) const MAX_SMALL_BODY: u64 = 64 * 1024;
+/// Longest time a client may take to send a request body, once its headers are in (hyper bounds the headers
+/// to 30 s), so that a trickled body cannot hold a connection open.
+pub(super) const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub(super) static JSON: HeaderValue = HeaderValue::from_static("application/json");
+pub(super) static NOSNIFF: HeaderValue = HeaderValue::from_static("nosniff");
+
+pub(super) async fn handle(
+    app: &Arc<App>,
+    request: Request<Incoming>,
+    peer: SocketAddr,
+) -> Response<Body> {
+    let route = route::route(request.method(), request.uri().path());
+    match route {
+        Route::Pointer(channel) => store::serve_file(&request, app.files.pointer(&channel)),
+        Route::Bundle(digest) => store::serve_file(&request, app.files.bundle(&digest)),
+        Route::Livez => text(StatusCode::OK, "ok\n"),
+        Route::Readyz => read::readyz(app).await,
+        Route::Heartbeat(cluster) => heartbeat::handle(app, request, &cluster).await,
+        Route::Enroll(cluster) => enroll::handle(app, request, &cluster, peer).await,
+        Route::Rekey(cluster) => admin::handle(app, request, &cluster, peer, true).await,
+        Route::Forget(cluster) => admin::handle(app, request, &cluster, peer, false).await,
+        Route::FleetPage
+        | Route::ClusterPage(_)
+        | Route::ApiFleet
+        | Route::ApiClusters
+        | Route::ApiCluster(_)
+        | Route::ApiDrift
+        | Route::Metrics => {
+            if let Some(denied) = read::check_read_token(app, &request) {
+                return denied;
+            }
+            match read::handle(app, &request, route).await {
+                Ok(response) => response,
+                Err(error) => {
+                    tracing::error!(%error, "read request failed");
+                    json_error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "unavailable",
+                        &error.to_string(),
+                    )
+                }
+            }
+        }
+        Route::MethodNotAllowed(allow) => {
+            let mut response = json_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "method not allowed here",
+            );
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(allow));
+            response
+        }
+        Route::BadPath => json_error(
+            StatusCode::BAD_REQUEST,
+            "bad_path",
+            "malformed or disallowed path",
+        ),
+        Route::NotFound => json_error(StatusCode::NOT_FOUND, "not_found", "not found"),
+    }
+}
+
+/// Reads a body of at most `limit` bytes within [`BODY_TIMEOUT`]: refused from `Content-Length` before reading,
+/// or as soon as more arrives than the limit.
+pub(super) async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, Refusal> {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(Refusal::TooLarge { limit });
+    }
+    let limited = Limited::new(
+        request.into_body(),
+        usize::try_from(limit).unwrap_or(usize::MAX),
+    );
+    let Ok(collected) = tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await else {
+        return Err(Refusal::BodyTimeout {
+            seconds: BODY_TIMEOUT.as_secs(),
+        });
+    };
+    match collected {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            Err(Refusal::TooLarge { limit })
+        }
+        Err(error) => Err(Refusal::Malformed(format!("reading the body: {error}"))),
+    }
+}
+
+pub(super) fn rate_limited(app: &App, peer: SocketAddr) -> Option<Response<Body>> {
+    let retry = app
+        .limiter
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .check(peer.ip(), Instant::now())?;
+    let mut response = json_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        "too many failed attempts from this address",
+    );
+    response.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(retry.as_secs().max(1)),
+    );
+    Some(response)
+}
+
+/// Counts a wrong `token` (`"registration token"` or `"admin token"`) against the address and answers 401.
+pub(super) fn token_failed(app: &App, peer: SocketAddr, token: &str) -> Response<Body> {
+    app.limiter
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .fail(peer.ip(), Instant::now());
+    tracing::warn!(%peer, "wrong {token}");
+    json_error(
+        StatusCode::UNAUTHORIZED,
+        "bad_token",
+        &format!("wrong or missing {token}"),
+    )
+}
+
+// ---- responses ----
+
+pub(super) fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
+    let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, JSON.clone())
+        .header(header::CACHE_CONTROL, "no-store")
+        .body(Body::new(Bytes::from(body)))
+        .unwrap_or_default()
+}
+
+pub(super) fn json_error(status: StatusCode, reason: &str, message: &str) -> Response<Body> {
+    json(
+        status,
+        &serde_json::json!({ "error": message, "reason": reason }),
+    )
+}
+
+pub(super) fn refusal_response(refusal: &Refusal) -> Response<Body> {
+    let mut response = json_error(refusal.status(), refusal.reason(), &refusal.message());
+    match refusal {
+        Refusal::Overloaded { retry_after } => {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
+        }
+        Refusal::BodyTimeout { .. } => {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        _ => {}
+    }
+    response
+}
+
+pub(super) fn text(status: StatusCode, body: &'static str) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Body::new(Bytes::from_static(body.as_bytes())))
+        .unwrap_or_default()
+}
+
+pub(super) fn html(body: String) -> Response<Body> {
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/html; charset=utf-8")
+        .header(header::CACHE_CONTROL, "no-store")
+        .header(
+            "content-security-policy",
+            "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; frame-ancestors 'none'",
+        )
+        .header(header::X_CONTENT_TYPE_OPTIONS, NOSNIFF.clone())
+        .body(Body::new(Bytes::from(body)))
+        .unwrap_or_default()
+}

@@ -1,0 +1,182 @@
+//! Reads: the fleet page, the JSON API, `/metrics` (behind the read token when one is set) and `/readyz`;
+//! views come from the pure [`view`], [`page`] and status modules.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use jiff::Timestamp;
+
+use crate::server::App;
+use crate::server::db::Database;
+use crate::server::metrics::{self, FleetGauges};
+use crate::server::route::{self, Route};
+use crate::server::status::Filter;
+use crate::server::view::{self, ClusterDetail};
+use crate::server::{auth, page};
+
+use super::{Body, html, json, json_error, text};
+
+/// Most drift entries one page or API call returns.
+const DRIFT_LIMIT: u32 = 500;
+
+pub(super) fn check_read_token(app: &App, request: &Request<Incoming>) -> Option<Response<Body>> {
+    let expected = app.read_token.as_ref()?;
+    let offered = auth::credential(
+        request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes),
+    );
+    if offered.is_some_and(|t| expected.verify(&t)) {
+        return None;
+    }
+    let mut response = json_error(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "a read token is required (Authorization: Bearer …)",
+    );
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer, Basic realm=\"windvane\", charset=\"UTF-8\""),
+    );
+    Some(response)
+}
+
+fn latest_serial(app: &App) -> impl Fn(&str) -> Option<u64> + '_ {
+    move |channel: &str| {
+        windvane_store::check_channel_name(channel).ok()?;
+        app.files.pointer(channel).ok()?.serial()
+    }
+}
+
+pub(super) async fn handle(
+    app: &Arc<App>,
+    request: &Request<Incoming>,
+    route: Route,
+) -> crate::Result<Response<Body>> {
+    let query = request.uri().query();
+    let now = Timestamp::now();
+    let filter = || {
+        let selector = route::query_param(query, "selector");
+        let states = route::query_params(query, "state");
+        let states: Vec<&str> = states.iter().map(String::as_str).collect();
+        Filter::parse(selector.as_deref(), &states).map(|f| (f, selector.unwrap_or_default()))
+    };
+    Ok(match route {
+        Route::FleetPage | Route::ApiFleet | Route::ApiClusters => {
+            let (filter, selector) = match filter() {
+                Ok(parsed) => parsed,
+                Err(detail) => {
+                    return Ok(json_error(StatusCode::BAD_REQUEST, "bad_filter", &detail));
+                }
+            };
+            let clusters = app.db.list_clusters().await?;
+            let fleet = view::fleet_view(
+                clusters,
+                now,
+                app.unknown_after,
+                &filter,
+                &latest_serial(app),
+            );
+            match route {
+                Route::FleetPage => html(page::fleet_page(&fleet, &selector, &filter.states)),
+                Route::ApiFleet => json(StatusCode::OK, &fleet),
+                _ => json(
+                    StatusCode::OK,
+                    &serde_json::json!({ "clusters": fleet.clusters }),
+                ),
+            }
+        }
+        Route::ClusterPage(ref name) | Route::ApiCluster(ref name) => {
+            let is_page = matches!(route, Route::ClusterPage(_));
+            let name = name.clone();
+            let Some((summary, payload)) = app.db.get_cluster(&name).await? else {
+                return Ok(json_error(
+                    StatusCode::NOT_FOUND,
+                    "unknown_cluster",
+                    &format!("cluster {name} is not enrolled"),
+                ));
+            };
+            let drift = app.db.drift(Some(&name), None, DRIFT_LIMIT).await?;
+            let detail = ClusterDetail {
+                cluster: view::cluster_row(summary, now, app.unknown_after, &latest_serial(app)),
+                report: view::parse_report(payload.as_deref()),
+                drift,
+            };
+            if is_page {
+                html(page::cluster_page(&detail, now))
+            } else {
+                json(StatusCode::OK, &detail)
+            }
+        }
+        Route::ApiDrift => {
+            let cluster = route::query_param(query, "cluster").filter(|c| !c.is_empty());
+            let since = match route::query_param(query, "since").filter(|s| !s.is_empty()) {
+                Some(text) => match view::parse_since(&text, now) {
+                    Ok(t) => Some(t),
+                    Err(detail) => {
+                        return Ok(json_error(StatusCode::BAD_REQUEST, "bad_since", &detail));
+                    }
+                },
+                None => None,
+            };
+            let drift = app.db.drift(cluster.as_deref(), since, DRIFT_LIMIT).await?;
+            json(StatusCode::OK, &serde_json::json!({ "drift": drift }))
+        }
+        Route::Metrics => {
+            let clusters = app.db.list_clusters().await?;
+            let fleet = view::fleet_view(
+                clusters,
+                now,
+                app.unknown_after,
+                &Filter::default(),
+                &|_| None,
+            );
+            let gauges = FleetGauges {
+                counts: fleet.count_list.clone(),
+                ages: fleet
+                    .clusters
+                    .iter()
+                    .filter_map(|c| c.heartbeat_age_seconds)
+                    .map(Duration::from_secs)
+                    .collect(),
+            };
+            app.metrics.ingest_queue_depth.store(
+                (app.ingest_capacity - app.ingest.capacity()) as u64,
+                Ordering::Relaxed,
+            );
+            let body = metrics::render(&app.metrics, &gauges);
+            Response::builder()
+                .header(
+                    header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )
+                .body(Body::new(Bytes::from(body)))
+                .unwrap_or_default()
+        }
+        _ => json_error(StatusCode::NOT_FOUND, "not_found", "not found"),
+    })
+}
+
+pub(super) async fn readyz(app: &Arc<App>) -> Response<Body> {
+    if let Err(error) = app.db.ping().await {
+        return json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database",
+            &error.to_string(),
+        );
+    }
+    if !app.files.root().is_dir() {
+        return json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store",
+            "the store root is not a readable directory",
+        );
+    }
+    text(StatusCode::OK, "ready\n")
+}
