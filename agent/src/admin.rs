@@ -13,14 +13,14 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::engine::SharedStatus;
 use crate::metrics::Metrics;
+use crate::report::StatusRx;
 use crate::{Error, Result};
 
 /// Binds the admin address; returns the bound address (useful with port 0) and the serving future.
 pub async fn serve(
     addr: SocketAddr,
-    status: SharedStatus,
+    status: StatusRx,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(SocketAddr, impl Future<Output = ()>)> {
@@ -61,7 +61,7 @@ pub async fn serve(
 
 fn respond(
     request: &Request<Incoming>,
-    status: &SharedStatus,
+    status: &StatusRx,
     metrics: &Metrics,
 ) -> Response<Full<Bytes>> {
     let text = |code: StatusCode, body: String| {
@@ -77,7 +77,7 @@ fn respond(
     match request.uri().path() {
         "/livez" => text(StatusCode::OK, "ok\n".to_owned()),
         "/readyz" => {
-            let status = status.read().expect("status lock");
+            let status = status.borrow();
             if status.enforced {
                 text(
                     StatusCode::OK,
@@ -96,7 +96,7 @@ fn respond(
         "/status" => Response::builder()
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(
-                status.read().expect("status lock").to_json().to_string(),
+                status.borrow().to_json().to_string(),
             )))
             .expect("a static response is valid"),
         "/metrics" => Response::builder()

@@ -8,13 +8,14 @@ use std::io::Write;
 
 use jiff::Timestamp;
 use similar::TextDiff;
-use windvane_shared::bundle::BundleLimits;
+use windvane_shared::bundle::{Bundle, BundleLimits};
 use windvane_shared::release::{self, PointerExpectations};
 use windvane_shared::yaml_out::to_yaml_string;
 
 use crate::cluster::Cluster;
 use crate::compare::{comparable, mask_secret, would_change};
 use crate::config::DiffConfig;
+use crate::desired::Desired;
 use crate::source::{Poll, SourceClient};
 use crate::{Error, Result};
 
@@ -33,6 +34,47 @@ pub async fn run(
     client: kube::Client,
     out: &mut impl Write,
 ) -> Result<DiffSummary> {
+    let (serial, bundle) = fetch_release(config).await?;
+    let mut desired = Vec::new();
+    for app in windvane_shared::render::selected_apps(&bundle, &config.identity) {
+        let rendered = windvane_shared::render::render_app(app, &config.identity)?;
+        desired.extend(
+            windvane_shared::desired::desired_objects(&bundle.fleet, &rendered)?
+                .into_iter()
+                .map(Desired::of),
+        );
+    }
+    write(
+        out,
+        &format!(
+            "# release serial {serial} of fleet {} channel {}, cluster {}\n",
+            bundle.fleet, config.channel, config.identity.name
+        ),
+    )?;
+    let cluster = Cluster::new(client);
+    let mut summary = DiffSummary::default();
+    for object in desired {
+        let (counter, text) = match diff_object(&cluster, config, object).await? {
+            ObjectDiff::Failed(text) => (&mut summary.failed, text),
+            ObjectDiff::Unchanged => (&mut summary.unchanged, String::new()),
+            ObjectDiff::Changed(text) => (&mut summary.changed, text),
+            ObjectDiff::Created(text) => (&mut summary.created, text),
+        };
+        *counter += 1;
+        write(out, &text)?;
+    }
+    write(
+        out,
+        &format!(
+            "# {} unchanged, {} to change, {} to create, {} failed\n",
+            summary.unchanged, summary.changed, summary.created, summary.failed
+        ),
+    )?;
+    Ok(summary)
+}
+
+/// Fetches and verifies the channel's current release exactly as the agent does: its serial and bundle.
+async fn fetch_release(config: &DiffConfig) -> Result<(u64, Bundle)> {
     let mut source = SourceClient::new(&config.source_url, &config.channel, Default::default())?;
     let Poll::Changed(pointer_bytes) = source.poll_pointer().await? else {
         return Err(Error::Fetch {
@@ -54,107 +96,78 @@ pub async fn run(
         release::DEFAULT_MAX_BUNDLE_BYTES,
         BundleLimits::default(),
     )?;
-    let mut desired = Vec::new();
-    for app in windvane_shared::render::selected_apps(&bundle, &config.identity) {
-        let rendered = windvane_shared::render::render_app(app, &config.identity)?;
-        desired.extend(
-            windvane_shared::desired::desired_objects(&bundle.fleet, &rendered)?
-                .into_iter()
-                .map(crate::desired::Desired::of),
-        );
-    }
-    let write = |out: &mut dyn Write, text: &str| {
-        out.write_all(text.as_bytes())
-            .map_err(|e| Error::Config(format!("writing the diff: {e}")))
-    };
-    write(
-        out,
-        &format!(
-            "# release serial {} of fleet {} channel {}, cluster {}\n",
-            accepted.pointer.serial, bundle.fleet, config.channel, config.identity.name
-        ),
-    )?;
+    Ok((accepted.pointer.serial, bundle))
+}
 
-    let cluster = Cluster::new(client);
-    let mut summary = DiffSummary::default();
-    for mut object in desired {
-        if let Err(reason) = config.allowlist.check_kind(&object.id) {
-            write(out, &format!("! {}: refused: {reason}\n", object.id))?;
-            summary.failed += 1;
-            continue;
-        }
-        let resolved = match cluster
-            .resolve(&object.id.api_version, &object.id.kind)
-            .await
-        {
-            Ok(resolved) => resolved,
-            Err(error) => {
-                write(out, &format!("! {}: {error}\n", object.id))?;
-                summary.failed += 1;
-                continue;
-            }
-        };
-        // Placed as the agent places it: the allowlist judges the namespace the object would land in.
-        match crate::plan::place(&mut object, resolved.scope, &config.allowlist) {
-            Ok(_) => {}
-            Err(crate::plan::Unplaced::Refused(reason)) => {
-                write(out, &format!("! {}: refused: {reason}\n", object.id))?;
-                summary.failed += 1;
-                continue;
-            }
-            Err(crate::plan::Unplaced::Invalid(message)) => {
-                write(out, &format!("! {}: {message}\n", object.id))?;
-                summary.failed += 1;
-                continue;
-            }
-        }
-        let live = cluster.get(&object.id, &resolved).await?;
-        let dry_run = match cluster
-            .apply(&object.id, &resolved, &object.body(), true)
-            .await
-        {
-            Ok(result) => result,
-            Err(failure) => {
-                write(out, &format!("! {}: {}\n", object.id, failure.message))?;
-                summary.failed += 1;
-                continue;
-            }
-        };
-        if !would_change(live.as_ref(), &dry_run) {
-            summary.unchanged += 1;
-            continue;
-        }
-        let before = live
-            .as_ref()
-            .map(|l| to_yaml_string(&mask_secret(&comparable(l))))
-            .unwrap_or_default();
-        let after = to_yaml_string(&mask_secret(&comparable(&dry_run)));
-        if live.is_some() {
-            summary.changed += 1
-        } else {
-            summary.created += 1
-        }
-        let header_before = if live.is_some() {
-            format!("live/{}", object.id)
-        } else {
-            "/dev/null".to_owned()
-        };
-        let diff = TextDiff::from_lines(&before, &after);
-        write(
-            out,
-            &diff
-                .unified_diff()
-                .context_radius(3)
-                .header(&header_before, &format!("desired/{}", object.id))
-                .to_string(),
-        )?;
+/// What one object's comparison found, with the text to print (a `!` line, or a unified diff).
+enum ObjectDiff {
+    Failed(String),
+    Unchanged,
+    Changed(String),
+    Created(String),
+}
+
+/// Compares one desired object with the cluster: allowlist and placement as the agent judges them, then a
+/// server-side-apply dry run against the live object. Errors of one object are its verdict; only a failed
+/// read of live state stops the diff.
+async fn diff_object(
+    cluster: &Cluster,
+    config: &DiffConfig,
+    mut object: Desired,
+) -> Result<ObjectDiff> {
+    let failed = |id: &dyn std::fmt::Display, why: String| {
+        Ok(ObjectDiff::Failed(format!("! {id}: {why}\n")))
+    };
+    if let Err(reason) = config.allowlist.check_kind(&object.id) {
+        return failed(&object.id, format!("refused: {reason}"));
     }
-    write(
-        out,
-        &format!(
-            "# {} unchanged, {} to change, {} to create, {} failed\n",
-            summary.unchanged, summary.changed, summary.created, summary.failed
-        ),
-    )?;
-    Ok(summary)
+    let resolved = match cluster
+        .resolve(&object.id.api_version, &object.id.kind)
+        .await
+    {
+        Ok(resolved) => resolved,
+        Err(error) => return failed(&object.id, error.to_string()),
+    };
+    // Placed as the agent places it: the allowlist judges the namespace the object would land in.
+    match crate::plan::place(&mut object, resolved.scope, &config.allowlist) {
+        Ok(_) => {}
+        Err(crate::plan::Unplaced::Refused(reason)) => {
+            return failed(&object.id, format!("refused: {reason}"));
+        }
+        Err(crate::plan::Unplaced::Invalid(message)) => return failed(&object.id, message),
+    }
+    let live = cluster.get(&object.id, &resolved).await?;
+    let dry_run = match cluster
+        .apply(&object.id, &resolved, &object.body(), true)
+        .await
+    {
+        Ok(result) => result,
+        Err(failure) => return failed(&object.id, failure.message),
+    };
+    if !would_change(live.as_ref(), &dry_run) {
+        return Ok(ObjectDiff::Unchanged);
+    }
+    let before = live
+        .as_ref()
+        .map(|l| to_yaml_string(&mask_secret(&comparable(l))))
+        .unwrap_or_default();
+    let after = to_yaml_string(&mask_secret(&comparable(&dry_run)));
+    let header_before = match live {
+        Some(_) => format!("live/{}", object.id),
+        None => "/dev/null".to_owned(),
+    };
+    let text = TextDiff::from_lines(&before, &after)
+        .unified_diff()
+        .context_radius(3)
+        .header(&header_before, &format!("desired/{}", object.id))
+        .to_string();
+    Ok(match live {
+        Some(_) => ObjectDiff::Changed(text),
+        None => ObjectDiff::Created(text),
+    })
+}
+
+fn write(out: &mut dyn Write, text: &str) -> Result<()> {
+    out.write_all(text.as_bytes())
+        .map_err(|e| Error::Config(format!("writing the diff: {e}")))
 }

@@ -4,7 +4,7 @@
 //! being applied and healed, and the refusal is reported.
 
 use std::collections::{BTreeSet, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
@@ -31,7 +31,7 @@ use crate::inventory::{
     Inventory, InventoryEntry, ObjectKey, ReleaseOutcome, incomplete_apps, plan_prune,
 };
 use crate::metrics::Metrics;
-use crate::report::{AgentStatus, ObjectStatus, object_state};
+use crate::report::{ObjectStatus, StatusTx, object_state};
 use crate::source::{SourceClient, SourceLimits};
 use crate::state::{KnownGood, StateStore};
 use crate::watch::{Change, LiveCache};
@@ -73,9 +73,6 @@ struct Enforced {
 /// Longest the first sync after a start waits for the watches to list the managed objects.
 const INITIAL_LIST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Shared, read-mostly view of the agent for the admin server and the heartbeat.
-pub type SharedStatus = Arc<RwLock<AgentStatus>>;
-
 /// The sync engine of one cluster.
 #[derive(Debug)]
 pub struct Engine {
@@ -92,7 +89,7 @@ pub struct Engine {
     inventory: Inventory,
     /// The last apply did not complete: apply again after a backoff even if the release is unchanged.
     retry_attempt: Option<u32>,
-    status: SharedStatus,
+    status: StatusTx,
     metrics: Arc<Metrics>,
     healer: Healer,
 }
@@ -103,7 +100,7 @@ impl Engine {
     pub async fn start(
         config: EngineConfig,
         client: kube::Client,
-        status: SharedStatus,
+        status: StatusTx,
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
         let cluster = Cluster::new(client.clone());
@@ -122,7 +119,7 @@ impl Engine {
             ContestTracker::default(),
         );
         let inventory = state.load_inventory().await?;
-        status.write().expect("status lock").source.channel = config.channel.clone();
+        status.send_modify(|status| status.source.channel = config.channel.clone());
         let mut engine = Self {
             config,
             cluster,
@@ -313,11 +310,9 @@ impl Engine {
             Fetched::Refused(error) => {
                 self.metrics.source_fetch(error.reason());
                 warn!(reason = error.reason(), %error, "refusing the release; enforcing the last known good one");
-                self.status.write().expect("status lock").refuse(
-                    error.reason(),
-                    error.to_string(),
-                    Timestamp::now(),
-                );
+                self.status.send_modify(|status| {
+                    status.refuse(error.reason(), error.to_string(), Timestamp::now());
+                });
                 false
             }
         }
@@ -361,10 +356,7 @@ impl Engine {
     /// A release verified: any earlier refusal is over, the source is good again.
     fn clear_refusal(&self) {
         self.status
-            .write()
-            .expect("status lock")
-            .source
-            .last_refusal = None;
+            .send_modify(|status| status.source.last_refusal = None);
     }
 
     fn fetcher_config(&self) -> FetcherConfig {
@@ -379,15 +371,17 @@ impl Engine {
     }
 
     fn mark_source_fresh(&self) {
-        self.status.write().expect("status lock").source.stale_since = None;
+        self.status
+            .send_modify(|status| status.source.stale_since = None);
         self.metrics.set_source_stale(false);
     }
 
     fn mark_source_stale(&self, error: &Error) {
         self.metrics.set_source_stale(true);
-        let mut status = self.status.write().expect("status lock");
-        status.source.stale_since.get_or_insert_with(Timestamp::now);
-        status.last_error = Some(error.to_string());
+        self.status.send_modify(|status| {
+            status.source.stale_since.get_or_insert_with(Timestamp::now);
+            status.last_error = Some(error.to_string());
+        });
     }
 
     /// Renders and applies the enforced release, prunes, persists the inventory and refreshes the status.
@@ -604,8 +598,7 @@ impl Engine {
             let mut errors: Vec<String> = render_errors;
             errors.extend(prune.reasons().cloned());
             errors.extend(prune_errors);
-            {
-                let mut status = self.status.write().expect("status lock");
+            self.status.send_modify(|status| {
                 status.source.applied_serial = Some(serial);
                 status.source.applied_sha256 =
                     Some(enforced.accepted.pointer.bundle.sha256.clone());
@@ -642,7 +635,7 @@ impl Engine {
                     .map(|e| e.object_ref().to_string())
                     .collect();
                 self.metrics.set_objects(&status.counts());
-            }
+            });
             let elapsed = started.elapsed();
             self.metrics.observe_sync(elapsed);
             self.retry_attempt = if complete && errors.is_empty() {
@@ -701,8 +694,7 @@ impl Engine {
         };
         let failed = self
             .status
-            .read()
-            .expect("status lock")
+            .borrow()
             .objects
             .get(&key)
             .is_none_or(|o| o.state == SyncState::Failed && !self.healer.is_drifting(&key));
@@ -726,11 +718,9 @@ impl Engine {
     }
 
     fn publish_drift(&self) {
-        let mut status = self.status.write().expect("status lock");
-        status.drift = self.healer.records();
-        let counts = status.counts();
-        drop(status);
-        self.metrics.set_objects(&counts);
+        self.status
+            .send_modify(|status| status.drift = self.healer.records());
+        self.metrics.set_objects(&self.status.borrow().counts());
     }
 }
 

@@ -19,10 +19,9 @@ use windvane_shared::status::SyncState;
 use crate::cluster::Cluster;
 use crate::desired::Desired;
 use crate::drift::{self, Attribution, Baseline, ContestTracker, resource_version};
-use crate::engine::SharedStatus;
 use crate::health::assess;
 use crate::inventory::ObjectKey;
-use crate::report::object_state;
+use crate::report::{StatusTx, object_state};
 use crate::watch::LiveCache;
 
 /// Most drift records kept in memory for the heartbeat and `/status`.
@@ -162,7 +161,7 @@ impl Healer {
     }
 
     /// Re-checks the objects whose timers are due.
-    pub async fn on_timers(&mut self, status: &SharedStatus) {
+    pub async fn on_timers(&mut self, status: &StatusTx) {
         let now = Instant::now();
         let due: Vec<Instant> = self.timers.range(..=now).map(|(at, _)| *at).collect();
         for at in due {
@@ -173,11 +172,11 @@ impl Healer {
     }
 
     /// A watch saw `key` change (or vanish).
-    pub async fn on_change(&mut self, key: &ObjectKey, status: &SharedStatus) {
+    pub async fn on_change(&mut self, key: &ObjectKey, status: &StatusTx) {
         self.evaluate(key, status, false).await;
     }
 
-    async fn evaluate(&mut self, key: &ObjectKey, status: &SharedStatus, from_timer: bool) {
+    async fn evaluate(&mut self, key: &ObjectKey, status: &StatusTx, from_timer: bool) {
         let Some(desired) = self.desired.get(key).cloned() else {
             return;
         };
@@ -191,7 +190,7 @@ impl Healer {
         &mut self,
         key: &ObjectKey,
         desired: Desired,
-        status: &SharedStatus,
+        status: &StatusTx,
         from_timer: bool,
     ) {
         let live = self.live.get(key);
@@ -388,7 +387,7 @@ impl Healer {
     /// The backstop: a server-side-apply dry run of every managed object, compared with live state, catching
     /// whatever the watches missed (a write made under Windvane's own field manager, say). Differences are
     /// recorded as drift and re-applied, unless held or reported-only. Returns how many objects differed.
-    pub async fn backstop(&mut self, status: &SharedStatus) -> usize {
+    pub async fn backstop(&mut self, status: &StatusTx) -> usize {
         let mut differing = 0;
         let keys: Vec<ObjectKey> = self.desired.keys().cloned().collect();
         for key in keys {
@@ -472,7 +471,7 @@ impl Healer {
         &mut self,
         key: &ObjectKey,
         desired: &Desired,
-        status: &SharedStatus,
+        status: &StatusTx,
         fields: &[String],
     ) {
         let resolved = match self
@@ -525,7 +524,7 @@ impl Healer {
         }
     }
 
-    fn retry_later(&mut self, key: &ObjectKey, status: &SharedStatus, message: String) {
+    fn retry_later(&mut self, key: &ObjectKey, status: &StatusTx, message: String) {
         let at = Instant::now() + Duration::from_secs(2);
         self.set_phase(key, Phase::Retry(at));
         self.schedule(key, at);
@@ -622,14 +621,18 @@ fn describe(fields: &[String], deleted: bool, who: Option<&Attribution>) -> Stri
     }
 }
 
-fn set_state(status: &SharedStatus, key: &ObjectKey, state: SyncState, message: String) {
-    if let Some(object) = status.write().expect("status lock").objects.get_mut(key) {
+fn set_state(status: &StatusTx, key: &ObjectKey, state: SyncState, message: String) {
+    status.send_if_modified(|status| {
+        let Some(object) = status.objects.get_mut(key) else {
+            return false;
+        };
         object.state = state;
         object.message = message;
-    }
+        true
+    });
 }
 
-fn set_health(status: &SharedStatus, key: &ObjectKey, live: Option<&Value>) {
+fn set_health(status: &StatusTx, key: &ObjectKey, live: Option<&Value>) {
     let health = live.map(|live| assess(&key.group, &key.kind, live));
     let (state, message) = object_state(None, health.as_ref());
     set_state(status, key, state, message);

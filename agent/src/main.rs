@@ -11,9 +11,10 @@ use tokio::sync::watch;
 use tracing::{error, info};
 use windvane_agent::backoff::{full_jitter, random_unit};
 use windvane_agent::config::{DiffArgs, RunArgs, RunConfig};
-use windvane_agent::engine::{Engine, SharedStatus};
+use windvane_agent::engine::Engine;
 use windvane_agent::leader::{Elector, LeaseTiming};
 use windvane_agent::metrics::Metrics;
+use windvane_agent::report::{AgentStatus, StatusRx};
 
 /// Windvane agent: keeps this cluster on the release its fleet's signed channel names.
 #[derive(Debug, Parser)]
@@ -130,7 +131,7 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
         let _ = shutdown_tx.send(true);
     });
 
-    let status = SharedStatus::default();
+    let (status_tx, status) = watch::channel(AgentStatus::default());
     let metrics = Arc::new(Metrics::default());
     let (_, admin) = windvane_agent::admin::serve(
         config.admin_listen,
@@ -162,7 +163,7 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
             shutdown.clone(),
         );
     }
-    let engine = Engine::start(config.engine.clone(), client, status, metrics).await?;
+    let engine = Engine::start(config.engine.clone(), client, status_tx, metrics).await?;
     tokio::select! {
         result = engine.run(shutdown) => result.context("sync engine")?,
         lost = elector.keep() => return Err(lost).context("stopping: leadership lost"),
@@ -176,7 +177,7 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
 fn spawn_reporter(
     config: windvane_agent::reporter::ReporterConfig,
     client: kube::Client,
-    status: SharedStatus,
+    status: StatusRx,
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
 ) {

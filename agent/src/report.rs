@@ -37,6 +37,13 @@ pub fn object_state(apply_error: Option<&str>, health: Option<&Health>) -> (Sync
     }
 }
 
+/// The agent's status, published as a value: the engine and the healer change it (`send_modify`), the admin
+/// endpoint and the heartbeat reporter read it (`borrow`), and the reporter wakes when it changes. Nobody
+/// holds it across an `.await`.
+pub type StatusTx = tokio::sync::watch::Sender<AgentStatus>;
+/// The reading end of [`StatusTx`].
+pub type StatusRx = tokio::sync::watch::Receiver<AgentStatus>;
+
 /// The agent's whole status.
 #[derive(Debug, Clone, Default)]
 pub struct AgentStatus {

@@ -32,9 +32,9 @@ use windvane_shared::status::SyncState;
 
 use crate::backoff::{after_busy, full_jitter, jittered, random_unit};
 use crate::cluster::api_message;
-use crate::engine::SharedStatus;
 use crate::http::{fetch_error, read_capped, with_deadline};
 use crate::metrics::Metrics;
+use crate::report::StatusRx;
 use crate::{Error, Result, clamp};
 
 /// Total deadline of one enrolment or heartbeat request, its reply read whole.
@@ -159,7 +159,7 @@ pub fn build_heartbeat(
 pub async fn run(
     config: ReporterConfig,
     key: SigningKey,
-    status: SharedStatus,
+    mut status: StatusRx,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -184,87 +184,127 @@ pub async fn run(
     let mut last_sent: Option<(SyncState, BTreeMap<SyncState, u64>)> = None;
     let mut next = tokio::time::Instant::now();
     let mut failures = 0u32;
+    let mut earliest = tokio::time::Instant::now();
+    let mut engine_running = true;
     loop {
         let current = {
-            let status = status.read().expect("status lock");
+            let status = status.borrow_and_update();
             (status.cluster_state(), status.counts())
         };
         let changed = last_sent.as_ref() != Some(&current);
-        if changed || tokio::time::Instant::now() >= next {
-            // The server's last sequence is a number from outside: never an overflow.
-            sequence = sequence.saturating_add(1);
-            let now = Timestamp::now();
-            let heartbeat = build_heartbeat(
-                &status.read().expect("status lock"),
-                &config,
-                sequence,
-                now,
-                drift_acknowledged,
-            );
-            let newest_drift = heartbeat
-                .drift
-                .iter()
-                .map(|r| r.reverted_at.unwrap_or(r.detected_at))
-                .max();
-            match send(&http, &url, &heartbeat, &key).await {
-                Ok(reply) => {
-                    debug!(sequence, state = %heartbeat.state, "heartbeat acknowledged");
-                    failures = 0;
-                    last_sent = Some(current);
-                    if newest_drift.is_some() {
-                        drift_acknowledged = newest_drift;
-                    }
-                    interval = clamp::heartbeat_interval(reply.next_interval_seconds);
-                    next = clamp::after_tokio(
-                        tokio::time::Instant::now(),
-                        jittered(interval, 0.2, random_unit()),
-                    );
+        let now = tokio::time::Instant::now();
+        if let Next::Wait { until, on_change } = next_heartbeat(changed, now, earliest, next) {
+            tokio::select! {
+                changed = status.changed(), if on_change && engine_running => {
+                    engine_running = changed.is_ok();
                 }
-                Err(error) => {
-                    let backoff = full_jitter(
-                        failures,
-                        Duration::from_secs(1),
-                        interval.max(Duration::from_secs(60)),
-                        random_unit(),
-                    );
-                    // A busy server says when to come back; sooner would only add to its load.
-                    let wait = match &error {
-                        Error::SourceBusy { retry_after, .. } => {
-                            after_busy(*retry_after, backoff, random_unit())
-                        }
-                        _ => backoff,
+                () = tokio::time::sleep_until(until) => {}
+                _ = shutdown.changed() => return,
+            }
+            continue;
+        }
+        earliest = clamp::after_tokio(now, MIN_CHANGE_SPACING);
+        // The server's last sequence is a number from outside: never an overflow.
+        sequence = sequence.saturating_add(1);
+        let now = Timestamp::now();
+        let heartbeat =
+            build_heartbeat(&status.borrow(), &config, sequence, now, drift_acknowledged);
+        let newest_drift = heartbeat
+            .drift
+            .iter()
+            .map(|r| r.reverted_at.unwrap_or(r.detected_at))
+            .max();
+        match send(&http, &url, &heartbeat, &key).await {
+            Ok(reply) => {
+                debug!(sequence, state = %heartbeat.state, "heartbeat acknowledged");
+                failures = 0;
+                last_sent = Some(current);
+                if newest_drift.is_some() {
+                    drift_acknowledged = newest_drift;
+                }
+                interval = clamp::heartbeat_interval(reply.next_interval_seconds);
+                next = clamp::after_tokio(
+                    tokio::time::Instant::now(),
+                    jittered(interval, 0.2, random_unit()),
+                );
+            }
+            Err(error) => {
+                let wait = failure_wait(&error, failures, interval);
+                if needs_enrolment(&error) {
+                    warn!(%error, "the source server no longer accepts this cluster's key (an admin forgot or rekeyed it); enrolling again");
+                    let Some(last) =
+                        enroll_until_accepted(&http, &base, &config, &key, &metrics, &mut shutdown)
+                            .await
+                    else {
+                        return;
                     };
-                    if needs_enrolment(&error) {
-                        warn!(%error, "the source server no longer accepts this cluster's key (an admin forgot or rekeyed it); enrolling again");
-                        let Some(last) = enroll_until_accepted(
-                            &http,
-                            &base,
-                            &config,
-                            &key,
-                            &metrics,
-                            &mut shutdown,
-                        )
-                        .await
-                        else {
-                            return;
-                        };
-                        sequence = last;
-                        // A forgotten cluster's drift log is gone: send what is still held again.
-                        drift_acknowledged = None;
-                    } else {
-                        warn!(%error, wait_s = wait.as_secs(), "heartbeat failed; keeping drift records for the next one");
-                    }
-                    failures += 1;
-                    next = clamp::after_tokio(tokio::time::Instant::now(), wait);
-                    // Do not resend on every state flicker while the server is away.
-                    last_sent = Some(current);
+                    sequence = last;
+                    // A forgotten cluster's drift log is gone: send what is still held again.
+                    drift_acknowledged = None;
+                } else {
+                    warn!(%error, wait_s = wait.as_secs(), "heartbeat failed; keeping drift records for the next one");
                 }
+                failures += 1;
+                next = clamp::after_tokio(tokio::time::Instant::now(), wait);
+                // Do not resend on every state flicker while the server is away.
+                last_sent = Some(current);
             }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = shutdown.changed() => return,
+    }
+}
+
+/// Shortest time between two heartbeats sent because the status changed: a burst of changes (a release
+/// applied object after object) makes one heartbeat, not one per object.
+const MIN_CHANGE_SPACING: Duration = Duration::from_secs(1);
+
+/// What the reporter does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    Send,
+    /// Sleep until `until`; when `on_change`, wake earlier if the status changes.
+    Wait {
+        until: tokio::time::Instant,
+        on_change: bool,
+    },
+}
+
+/// Decides when the next heartbeat goes out (pure): at `due` (the interval, or the back-off after a failure)
+/// whatever happens, and as soon as the reported state or counts changed (`changed`), but no earlier than
+/// `earliest`, so that changes are spaced by [`MIN_CHANGE_SPACING`].
+fn next_heartbeat(
+    changed: bool,
+    now: tokio::time::Instant,
+    earliest: tokio::time::Instant,
+    due: tokio::time::Instant,
+) -> Next {
+    if now >= due || (changed && now >= earliest) {
+        Next::Send
+    } else if changed {
+        Next::Wait {
+            until: earliest.min(due),
+            on_change: false,
         }
+    } else {
+        Next::Wait {
+            until: due,
+            on_change: true,
+        }
+    }
+}
+
+/// How long to wait after the `failures`-th failed heartbeat in a row: a jittered back-off up to the
+/// interval (at least a minute), or, from a busy server, what its `Retry-After` says (already clamped).
+fn failure_wait(error: &Error, failures: u32, interval: Duration) -> Duration {
+    let backoff = full_jitter(
+        failures,
+        Duration::from_secs(1),
+        interval.max(Duration::from_secs(60)),
+        random_unit(),
+    );
+    // A busy server says when to come back; sooner would only add to its load.
+    match error {
+        Error::SourceBusy { retry_after, .. } => after_busy(*retry_after, backoff, random_unit()),
+        _ => backoff,
     }
 }
 
@@ -463,6 +503,56 @@ fn refused(url: &str, status: StatusCode, body: &[u8]) -> Error {
 mod tests {
     use super::*;
     use crate::report::AgentStatus;
+
+    #[test]
+    fn a_heartbeat_goes_when_due_or_on_a_change_spaced_by_a_second() {
+        let now = tokio::time::Instant::now();
+        let s = Duration::from_secs;
+        // (changed, earliest, due) → what the reporter does
+        let cases = [
+            (
+                false,
+                now,
+                now + s(30),
+                Next::Wait {
+                    until: now + s(30),
+                    on_change: true,
+                },
+            ),
+            (false, now, now, Next::Send),
+            (true, now, now + s(30), Next::Send),
+            // A change right after a send waits out the spacing, and ignores further changes meanwhile.
+            (
+                true,
+                now + s(1),
+                now + s(30),
+                Next::Wait {
+                    until: now + s(1),
+                    on_change: false,
+                },
+            ),
+            // A back-off ending before the spacing wins.
+            (
+                true,
+                now + s(1),
+                now + Duration::from_millis(500),
+                Next::Wait {
+                    until: now + Duration::from_millis(500),
+                    on_change: false,
+                },
+            ),
+            (false, now + s(1), now, Next::Send),
+        ];
+        for (changed, earliest, due, expected) in cases {
+            assert_eq!(
+                next_heartbeat(changed, now, earliest, due),
+                expected,
+                "changed {changed}, earliest +{:?}, due +{:?}",
+                earliest - now,
+                due - now
+            );
+        }
+    }
 
     fn test_config() -> ReporterConfig {
         ReporterConfig {
