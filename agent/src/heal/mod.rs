@@ -1,0 +1,297 @@
+//! Drift handling: the engine hands every watch event on a managed object to the [`Healer`], which asks its
+//! pure [`machine::DriftMachine`] what policy says — revert at once (or after the grace period), only report
+//! (selfHeal false), leave it held (`windvane.io/hold-until`), or stop fighting a manager that keeps taking
+//! the same field (Contested, with a growing back-off) — and carries the answer out: server-side apply on the
+//! [`Cluster`], Kubernetes Events on the object, the object's state in the agent's status. The machine keeps
+//! the drift records the heartbeat carries; this executor is the only part that talks to the API.
+
+pub mod machine;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, Recorder, Reporter};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tracing::{Instrument, info, info_span, warn};
+use windvane_shared::heartbeat::DriftRecord;
+
+use crate::cluster::Cluster;
+use crate::desired::Desired;
+use crate::drift::{Baseline, ContestTracker};
+use crate::inventory::ObjectKey;
+use crate::report::StatusTx;
+use crate::watch::LiveCache;
+use machine::{Action, Cause, DriftMachine, Now};
+
+/// Watches over the managed objects' owned fields and heals drift by policy.
+pub struct Healer {
+    cluster: Cluster,
+    live: LiveCache,
+    machine: DriftMachine,
+    /// Events go out in order from a background task, so emitting one never delays a revert.
+    events: mpsc::UnboundedSender<(Event, ObjectReference)>,
+}
+
+impl std::fmt::Debug for Healer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Healer")
+            .field("machine", &self.machine)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Healer {
+    /// A healer reporting Events as `windvane-agent` instance `identity`.
+    pub fn new(
+        cluster: Cluster,
+        live: LiveCache,
+        identity: &str,
+        hold_cap: Duration,
+        contest: ContestTracker,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: "windvane-agent".to_owned(),
+            instance: Some(identity.to_owned()),
+        };
+        let recorder = Recorder::new(cluster.client().clone(), reporter);
+        let (events, mut queue) = mpsc::unbounded_channel::<(Event, ObjectReference)>();
+        tokio::spawn(async move {
+            while let Some((event, reference)) = queue.recv().await {
+                if let Err(error) = recorder.publish(&event, &reference).await {
+                    warn!(%error, reason = %event.reason, "cannot emit the Event");
+                }
+            }
+        });
+        Self {
+            cluster,
+            live,
+            machine: DriftMachine::new(hold_cap, contest),
+            events,
+        }
+    }
+
+    /// The objects of the release now enforced, as applied; drift is judged against these.
+    pub fn set_desired(&mut self, objects: impl IntoIterator<Item = Desired>) {
+        self.machine.set_desired(objects);
+    }
+
+    /// Records what an apply returned: the fields Windvane owns from now on.
+    pub fn applied(&mut self, key: &ObjectKey, baseline: Baseline) {
+        self.machine.applied(key, baseline);
+    }
+
+    /// True when an apply's baseline is known for `key`.
+    pub fn has_baseline(&self, key: &ObjectKey) -> bool {
+        self.machine.has_baseline(key)
+    }
+
+    /// Takes an object left unwritten as it is live: judged against what it shows now.
+    pub fn adopt(&mut self, key: &ObjectKey, baseline: Baseline) {
+        self.machine.adopt(key, baseline);
+    }
+
+    /// True while drift on `key` is open.
+    pub fn is_drifting(&self, key: &ObjectKey) -> bool {
+        self.machine.is_drifting(key)
+    }
+
+    /// The earliest pending re-check (grace, hold or back-off ending).
+    pub fn next_timer(&self) -> Option<std::time::Instant> {
+        self.machine
+            .next_timer()
+            .map(tokio::time::Instant::into_std)
+    }
+
+    /// Drift records, newest last.
+    pub fn records(&self) -> Vec<DriftRecord> {
+        self.machine.records()
+    }
+
+    /// Re-checks the objects whose timers are due.
+    pub async fn on_timers(&mut self, status: &StatusTx) {
+        for key in self.machine.due(tokio::time::Instant::now()) {
+            self.evaluate(&key, status, Cause::Timer).await;
+        }
+    }
+
+    /// A watch saw `key` change (or vanish).
+    pub async fn on_change(&mut self, key: &ObjectKey, status: &StatusTx) {
+        self.evaluate(key, status, Cause::Watch).await;
+    }
+
+    async fn evaluate(&mut self, key: &ObjectKey, status: &StatusTx, cause: Cause) {
+        let Some(desired) = self.machine.desired(key) else {
+            return;
+        };
+        let span = info_span!("drift", object = %desired.id, app = %desired.app);
+        let live = self.live.get(key);
+        let actions = span.in_scope(|| {
+            self.machine
+                .on_event(key, live.as_ref(), Now::current(), cause)
+        });
+        self.execute(actions, status).instrument(span).await;
+    }
+
+    /// Carries out the machine's actions in order; a revert's outcome goes back to the machine, whose answer
+    /// is carried out next.
+    async fn execute(&mut self, actions: Vec<Action>, status: &StatusTx) {
+        let mut queue = VecDeque::from(actions);
+        while let Some(action) = queue.pop_front() {
+            match action {
+                Action::Event {
+                    key,
+                    uid,
+                    kind,
+                    reason,
+                    note,
+                } => self.event(&key, uid, kind, reason, note),
+                Action::SetState {
+                    key,
+                    state,
+                    message,
+                } => {
+                    status.send_if_modified(|status| {
+                        let Some(object) = status.objects.get_mut(&key) else {
+                            return false;
+                        };
+                        object.state = state;
+                        object.message = message;
+                        true
+                    });
+                }
+                Action::Revert { key, fields } => queue.extend(self.revert(&key, &fields).await),
+                Action::RevertUnlessUndone { key, fields } => {
+                    let follow = match self.live.get(&key) {
+                        Some(live) if self.matches_release(&key, &live).await => {
+                            self.machine.undone(&key, &live)
+                        }
+                        _ => self.revert(&key, &fields).await,
+                    };
+                    queue.extend(follow);
+                }
+            }
+        }
+    }
+
+    /// True when applying the release would change nothing on `live` (a server-side dry run, compared as the
+    /// backstop compares). False when it cannot tell: then the drift is reverted.
+    async fn matches_release(&self, key: &ObjectKey, live: &Value) -> bool {
+        match self.dry_run(key).await {
+            Some(dry_run) => !crate::compare::would_change(Some(live), &dry_run),
+            None => false,
+        }
+    }
+
+    async fn dry_run(&self, key: &ObjectKey) -> Option<Value> {
+        let desired = self.machine.desired(key)?;
+        let id = &desired.id;
+        let resolved = self.cluster.resolve(&id.api_version, &id.kind).await.ok()?;
+        self.cluster
+            .apply(id, &resolved, &desired.body(), true)
+            .await
+            .ok()
+    }
+
+    /// The backstop: a server-side-apply dry run of every managed object, compared with live state, catching
+    /// whatever the watches missed (a write made under Windvane's own field manager, say). Differences are
+    /// recorded as drift and re-applied, unless held or reported-only. Returns how many objects differed.
+    pub async fn backstop(&mut self, status: &StatusTx) -> usize {
+        let mut differing = 0;
+        for key in self.machine.keys() {
+            if self.machine.is_drifting(&key) {
+                continue;
+            }
+            let Some(desired) = self.machine.desired(&key) else {
+                continue;
+            };
+            let span = info_span!("backstop", object = %desired.id, app = %desired.app);
+            let live = match self.live.get(&key) {
+                Some(live) => Some(live),
+                None => self.fetch(&key).await,
+            };
+            let Some(dry_run) = self.dry_run(&key).await else {
+                continue;
+            };
+            if !crate::compare::would_change(live.as_ref(), &dry_run) {
+                if let Some(live) = &live {
+                    self.machine.confirmed(&key, live);
+                }
+                continue;
+            }
+            differing += 1;
+            let actions = span.in_scope(|| {
+                self.machine
+                    .on_backstop_drift(&key, live.as_ref(), Now::current())
+            });
+            self.execute(actions, status).instrument(span).await;
+        }
+        info!(
+            objects = self.machine.keys().len(),
+            differing, "backstop finished"
+        );
+        differing
+    }
+
+    /// The object from the API server, when the watch cache does not hold it.
+    async fn fetch(&self, key: &ObjectKey) -> Option<Value> {
+        let id = &self.machine.desired(key)?.id;
+        let resolved = self.cluster.resolve(&id.api_version, &id.kind).await.ok()?;
+        self.cluster.get(id, &resolved).await.ok().flatten()
+    }
+
+    /// Writes the release's object back; the machine's answer to the outcome comes back.
+    async fn revert(&mut self, key: &ObjectKey, fields: &[String]) -> Vec<Action> {
+        let Some(desired) = self.machine.desired(key) else {
+            return Vec::new();
+        };
+        let id = &desired.id;
+        let written = match self.cluster.resolve(&id.api_version, &id.kind).await {
+            Ok(resolved) => self
+                .cluster
+                .apply(id, &resolved, &desired.body(), false)
+                .await
+                .map_err(|failure| failure.message),
+            Err(error) => Err(error.to_string()),
+        };
+        match written {
+            Ok(live) => {
+                self.live.observe(&live);
+                self.machine.reverted(key, &live, fields, Now::current())
+            }
+            Err(message) => self.machine.revert_failed(key, &message, Now::current()),
+        }
+    }
+
+    fn event(
+        &self,
+        key: &ObjectKey,
+        uid: Option<String>,
+        kind: kube::runtime::events::EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let Some(desired) = self.machine.desired(key) else {
+            return;
+        };
+        let reference = ObjectReference {
+            api_version: Some(desired.id.api_version.clone()),
+            kind: Some(desired.id.kind.clone()),
+            name: Some(desired.id.name.clone()),
+            namespace: desired.id.namespace.clone(),
+            uid,
+            ..ObjectReference::default()
+        };
+        let event = Event {
+            type_: kind,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: "Reconcile".to_owned(),
+            secondary: None,
+        };
+        let _ = self.events.send((event, reference));
+    }
+}

@@ -1,0 +1,524 @@
+//! The healer's decisions, table by table, on tokio's paused clock: grace periods, holds and back-offs are
+//! driven in microseconds, with no cluster. Objects are ConfigMaps whose `data.mode` Windvane owns until
+//! another manager takes it.
+
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use serde_json::{Value, json};
+use tokio::time::{Instant, advance};
+use windvane_shared::bundle::ObjectRef;
+use windvane_shared::desired::DesiredObject;
+use windvane_shared::heartbeat::DriftAction;
+
+use super::machine::{Action, Cause, DriftMachine, Now};
+use crate::desired::Desired;
+use crate::drift::{Baseline, ContestTracker};
+use crate::inventory::ObjectKey;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// Monotonic and wall clocks that move together with tokio's paused clock.
+struct Clock {
+    start: Instant,
+    wall: Timestamp,
+}
+
+impl Clock {
+    fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            wall: "2026-12-03T10:00:00Z".parse().unwrap(),
+        }
+    }
+
+    fn now(&self) -> Now {
+        let at = Instant::now();
+        let elapsed = SignedDuration::try_from(at - self.start).unwrap();
+        Now {
+            at,
+            wall: self.wall.checked_add(elapsed).unwrap(),
+        }
+    }
+
+    fn wall_after(&self, by: Duration) -> Timestamp {
+        self.now().wall.checked_add(by).unwrap()
+    }
+}
+
+fn key() -> ObjectKey {
+    ObjectKey::of(&object_ref())
+}
+
+fn object_ref() -> ObjectRef {
+    ObjectRef {
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        namespace: Some("shop".into()),
+        name: "settings".into(),
+    }
+}
+
+fn desired(self_heal: bool, grace: Option<Duration>) -> Desired {
+    Desired::of(DesiredObject {
+        app: "shop".into(),
+        id: object_ref(),
+        body: json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "settings", "namespace": "shop"}, "data": {"mode": "safe"}}),
+        wave: 0,
+        self_heal,
+        prune: true,
+        drift_grace_period: grace,
+        ignored_pointers: Vec::new(),
+        file: "shop/settings.yaml".into(),
+        document: 0,
+    })
+}
+
+fn mode_fields() -> Value {
+    json!({"f:data": {"f:mode": {}}})
+}
+
+/// The object with Windvane owning `data.mode`.
+fn in_step(resource_version: u64) -> Value {
+    live(
+        resource_version,
+        vec![entry("windvane", "Apply", mode_fields())],
+        None,
+    )
+}
+
+/// The object after `manager` took `data.mode` from Windvane.
+fn taken_by(manager: &str, resource_version: u64) -> Value {
+    let entries = vec![
+        entry("windvane", "Apply", json!({"f:metadata": {"f:labels": {}}})),
+        entry(manager, "Update", mode_fields()),
+    ];
+    live(resource_version, entries, None)
+}
+
+fn held_until(until: Timestamp, resource_version: u64) -> Value {
+    let mut held = taken_by("kubectl-edit", resource_version);
+    held["metadata"]["annotations"] = json!({"windvane.io/hold-until": until.to_string()});
+    held["metadata"]["managedFields"]
+        .as_array_mut()
+        .unwrap()
+        .push(entry(
+            "kubectl-annotate",
+            "Update",
+            json!({"f:metadata": {"f:annotations": {"f:windvane.io/hold-until": {}}}}),
+        ));
+    held
+}
+
+fn entry(manager: &str, operation: &str, fields: Value) -> Value {
+    json!({"manager": manager, "operation": operation, "fieldsType": "FieldsV1", "fieldsV1": fields})
+}
+
+fn live(resource_version: u64, entries: Vec<Value>, annotations: Option<Value>) -> Value {
+    let mut object = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "settings", "namespace": "shop", "uid": "u-1",
+            "resourceVersion": resource_version.to_string(), "managedFields": entries},
+        "data": {"mode": "safe"}});
+    if let Some(annotations) = annotations {
+        object["metadata"]["annotations"] = annotations;
+    }
+    object
+}
+
+/// A machine enforcing one object, last written at resourceVersion 1.
+fn machine(desired: Desired) -> DriftMachine {
+    let mut machine = DriftMachine::new(24 * HOUR, ContestTracker::default());
+    machine.set_desired([desired]);
+    machine.applied(&key(), Baseline::of(&in_step(1)));
+    machine
+}
+
+/// The actions as short words, to compare whole answers at a glance.
+fn summary(actions: &[Action]) -> Vec<String> {
+    actions
+        .iter()
+        .map(|action| match action {
+            Action::Revert { fields, .. } => format!("revert {}", fields.join(",")),
+            Action::RevertUnlessUndone { fields, .. } => {
+                format!("revert unless undone {}", fields.join(","))
+            }
+            Action::Event { kind, reason, .. } => format!("{kind:?} {reason}"),
+            Action::SetState { state, .. } => format!("state {state:?}"),
+        })
+        .collect()
+}
+
+fn message(actions: &[Action]) -> String {
+    actions
+        .iter()
+        .find_map(|action| match action {
+            Action::SetState { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn drift_is_reverted_at_once_and_recorded_with_who_did_it() {
+    let clock = Clock::new();
+    let mut machine = machine(desired(true, None));
+    let taken = taken_by("kubectl-edit", 2);
+    let actions = machine.on_event(&key(), Some(&taken), clock.now(), Cause::Watch);
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "revert /data/mode"]
+    );
+    let Action::Event { note, uid, .. } = &actions[0] else {
+        unreachable!()
+    };
+    assert_eq!(note, "drift: /data/mode changed by kubectl-edit (Update)");
+    assert_eq!(uid.as_deref(), Some("u-1"));
+    assert!(machine.is_drifting(&key()));
+
+    let fields = ["/data/mode".to_owned()];
+    let answer = machine.reverted(&key(), &in_step(3), &fields, clock.now());
+    assert_eq!(summary(&answer), ["Normal DriftReverted", "state Synced"]);
+    assert!(!machine.is_drifting(&key()));
+    let records = machine.records();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].manager.as_deref(), Some("kubectl-edit"));
+    assert_eq!(records[0].action, DriftAction::Reverted);
+    assert_eq!(records[0].reverted_at, Some(clock.now().wall));
+    assert_eq!(machine.next_timer(), None, "nothing left to wake for");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_object_is_recreated_and_a_stale_event_says_nothing() {
+    let clock = Clock::new();
+    let mut machine = machine(desired(true, None));
+    let stale = taken_by("kubectl-edit", 0);
+    assert!(
+        machine
+            .on_event(&key(), Some(&stale), clock.now(), Cause::Watch)
+            .is_empty(),
+        "an event older than Windvane's last write is not drift"
+    );
+    let actions = machine.on_event(&key(), None, clock.now(), Cause::Watch);
+    assert_eq!(summary(&actions), ["Warning DriftDetected", "revert "]);
+    assert!(machine.records()[0].deleted);
+}
+
+#[tokio::test(start_paused = true)]
+async fn report_only_never_reverts_and_says_so() {
+    let clock = Clock::new();
+    let mut machine = machine(desired(false, None));
+    let taken = taken_by("kubectl-edit", 2);
+    let actions = machine.on_event(&key(), Some(&taken), clock.now(), Cause::Watch);
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "state OutOfSync"]
+    );
+    assert_eq!(
+        message(&actions),
+        "drift reported, not reverted (self-heal off): /data/mode changed by kubectl-edit"
+    );
+    // Later events on the same drift: still only reported, no second DriftDetected.
+    let again = machine.on_event(
+        &key(),
+        Some(&taken_by("kubectl-edit", 3)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert_eq!(summary(&again), ["state OutOfSync"]);
+    assert_eq!(machine.next_timer(), None);
+    assert_eq!(machine.records()[0].action, DriftAction::Reported);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_grace_period_expires_then_the_drift_is_reverted() {
+    let clock = Clock::new();
+    let grace = Duration::from_secs(30);
+    let mut machine = machine(desired(true, Some(grace)));
+    let taken = taken_by("kubectl-edit", 2);
+    let actions = machine.on_event(&key(), Some(&taken), clock.now(), Cause::Watch);
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "state OutOfSync"]
+    );
+    assert!(message(&actions).starts_with("drift, reverting after the grace period"));
+    assert_eq!(machine.next_timer(), Some(clock.start + grace));
+
+    advance(Duration::from_secs(29)).await;
+    assert!(machine.due(Instant::now()).is_empty());
+    let meanwhile = machine.on_event(
+        &key(),
+        Some(&taken_by("kubectl-edit", 3)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert!(
+        meanwhile.is_empty(),
+        "within the grace period: {meanwhile:?}"
+    );
+
+    advance(Duration::from_secs(1)).await;
+    assert_eq!(
+        machine.due(Instant::now()).into_iter().collect::<Vec<_>>(),
+        [key()]
+    );
+    let at_end = machine.on_event(
+        &key(),
+        Some(&taken_by("kubectl-edit", 3)),
+        clock.now(),
+        Cause::Timer,
+    );
+    assert_eq!(summary(&at_end), ["revert unless undone /data/mode"]);
+    assert_eq!(machine.next_timer(), None, "the timer was taken");
+}
+
+#[tokio::test(start_paused = true)]
+async fn drift_taken_back_within_the_grace_period_needs_no_write() {
+    let clock = Clock::new();
+    let grace = Duration::from_secs(30);
+    let mut machine = machine(desired(true, Some(grace)));
+    machine.on_event(
+        &key(),
+        Some(&taken_by("kubectl-edit", 2)),
+        clock.now(),
+        Cause::Watch,
+    );
+    advance(grace).await;
+    machine.due(Instant::now());
+    // Set back by hand: the field stays with kubectl-edit, so the machine asks; the dry run said "as the
+    // release says".
+    let set_back = taken_by("kubectl-edit", 3);
+    let actions = machine.on_event(&key(), Some(&set_back), clock.now(), Cause::Timer);
+    assert_eq!(summary(&actions), ["revert unless undone /data/mode"]);
+    assert_eq!(
+        summary(&machine.undone(&key(), &set_back)),
+        ["state Synced"]
+    );
+    assert!(!machine.is_drifting(&key()));
+    let later = machine.on_event(
+        &key(),
+        Some(&taken_by("kubectl-edit", 4)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert_eq!(
+        summary(&later),
+        ["state Synced"],
+        "judged against what it owns now"
+    );
+
+    // Or given back to Windvane (re-applied by it): the episode ends at once, before the timer.
+    let mut machine = self::machine(desired(true, Some(grace)));
+    machine.on_event(
+        &key(),
+        Some(&taken_by("kubectl-edit", 2)),
+        clock.now(),
+        Cause::Watch,
+    );
+    let given_back = machine.on_event(&key(), Some(&in_step(3)), clock.now(), Cause::Watch);
+    assert_eq!(summary(&given_back), ["state Synced"]);
+    assert!(!machine.is_drifting(&key()));
+    advance(grace).await;
+    assert_eq!(machine.due(Instant::now()).len(), 1);
+    let at_end = machine.on_event(&key(), Some(&in_step(3)), clock.now(), Cause::Timer);
+    assert_eq!(
+        summary(&at_end),
+        ["state Synced"],
+        "no revert after it ended"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hold_defers_the_revert_until_it_ends_and_is_capped() {
+    let clock = Clock::new();
+    let mut machine = machine(desired(true, None));
+    let held = held_until(clock.wall_after(HOUR), 2);
+    let actions = machine.on_event(&key(), Some(&held), clock.now(), Cause::Watch);
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "Normal DriftHeld", "state Held"]
+    );
+    assert!(message(&actions).starts_with("held by kubectl-annotate until 2026-12-03T11:00:00Z"));
+    assert_eq!(machine.records()[0].action, DriftAction::Held);
+    assert_eq!(machine.next_timer(), Some(clock.start + HOUR));
+
+    let again = machine.on_event(
+        &key(),
+        Some(&held_until(clock.wall_after(HOUR), 3)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert_eq!(summary(&again), ["state Held"], "one DriftHeld per hold");
+
+    advance(HOUR).await;
+    assert_eq!(
+        machine.due(Instant::now()).len(),
+        1,
+        "both looks scheduled the same end"
+    );
+    let expired = held_until(clock.wall, 3);
+    let actions = machine.on_event(&key(), Some(&expired), clock.now(), Cause::Timer);
+    assert_eq!(
+        summary(&actions),
+        ["revert /data/mode"],
+        "a past hold holds nothing"
+    );
+
+    // A hold of two days ends at the 24-hour cap.
+    let mut machine = self::machine(desired(true, None));
+    let long = held_until(clock.wall_after(48 * HOUR), 2);
+    machine.on_event(&key(), Some(&long), clock.now(), Cause::Watch);
+    assert_eq!(machine.next_timer(), Some(Instant::now() + 24 * HOUR));
+}
+
+/// One take of `data.mode` by `hpa-like` a second after the last, at `version`; a revert it asks for is
+/// written at once.
+async fn take(machine: &mut DriftMachine, clock: &Clock, version: u64) -> Vec<Action> {
+    advance(Duration::from_secs(1)).await;
+    let taken = taken_by("hpa-like", version);
+    let actions = machine.on_event(&key(), Some(&taken), clock.now(), Cause::Watch);
+    if actions.iter().any(|a| matches!(a, Action::Revert { .. })) {
+        let fields = ["/data/mode".to_owned()];
+        machine.reverted(&key(), &in_step(version + 1), &fields, clock.now());
+    }
+    actions
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_manager_taking_the_field_three_times_is_contested_with_a_growing_back_off() {
+    let clock = Clock::new();
+    let mut machine = machine(desired(true, None));
+    let revert = ["Warning DriftDetected", "revert /data/mode"];
+    assert_eq!(summary(&take(&mut machine, &clock, 2).await), revert);
+    assert_eq!(summary(&take(&mut machine, &clock, 4).await), revert);
+    let third = take(&mut machine, &clock, 6).await;
+    assert_eq!(
+        summary(&third),
+        [
+            "Warning DriftDetected",
+            "Warning Contested",
+            "state Contested"
+        ]
+    );
+    assert_eq!(
+        message(&third),
+        "hpa-like keeps taking /data/mode; not reverting for 60s"
+    );
+    assert_eq!(machine.records()[2].action, DriftAction::Contested);
+    let backing_off = Instant::now() + Duration::from_secs(60);
+    assert_eq!(machine.next_timer(), Some(backing_off));
+    assert!(
+        take(&mut machine, &clock, 8).await.is_empty(),
+        "no fight during the back-off"
+    );
+
+    advance(Duration::from_secs(59)).await;
+    assert_eq!(machine.due(Instant::now()).len(), 1);
+    let after = machine.on_event(
+        &key(),
+        Some(&taken_by("hpa-like", 8)),
+        clock.now(),
+        Cause::Timer,
+    );
+    assert_eq!(
+        summary(&after),
+        ["revert /data/mode"],
+        "one more try when the back-off ends"
+    );
+    machine.reverted(&key(), &in_step(9), &["/data/mode".to_owned()], clock.now());
+
+    // The next war on the same object backs off twice as long.
+    assert_eq!(summary(&take(&mut machine, &clock, 10).await), revert);
+    assert_eq!(summary(&take(&mut machine, &clock, 12).await), revert);
+    let again = take(&mut machine, &clock, 14).await;
+    assert_eq!(
+        message(&again),
+        "hpa-like keeps taking /data/mode; not reverting for 120s"
+    );
+    assert_eq!(
+        machine.next_timer(),
+        Some(Instant::now() + Duration::from_secs(120))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_revert_is_retried_after_two_seconds() {
+    let clock = Clock::new();
+    let mut machine = machine(desired(true, None));
+    machine.on_event(
+        &key(),
+        Some(&taken_by("kubectl-edit", 2)),
+        clock.now(),
+        Cause::Watch,
+    );
+    let failed = machine.revert_failed(&key(), "the API server is unavailable", clock.now());
+    assert_eq!(summary(&failed), ["state Failed"]);
+    assert_eq!(
+        message(&failed),
+        "cannot revert drift: the API server is unavailable"
+    );
+    let meanwhile = machine.on_event(
+        &key(),
+        Some(&taken_by("kubectl-edit", 3)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert!(meanwhile.is_empty(), "waits for the retry: {meanwhile:?}");
+    advance(Duration::from_secs(2)).await;
+    assert_eq!(machine.due(Instant::now()).len(), 1);
+    let retry = machine.on_event(
+        &key(),
+        Some(&taken_by("kubectl-edit", 3)),
+        clock.now(),
+        Cause::Timer,
+    );
+    assert_eq!(summary(&retry), ["revert /data/mode"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_backstop_reverts_unless_held_or_report_only() {
+    let clock = Clock::new();
+    let cases = [
+        (true, in_step(2), vec!["Warning DriftDetected", "revert "]),
+        (
+            false,
+            in_step(2),
+            vec!["Warning DriftDetected", "state OutOfSync"],
+        ),
+        (
+            true,
+            held_until(clock.wall_after(HOUR), 2),
+            vec!["Warning DriftDetected", "state OutOfSync"],
+        ),
+    ];
+    for (self_heal, live, expected) in cases {
+        let mut machine = machine(desired(self_heal, None));
+        let actions = machine.on_backstop_drift(&key(), Some(&live), clock.now());
+        assert_eq!(summary(&actions), expected, "self_heal {self_heal}");
+        assert!(machine.is_drifting(&key()));
+    }
+}
+
+#[test]
+fn records_are_capped_oldest_first() {
+    let wall: Timestamp = "2026-12-03T10:00:00Z".parse().unwrap();
+    let now = Now {
+        at: Instant::now(),
+        wall,
+    };
+    let mut machine = machine(desired(false, None));
+    for version in 0..1_005u64 {
+        // Each look opens a new episode: the object is set back in between.
+        machine.on_event(
+            &key(),
+            Some(&taken_by("kubectl-edit", 2 * version + 2)),
+            now,
+            Cause::Watch,
+        );
+        machine.on_event(&key(), Some(&in_step(2 * version + 3)), now, Cause::Watch);
+    }
+    let records = machine.records();
+    assert_eq!(records.len(), 1_000);
+    assert_eq!(records[0].fields, ["/data/mode"]);
+    assert!(records.iter().all(|r| r.action == DriftAction::Reported));
+}
