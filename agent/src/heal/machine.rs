@@ -230,9 +230,9 @@ impl DriftMachine {
         now: Now,
         cause: Cause,
     ) -> Vec<Action> {
-        let Some(desired) = self.desired.get(key).cloned() else {
+        if !self.desired.contains_key(key) {
             return Vec::new();
-        };
+        }
         let lost = match live {
             None => Vec::new(),
             Some(live) => match self.lost_fields(key, live) {
@@ -240,6 +240,10 @@ impl DriftMachine {
                 Some(_) => return vec![health(key, live)],
                 None => return Vec::new(),
             },
+        };
+        // Only drift needs the desired object's policy: most events (status updates) end above.
+        let Some(desired) = self.desired.get(key).cloned() else {
+            return Vec::new();
         };
         let mut out = Vec::new();
         let drift = self.open(key, &desired, live, &lost, now, &mut out);

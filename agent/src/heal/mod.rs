@@ -201,7 +201,9 @@ impl Healer {
     /// recorded as drift and re-applied, unless held or reported-only. Returns how many objects differed.
     pub async fn backstop(&mut self, status: &StatusTx) -> usize {
         let mut differing = 0;
-        for key in self.machine.keys() {
+        let keys = self.machine.keys();
+        let objects = keys.len();
+        for key in keys {
             if self.machine.is_drifting(&key) {
                 continue;
             }
@@ -229,10 +231,7 @@ impl Healer {
             });
             self.execute(actions, status).instrument(span).await;
         }
-        info!(
-            objects = self.machine.keys().len(),
-            differing, "backstop finished"
-        );
+        info!(objects, differing, "backstop finished");
         differing
     }
 
