@@ -141,15 +141,14 @@ impl DiffArgs {
     /// Resolves and checks the settings of `diff`.
     pub fn resolve(&self) -> Result<DiffConfig> {
         let file = read_file_config(&self.agent.config)?;
-        let (source_url, channel, fleet, trusted, identity, allowlist, _) =
-            self.agent.resolve(&file)?;
+        let agent = self.agent.resolve(&file)?;
         Ok(DiffConfig {
-            source_url,
-            channel,
-            fleet,
-            trusted,
-            identity,
-            allowlist,
+            source_url: agent.source_url,
+            channel: agent.channel,
+            fleet: agent.fleet,
+            trusted: agent.trusted,
+            identity: agent.identity,
+            allowlist: agent.allowlist,
             kubeconfig: self.agent.kubeconfig.clone(),
         })
     }
@@ -268,199 +267,158 @@ pub fn load_trusted_keys(paths: &[PathBuf]) -> Result<TrustedKeys> {
     )?)
 }
 
+/// The source and identity settings shared by `run` and `diff`.
+struct AgentSettings {
+    source_url: String,
+    channel: String,
+    fleet: String,
+    trusted: TrustedKeys,
+    identity: ClusterIdentity,
+    allowlist: Allowlist,
+    namespace: String,
+}
+
 impl AgentArgs {
     /// Resolves the source and identity settings shared by `run` and `diff`.
-    fn resolve(
-        &self,
-        file: &FileConfig,
-    ) -> Result<(
-        String,
-        String,
-        String,
-        TrustedKeys,
-        ClusterIdentity,
-        Allowlist,
-        String,
-    )> {
+    fn resolve(&self, file: &FileConfig) -> Result<AgentSettings> {
         let source = required(self.source.clone().or(file.source.clone()), "--source")?;
-        if !(source.starts_with("http://") || source.starts_with("https://")) {
-            return Err(Error::Config(format!(
-                "--source {source:?} must be an http:// or https:// URL"
-            )));
-        }
-        let channel = required(self.channel.clone().or(file.channel.clone()), "--channel")?;
-        let fleet = required(self.fleet.clone().or(file.fleet.clone()), "--fleet")?;
-        let cluster = required(self.cluster.clone().or(file.cluster.clone()), "--cluster")?;
         let key_paths = if self.trusted_keys.is_empty() {
-            file.trusted_keys.clone()
+            &file.trusted_keys
         } else {
-            self.trusted_keys.clone()
+            &self.trusted_keys
         };
-        let trusted = load_trusted_keys(&key_paths)?;
         let mut labels = file.labels.clone();
         for assignment in &self.labels {
             let (key, value) = parse_label_assignment(assignment)?;
             labels.insert(key, value);
         }
-        let pick = |flags: &Vec<String>, file: &Vec<String>| {
-            if flags.is_empty() {
-                file.clone()
-            } else {
-                flags.clone()
-            }
-        };
-        let allowlist = Allowlist::new(
-            pick(&self.allow_kinds, &file.allow_kinds),
-            pick(&self.allow_namespaces, &file.allow_namespaces),
-        );
-        let namespace = self
-            .namespace
-            .clone()
-            .or(file.namespace.clone())
-            .unwrap_or_else(|| "windvane-system".to_owned());
-        Ok((
-            source,
-            channel,
-            fleet,
-            trusted,
-            ClusterIdentity {
-                name: cluster,
+        Ok(AgentSettings {
+            source_url: http_url(source, "--source")?,
+            channel: required(self.channel.clone().or(file.channel.clone()), "--channel")?,
+            fleet: required(self.fleet.clone().or(file.fleet.clone()), "--fleet")?,
+            identity: ClusterIdentity {
+                name: required(self.cluster.clone().or(file.cluster.clone()), "--cluster")?,
                 labels,
             },
-            allowlist,
-            namespace,
-        ))
+            trusted: load_trusted_keys(key_paths)?,
+            allowlist: Allowlist::new(
+                flags_or_file(&self.allow_kinds, &file.allow_kinds),
+                flags_or_file(&self.allow_namespaces, &file.allow_namespaces),
+            ),
+            namespace: self
+                .namespace
+                .clone()
+                .or(file.namespace.clone())
+                .unwrap_or_else(|| "windvane-system".to_owned()),
+        })
     }
 }
+
+/// A list setting: the flags when any were given, else the config file's.
+fn flags_or_file(flags: &[String], file: &[String]) -> Vec<String> {
+    if flags.is_empty() { file } else { flags }.to_vec()
+}
+
+fn http_url(url: String, flag: &str) -> Result<String> {
+    if url.starts_with("http://") || url.starts_with("https://") {
+        Ok(url)
+    } else {
+        Err(Error::Config(format!(
+            "{flag} {url:?} must be an http:// or https:// URL"
+        )))
+    }
+}
+
+/// A duration setting from the flag, else the config file, else `default`; at least `minimum`.
+fn duration_setting(
+    flag_value: &Option<String>,
+    file_value: &Option<String>,
+    default: &str,
+    flag: &str,
+    minimum: Duration,
+) -> Result<Duration> {
+    let text = flag_value
+        .clone()
+        .or(file_value.clone())
+        .unwrap_or_else(|| default.to_owned());
+    let duration = parse_duration(&text)?;
+    if duration < minimum {
+        return Err(Error::Config(format!(
+            "{flag} {text} is below the minimum of {}s",
+            minimum.as_secs()
+        )));
+    }
+    Ok(duration)
+}
+
+/// The registration token, read from its file and trimmed; an empty file is an error naming it.
+fn read_token(path: &std::path::Path) -> Result<String> {
+    let file_error = |detail: String| Error::ConfigFile {
+        path: path.display().to_string(),
+        detail,
+    };
+    let token = std::fs::read_to_string(path)
+        .map_err(|e| file_error(e.to_string()))?
+        .trim()
+        .to_owned();
+    if token.is_empty() {
+        return Err(file_error(
+            "the registration token file is empty".to_owned(),
+        ));
+    }
+    Ok(token)
+}
+
+const SECOND: Duration = Duration::from_secs(1);
 
 impl RunArgs {
     /// Resolves and checks every setting of `run`.
     pub fn resolve(&self) -> Result<RunConfig> {
         let file = read_file_config(&self.agent.config)?;
-        let (source_url, channel, fleet, trusted, identity, allowlist, namespace) =
-            self.agent.resolve(&file)?;
-        let poll_text = self
-            .poll_interval
-            .clone()
-            .or(file.poll_interval.clone())
-            .unwrap_or_else(|| "30s".to_owned());
-        let poll_interval = parse_duration(&poll_text)?;
-        if poll_interval < Duration::from_secs(1) {
-            return Err(Error::Config(format!(
-                "--poll-interval {poll_text} is below the minimum of 1s"
-            )));
-        }
+        let agent = self.agent.resolve(&file)?;
         let prune_budget = self.prune_budget.or(file.prune_budget).unwrap_or(0.5);
         if !(0.0..=1.0).contains(&prune_budget) {
             return Err(Error::Config(format!(
                 "--prune-budget {prune_budget} must be between 0 and 1"
             )));
         }
-        let log_format = self
-            .log_format
-            .clone()
-            .or(file.log_format.clone())
-            .unwrap_or_else(|| "text".to_owned());
-        let json_logs = match log_format.as_str() {
-            "text" => false,
-            "json" => true,
-            other => {
-                return Err(Error::Config(format!(
-                    "--log-format {other:?} must be text or json"
-                )));
-            }
-        };
-        let hold_text = self
-            .hold_cap
-            .clone()
-            .or(file.hold_cap.clone())
-            .unwrap_or_else(|| "24h".to_owned());
-        let hold_cap = parse_duration(&hold_text)?;
-        let backstop_text = self
-            .backstop_interval
-            .clone()
-            .or(file.backstop_interval.clone())
-            .unwrap_or_else(|| "1h".to_owned());
-        let backstop_interval = parse_duration(&backstop_text)?;
-        if backstop_interval < Duration::from_secs(1) {
-            return Err(Error::Config(format!(
-                "--backstop-interval {backstop_text} is below the minimum of 1s"
-            )));
-        }
-        let identity_name = self
-            .identity
-            .clone()
-            .or_else(|| std::env::var("POD_NAME").ok())
-            .or_else(|| {
-                std::fs::read_to_string("/etc/hostname")
-                    .ok()
-                    .map(|h| h.trim().to_owned())
-            })
-            .unwrap_or_else(|| format!("windvane-agent-{}", std::process::id()));
-        let reporter = match self.server.clone().or(file.server.clone()) {
-            None => None,
-            Some(server) => {
-                if !(server.starts_with("http://") || server.starts_with("https://")) {
-                    return Err(Error::Config(format!(
-                        "--server {server:?} must be an http:// or https:// URL"
-                    )));
-                }
-                let token_file = self
-                    .registration_token_file
-                    .clone()
-                    .or(file.registration_token_file.clone())
-                    .ok_or_else(|| Error::Config("--server needs --registration-token-file (the fleet registration token)".to_owned()))?;
-                let token = std::fs::read_to_string(&token_file)
-                    .map_err(|e| Error::ConfigFile {
-                        path: token_file.display().to_string(),
-                        detail: e.to_string(),
-                    })?
-                    .trim()
-                    .to_owned();
-                if token.is_empty() {
-                    return Err(Error::ConfigFile {
-                        path: token_file.display().to_string(),
-                        detail: "the registration token file is empty".to_owned(),
-                    });
-                }
-                let interval_text = self
-                    .heartbeat_interval
-                    .clone()
-                    .or(file.heartbeat_interval.clone())
-                    .unwrap_or_else(|| "30s".to_owned());
-                let interval = parse_duration(&interval_text)?;
-                if interval < Duration::from_secs(1) {
-                    return Err(Error::Config(format!(
-                        "--heartbeat-interval {interval_text} is below the minimum of 1s"
-                    )));
-                }
-                Some(crate::reporter::ReporterConfig {
-                    server,
-                    token,
-                    fleet: fleet.clone(),
-                    identity: identity.clone(),
-                    interval,
-                    namespace: namespace.clone(),
-                })
-            }
-        };
+        let identity_name = self.identity_name();
         Ok(RunConfig {
-            reporter,
+            reporter: self.reporter(&file, &agent)?,
+            json_logs: self.json_logs(&file)?,
             engine: EngineConfig {
-                source_url,
-                channel,
-                fleet,
-                trusted,
-                identity,
-                allowlist,
-                poll_interval,
-                namespace,
+                poll_interval: duration_setting(
+                    &self.poll_interval,
+                    &file.poll_interval,
+                    "30s",
+                    "--poll-interval",
+                    SECOND,
+                )?,
+                hold_cap: duration_setting(
+                    &self.hold_cap,
+                    &file.hold_cap,
+                    "24h",
+                    "--hold-cap",
+                    Duration::ZERO,
+                )?,
+                backstop_interval: duration_setting(
+                    &self.backstop_interval,
+                    &file.backstop_interval,
+                    "1h",
+                    "--backstop-interval",
+                    SECOND,
+                )?,
+                source_url: agent.source_url,
+                channel: agent.channel,
+                fleet: agent.fleet,
+                trusted: agent.trusted,
+                identity: agent.identity,
+                allowlist: agent.allowlist,
+                namespace: agent.namespace,
                 prune_budget,
                 apply: ApplyOptions::default(),
                 source_limits: SourceLimits::default(),
                 identity_name: identity_name.clone(),
-                hold_cap,
-                backstop_interval,
             },
             kubeconfig: self.agent.kubeconfig.clone(),
             admin_listen: self
@@ -468,8 +426,66 @@ impl RunArgs {
                 .or(file.admin_listen)
                 .unwrap_or_else(|| ([0, 0, 0, 0], 8481).into()),
             identity: identity_name,
-            json_logs,
         })
+    }
+
+    fn json_logs(&self, file: &FileConfig) -> Result<bool> {
+        match self.log_format.as_deref().or(file.log_format.as_deref()) {
+            None | Some("text") => Ok(false),
+            Some("json") => Ok(true),
+            Some(other) => Err(Error::Config(format!(
+                "--log-format {other:?} must be text or json"
+            ))),
+        }
+    }
+
+    /// This replica's name in Events: the flag, the pod's name, the host name, or one made from the pid.
+    fn identity_name(&self) -> String {
+        self.identity
+            .clone()
+            .or_else(|| std::env::var("POD_NAME").ok())
+            .or_else(|| {
+                std::fs::read_to_string("/etc/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_owned())
+            })
+            .unwrap_or_else(|| format!("windvane-agent-{}", std::process::id()))
+    }
+
+    /// The heartbeat reporter's settings, when a server is configured.
+    fn reporter(
+        &self,
+        file: &FileConfig,
+        agent: &AgentSettings,
+    ) -> Result<Option<crate::reporter::ReporterConfig>> {
+        let Some(server) = self.server.clone().or(file.server.clone()) else {
+            return Ok(None);
+        };
+        let server = http_url(server, "--server")?;
+        let token_file = self
+            .registration_token_file
+            .clone()
+            .or(file.registration_token_file.clone())
+            .ok_or_else(|| {
+                Error::Config(
+                    "--server needs --registration-token-file (the fleet registration token)"
+                        .to_owned(),
+                )
+            })?;
+        Ok(Some(crate::reporter::ReporterConfig {
+            server,
+            token: read_token(&token_file)?,
+            fleet: agent.fleet.clone(),
+            identity: agent.identity.clone(),
+            interval: duration_setting(
+                &self.heartbeat_interval,
+                &file.heartbeat_interval,
+                "30s",
+                "--heartbeat-interval",
+                SECOND,
+            )?,
+            namespace: agent.namespace.clone(),
+        }))
     }
 }
 
@@ -486,5 +502,40 @@ mod tests {
                 && err.contains("pollInterval"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn durations_come_from_the_flag_then_the_file_then_the_default_and_respect_the_minimum() {
+        let one = Duration::from_secs(1);
+        let flag = Some("5s".to_owned());
+        let file = Some("1m".to_owned());
+        let resolve = |flag: &Option<String>, file: &Option<String>| {
+            duration_setting(flag, file, "30s", "--poll-interval", one)
+        };
+        assert_eq!(resolve(&flag, &file).unwrap(), Duration::from_secs(5));
+        assert_eq!(resolve(&None, &file).unwrap(), Duration::from_secs(60));
+        assert_eq!(resolve(&None, &None).unwrap(), Duration::from_secs(30));
+        let err = resolve(&Some("500ms".to_owned()), &None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--poll-interval 500ms is below the minimum of 1s"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn urls_must_be_http_and_lists_prefer_the_flags() {
+        assert!(http_url("https://store.example".into(), "--source").is_ok());
+        let err = http_url("store.example".into(), "--server")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--server \"store.example\" must be an http:// or https:// URL"),
+            "{err}"
+        );
+        let (flags, file) = (vec!["a".to_owned()], vec!["b".to_owned()]);
+        assert_eq!(flags_or_file(&flags, &file), flags);
+        assert_eq!(flags_or_file(&[], &file), file);
     }
 }

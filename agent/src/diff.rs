@@ -35,15 +35,11 @@ pub async fn run(
     out: &mut impl Write,
 ) -> Result<DiffSummary> {
     let (serial, bundle) = fetch_release(config).await?;
-    let mut desired = Vec::new();
-    for app in windvane_shared::render::selected_apps(&bundle, &config.identity) {
-        let rendered = windvane_shared::render::render_app(app, &config.identity)?;
-        desired.extend(
-            windvane_shared::desired::desired_objects(&bundle.fleet, &rendered)?
-                .into_iter()
-                .map(Desired::of),
-        );
-    }
+    let shares = windvane_shared::desired::cluster_share(&bundle, &config.identity);
+    let desired: Vec<Desired> = windvane_shared::desired::all_or_first_error(shares)?
+        .into_iter()
+        .map(Desired::of)
+        .collect();
     write(
         out,
         &format!(

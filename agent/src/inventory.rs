@@ -228,6 +228,104 @@ pub fn plan_prune(
     plan
 }
 
+/// How one desired object's apply went, as the inventory records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    /// Applied (written or found intact): its entry as of this apply. An entry without an owned-field
+    /// digest (nothing was written) keeps the previous one.
+    Yes(InventoryEntry),
+    /// Failed or refused: a failing object is still ours, so its previous entry (if any) stays.
+    No(ObjectKey),
+}
+
+/// What became of an object the prune plan said to delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pruned {
+    Gone,
+    /// Still there (finalizers, graceful termination) or the delete failed: it stays, and is tried again.
+    Pending,
+    /// Its live object says `windvane.io/prune: disabled`: kept and reported as an orphan.
+    Disabled,
+}
+
+/// The inventory after a sync of release `serial`: what applied, what the prune plan kept and what its
+/// deletes left behind, and the orphans still around. The release counts as completely applied (its
+/// serial recorded) only when `complete` (every object applied, every app rendered) and no prune waits.
+pub fn next(
+    previous: &Inventory,
+    applied: impl IntoIterator<Item = Applied>,
+    prune: &PrunePlan,
+    pruned: &BTreeMap<ObjectKey, Pruned>,
+    serial: u64,
+    complete: bool,
+) -> Inventory {
+    let mut entries = BTreeMap::new();
+    let mut desired_keys = BTreeSet::new();
+    for outcome in applied {
+        match outcome {
+            Applied::Yes(mut entry) => {
+                let key = entry.key();
+                if entry.owned_digest.is_none() {
+                    entry.owned_digest = previous
+                        .entries
+                        .get(&key)
+                        .and_then(|e| e.owned_digest.clone());
+                }
+                desired_keys.insert(key.clone());
+                entries.insert(key, entry);
+            }
+            Applied::No(key) => {
+                if let Some(entry) = previous.entries.get(&key) {
+                    entries.insert(key.clone(), entry.clone());
+                }
+                desired_keys.insert(key);
+            }
+        }
+    }
+    let mut prunes_wait = !prune.postponed.is_empty();
+    for entry in &prune.delete {
+        match pruned.get(&entry.key()).copied().unwrap_or(Pruned::Pending) {
+            Pruned::Gone => {}
+            Pruned::Pending => {
+                prunes_wait = true;
+                entries.insert(entry.key(), entry.clone());
+            }
+            Pruned::Disabled => {
+                entries.insert(entry.key(), orphaned(entry));
+            }
+        }
+    }
+    for entry in &prune.orphan {
+        entries.insert(entry.key(), orphaned(entry));
+    }
+    // Objects that stay out of the release only because pruning waits remain managed; orphans stay reported
+    // until their object is gone.
+    let kept = prune.postponed.iter().chain(
+        previous
+            .entries
+            .values()
+            .filter(|e| e.orphaned && !desired_keys.contains(&e.key())),
+    );
+    for entry in kept {
+        entries.entry(entry.key()).or_insert_with(|| entry.clone());
+    }
+    Inventory {
+        complete_serial: if complete && !prunes_wait {
+            Some(serial)
+        } else {
+            previous.complete_serial
+        },
+        entries,
+    }
+}
+
+fn orphaned(entry: &InventoryEntry) -> InventoryEntry {
+    InventoryEntry {
+        orphaned: true,
+        ..entry.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -501,5 +599,105 @@ mod tests {
         a.orphaned = true;
         let plan = plan_prune(&inventory(&[a]), &BTreeSet::new(), &COMPLETE, 1.0);
         assert_eq!(plan, PrunePlan::default());
+    }
+
+    #[test]
+    fn the_next_inventory_keeps_what_is_still_ours_and_drops_what_is_gone() {
+        let kept = entry("x", "kept", true);
+        let failing = InventoryEntry {
+            owned_digest: Some("before".into()),
+            ..entry("x", "failing", true)
+        };
+        let intact = InventoryEntry {
+            owned_digest: Some("owned".into()),
+            ..entry("x", "intact", true)
+        };
+        let (gone, pending, disabled) = (
+            entry("x", "gone", true),
+            entry("x", "pending", true),
+            entry("x", "disabled", true),
+        );
+        let (orphan, old_orphan) = (
+            entry("y", "orphan", false),
+            InventoryEntry {
+                orphaned: true,
+                ..entry("y", "old-orphan", false)
+            },
+        );
+        let previous = inventory(&[
+            failing.clone(),
+            intact.clone(),
+            gone.clone(),
+            pending.clone(),
+            disabled.clone(),
+            orphan.clone(),
+            old_orphan.clone(),
+        ]);
+        let plan = PrunePlan {
+            delete: vec![gone.clone(), pending.clone(), disabled.clone()],
+            orphan: vec![orphan.clone()],
+            ..PrunePlan::default()
+        };
+        let applied = vec![
+            Applied::Yes(kept.clone()),
+            Applied::Yes(entry("x", "intact", true)),
+            Applied::No(failing.key()),
+            Applied::No(entry("x", "never-applied", true).key()),
+        ];
+        let pruned = BTreeMap::from([
+            (gone.key(), Pruned::Gone),
+            (pending.key(), Pruned::Pending),
+            (disabled.key(), Pruned::Disabled),
+        ]);
+        let next = next(&previous, applied, &plan, &pruned, 7, true);
+        let names: Vec<(&str, bool)> = next
+            .entries
+            .values()
+            .map(|e| (e.name.as_str(), e.orphaned))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                ("disabled", true),
+                ("failing", false),
+                ("intact", false),
+                ("kept", false),
+                ("old-orphan", true),
+                ("orphan", true),
+                ("pending", false),
+            ]
+        );
+        // Found intact (nothing written): the digest of the last write stays; a failing object keeps its entry.
+        assert_eq!(
+            next.entries[&intact.key()].owned_digest.as_deref(),
+            Some("owned")
+        );
+        assert_eq!(next.entries[&failing.key()], failing);
+        // A prune still pending: the release is not complete yet.
+        assert_eq!(next.complete_serial, Some(1));
+    }
+
+    #[test]
+    fn a_release_is_complete_only_when_it_applied_and_no_prune_waits() {
+        let a = entry("x", "a", true);
+        let previous = inventory(std::slice::from_ref(&a));
+        let none = BTreeMap::new();
+        let plan = PrunePlan::default();
+        let applied = || vec![Applied::Yes(a.clone())];
+        assert_eq!(
+            next(&previous, applied(), &plan, &none, 9, true).complete_serial,
+            Some(9)
+        );
+        assert_eq!(
+            next(&previous, applied(), &plan, &none, 9, false).complete_serial,
+            Some(1)
+        );
+        let postponed = PrunePlan {
+            postponed: vec![entry("x", "b", true)],
+            ..PrunePlan::default()
+        };
+        let waiting = next(&previous, applied(), &postponed, &none, 9, true);
+        assert_eq!(waiting.complete_serial, Some(1));
+        assert!(waiting.entries.contains_key(&entry("x", "b", true).key()));
     }
 }

@@ -156,6 +156,31 @@ impl AgentStatus {
             at: now,
         });
     }
+
+    /// Records a finished sync: what is enforced now, each object's state, the orphans, and the first problem
+    /// that is not about one object.
+    pub fn record_sync(&mut self, sync: SyncReport) {
+        self.source.applied_serial = Some(sync.serial);
+        self.source.applied_sha256 = Some(sync.sha256);
+        self.enforced = true;
+        self.last_error = sync.errors.into_iter().next();
+        self.prune_postponed = sync.prune_postponed;
+        self.objects = sync.objects;
+        self.orphans = sync.orphans;
+    }
+}
+
+/// What one sync of a release found, for [`AgentStatus::record_sync`].
+#[derive(Debug, Clone, Default)]
+pub struct SyncReport {
+    pub serial: u64,
+    pub sha256: String,
+    /// Problems that are not about one object (render, prune), most important first.
+    pub errors: Vec<String>,
+    pub prune_postponed: BTreeMap<String, String>,
+    pub objects: BTreeMap<ObjectKey, ObjectStatus>,
+    /// `kind ns/name` of every orphan.
+    pub orphans: Vec<String>,
 }
 
 #[cfg(test)]

@@ -10,12 +10,12 @@ use anyhow::{Context, bail};
 use clap::Args;
 use jiff::Timestamp;
 use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::desired::desired_objects;
+use windvane_shared::desired::{all_or_first_error, cluster_share};
 use windvane_shared::digest::sha256_hex;
 use windvane_shared::duration::{format_duration, parse_duration};
 use windvane_shared::keys::{self, TrustedKeys};
 use windvane_shared::release::{self, AcceptedRelease, PointerExpectations};
-use windvane_shared::render::{ClusterIdentity, render_for_cluster};
+use windvane_shared::render::ClusterIdentity;
 use windvane_shared::selector::{Labels, parse_label_assignment};
 use windvane_shared::{source, yaml_out};
 use windvane_store::{self as store, PublishRequest, StoreLocation};
@@ -225,24 +225,22 @@ pub fn render(args: RenderArgs) -> anyhow::Result<()> {
         name: args.cluster,
         labels,
     };
-    let apps = render_for_cluster(&bundle, &cluster)?;
-    let mut out = std::io::stdout().lock();
-    if apps.is_empty() {
+    let shares: Vec<_> = cluster_share(&bundle, &cluster).collect();
+    if shares.is_empty() {
         eprintln!(
             "no app of fleet {} selects cluster {} with these labels",
             bundle.fleet, cluster.name
         );
     }
-    for app in &apps {
-        // Exactly what the agent sends: Windvane's labels added, fields left to others removed.
-        for object in desired_objects(&bundle.fleet, app)? {
-            writeln!(
-                out,
-                "---\n# app: {} ({} document {})",
-                app.name, object.file, object.document
-            )?;
-            out.write_all(yaml_out::to_yaml_string(&object.body).as_bytes())?;
-        }
+    let mut out = std::io::stdout().lock();
+    // Exactly what the agent sends: Windvane's labels added, fields left to others removed.
+    for object in all_or_first_error(shares)? {
+        writeln!(
+            out,
+            "---\n# app: {} ({} document {})",
+            object.app, object.file, object.document
+        )?;
+        out.write_all(yaml_out::to_yaml_string(&object.body).as_bytes())?;
     }
     Ok(())
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::bundle::{ObjectRef, Policy};
-use crate::render::{RenderedApp, RenderedObject};
+use crate::bundle::{Bundle, ObjectRef, Policy};
+use crate::render::{ClusterIdentity, RenderedApp, RenderedObject, render_app, selected_apps};
 use crate::{Error, Result};
 
 /// The field manager of every server-side apply Windvane makes.
@@ -47,6 +47,43 @@ pub struct DesiredObject {
     pub ignored_pointers: Vec<String>,
     pub file: String,
     pub document: usize,
+}
+
+/// One selected app's share of a release for one cluster: its desired objects, or why it did not render.
+#[derive(Debug)]
+pub struct AppShare {
+    pub app: String,
+    pub objects: Result<Vec<DesiredObject>>,
+}
+
+/// This cluster's share of a release: every app selected for it, in bundle order, rendered and turned into
+/// what is applied. The one pipeline behind the agent's sync, `windvane-agent diff` and `windvane render`;
+/// each caller states its own rule for an app that fails — the agent skips it and applies the others (its
+/// prunes wait), a preview stops at it ([`all_or_first_error`]). Lazy, one app at a time, so that a caller
+/// can shrink each app's objects before the next is rendered.
+pub fn cluster_share<'b>(
+    bundle: &'b Bundle,
+    cluster: &'b ClusterIdentity,
+) -> impl Iterator<Item = AppShare> + 'b {
+    selected_apps(bundle, cluster)
+        .into_iter()
+        .map(move |app| AppShare {
+            app: app.name.clone(),
+            objects: render_app(app, cluster)
+                .and_then(|rendered| desired_objects(&bundle.fleet, &rendered)),
+        })
+}
+
+/// Every app's objects in order, or the first failing app's error: the rule of a preview, which must show
+/// all of what an agent would apply or say why it cannot.
+pub fn all_or_first_error(
+    shares: impl IntoIterator<Item = AppShare>,
+) -> Result<Vec<DesiredObject>> {
+    let mut objects = Vec::new();
+    for share in shares {
+        objects.extend(share.objects?);
+    }
+    Ok(objects)
 }
 
 /// The desired objects of one rendered app, in source order.

@@ -135,15 +135,6 @@ pub fn render_app(app: &App, cluster: &ClusterIdentity) -> Result<RenderedApp> {
     })
 }
 
-/// Renders every app selected for the cluster, in bundle order: what `windvane render` shows and what the
-/// agent applies.
-pub fn render_for_cluster(bundle: &Bundle, cluster: &ClusterIdentity) -> Result<Vec<RenderedApp>> {
-    selected_apps(bundle, cluster)
-        .into_iter()
-        .map(|app| render_app(app, cluster))
-        .collect()
-}
-
 /// What makes two objects the same object in a cluster (the version does not).
 fn identity_key(id: &ObjectRef) -> (String, String, Option<String>, String) {
     (
@@ -648,9 +639,11 @@ mod tests {
             .map(|app| app.name.as_str())
             .collect();
         assert_eq!(names, vec!["c", "a"]);
-        let rendered = render_for_cluster(&bundle, &cluster()).unwrap();
-        let names: Vec<&str> = rendered.iter().map(|app| app.name.as_str()).collect();
+        let cluster = cluster();
+        let shares: Vec<_> = crate::desired::cluster_share(&bundle, &cluster).collect();
+        let names: Vec<&str> = shares.iter().map(|share| share.app.as_str()).collect();
         assert_eq!(names, vec!["c", "a"]);
-        assert_eq!(rendered[1].objects[0].app, "a");
+        let objects = crate::desired::all_or_first_error(shares).unwrap();
+        assert_eq!(objects.last().map(|o| o.app.as_str()), Some("a"));
     }
 }

@@ -4,7 +4,8 @@ use std::fs;
 
 use serde_json::json;
 use windvane_shared::bundle::BundleLimits;
-use windvane_shared::render::{ClusterIdentity, render_for_cluster};
+use windvane_shared::desired::{DesiredObject, all_or_first_error, cluster_share};
+use windvane_shared::render::ClusterIdentity;
 use windvane_shared::selector::{LabelSelector, parse_label_assignment};
 use windvane_shared::source::load_fleet_dir;
 
@@ -46,22 +47,22 @@ fn each_cluster_gets_its_own_rendering() {
         "eu-1",
         &["env=prod", "region=eu", "topology.kubernetes.io/zone=eu-1a"],
     );
-    let rendered = render_for_cluster(&bundle, &eu).unwrap_or_else(|e| panic!("{e}"));
+    let rendered = render(&bundle, &eu).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(rendered.len(), 1);
-    let object = &rendered[0].objects[0];
+    let object = &rendered[0];
     assert_eq!(
         object.id.to_string(),
         "StatefulSet monitoring/prometheus-eu-1"
     );
-    assert_eq!(object.object["spec"]["replicas"], json!(2));
+    assert_eq!(object.body["spec"]["replicas"], json!(2));
     assert_eq!(
-        object.object["spec"]["template"]["spec"]["containers"][0]["args"],
+        object.body["spec"]["template"]["spec"]["containers"][0]["args"],
         json!(["--storage.tsdb.retention.time=30d", "--label=eu-1a"])
     );
 
     // A cluster without the zone label: an error naming the variable, not an empty string.
     let us = cluster("us-1", &["env=prod", "region=us"]);
-    let message = render_for_cluster(&bundle, &us).unwrap_err().to_string();
+    let message = render(&bundle, &us).unwrap_err().to_string();
     assert!(
         message.contains("${cluster.labels.topology.kubernetes.io/zone}"),
         "{message}"
@@ -72,9 +73,9 @@ fn each_cluster_gets_its_own_rendering() {
     );
 
     let dev = cluster("dev-1", &["env=dev"]);
-    let rendered = render_for_cluster(&bundle, &dev).unwrap_or_else(|e| panic!("{e}"));
+    let rendered = render(&bundle, &dev).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
-        rendered.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
+        rendered.iter().map(|o| o.app.as_str()).collect::<Vec<_>>(),
         vec!["debug"]
     );
 
@@ -84,4 +85,11 @@ fn each_cluster_gets_its_own_rendering() {
     assert!(
         filter.matches(&eu.labels) && !filter.matches(&us.labels) && !filter.matches(&dev.labels)
     );
+}
+
+fn render(
+    bundle: &windvane_shared::bundle::Bundle,
+    cluster: &ClusterIdentity,
+) -> windvane_shared::Result<Vec<DesiredObject>> {
+    all_or_first_error(cluster_share(bundle, cluster))
 }

@@ -6,8 +6,8 @@
 //! enrols with the registration token and its own Ed25519 key; polls the channel pointer with
 //! `If-None-Match` every poll interval with the agent's ±20 % jitter; verifies a changed pointer
 //! (`release::verify_pointer`, rollback and equivocation included), fetches and verifies the bundle
-//! (`verify_bundle`), renders its share for its labels (`render::selected_apps`, `render_app`,
-//! `desired::desired_objects`); then, instead of applying, reports at once with a signed heartbeat carrying
+//! (`verify_bundle`), renders its share for its labels (`desired::cluster_share`, the agent's
+//! pipeline); then, instead of applying, reports at once with a signed heartbeat carrying
 //! the accepted serial, and every heartbeat interval (jittered) after that. Simplifications, stated: one
 //! keep-alive connection per agent carries both its polls and its heartbeats (the agent has one each; the
 //! machine's file-descriptor limit is 20,000 per process), reopened when the server closes it; identity
@@ -34,14 +34,14 @@ use hyper::body::Bytes;
 use jiff::Timestamp;
 use tokio::sync::watch;
 use windvane_shared::bundle::BundleLimits;
-use windvane_shared::desired::desired_objects;
+use windvane_shared::desired::{all_or_first_error, cluster_share};
 use windvane_shared::dsse;
 use windvane_shared::heartbeat::{HEARTBEAT_PAYLOAD_TYPE, Heartbeat, SourceReport};
 use windvane_shared::keys::TrustedKeys;
 use windvane_shared::release::{
     DEFAULT_MAX_BUNDLE_BYTES, PointerExpectations, ReleasePointer, verify_bundle, verify_pointer,
 };
-use windvane_shared::render::{ClusterIdentity, render_app, selected_apps};
+use windvane_shared::render::ClusterIdentity;
 use windvane_shared::status::SyncState;
 use windvane_source_server::server::db::Database as _;
 use windvane_source_server::server::db::sqlite::SqliteDb;
@@ -646,13 +646,9 @@ impl SimAgent {
             return Err(Trouble::Failed);
         };
         // The agent's render: every selected app, then its desired objects.
-        let mut objects = 0;
-        for app in selected_apps(&bundle, &self.identity) {
-            let rendered = render_app(app, &self.identity)
-                .and_then(|r| desired_objects(&bundle.fleet, &r))
-                .map_err(|_| Trouble::Failed)?;
-            objects += rendered.len();
-        }
+        let objects = all_or_first_error(cluster_share(&bundle, &self.identity))
+            .map_err(|_| Trouble::Failed)?
+            .len();
         counters
             .objects
             .fetch_add(objects as u64, Ordering::Relaxed);

@@ -1,0 +1,136 @@
+//! Taking releases in: what the fetcher task found (nothing new, a refusal, the source unavailable, or a
+//! verified release) becomes the source's status and metrics; a new release is persisted as last known
+//! good before anything of it is applied. Also the re-verification of the release the cluster remembers,
+//! at start. The network side (polls, fetches, verification of what arrives) is the fetcher's
+//! ([`crate::fetcher`]).
+
+use jiff::Timestamp;
+use tracing::{info, warn};
+use windvane_shared::bundle::{Bundle, BundleLimits};
+use windvane_shared::release::{self, AcceptedRelease};
+
+use super::{Enforced, Engine};
+use crate::fetcher::{Fetched, FetcherConfig, NewRelease};
+use crate::state::KnownGood;
+use crate::{Error, Result};
+
+impl Engine {
+    /// Re-verifies a persisted release: signature, fleet, channel and digest. Expiry is not checked — an
+    /// expired release stays enforced until a newer one is accepted; self-healing never stops.
+    pub(super) fn verify_known_good(
+        &self,
+        known_good: &KnownGood,
+    ) -> Result<(AcceptedRelease, Bundle)> {
+        let accepted = release::verify_known_good(
+            &known_good.pointer,
+            &self.config.trusted,
+            &self.config.fleet,
+            &self.config.channel,
+        )?;
+        let bundle = release::verify_bundle(
+            &known_good.bundle,
+            &accepted.pointer,
+            self.config.source_limits.max_bundle_bytes,
+            BundleLimits::default(),
+        )?;
+        Ok((accepted, bundle))
+    }
+
+    /// What the fetcher found. True when a new release was accepted and persisted, to be applied now.
+    pub(super) async fn on_fetched(&mut self, fetched: Fetched) -> bool {
+        match fetched {
+            Fetched::NotModified => {
+                self.metrics.source_fetch("not_modified");
+                self.mark_source_fresh();
+                false
+            }
+            Fetched::Current => {
+                self.metrics.source_fetch("ok");
+                self.clear_refusal();
+                self.mark_source_fresh();
+                false
+            }
+            Fetched::Release(release) => self.accept(*release).await,
+            Fetched::Unavailable(error) => {
+                self.metrics.source_fetch(error.reason());
+                warn!(%error, "source unavailable; enforcing the last known good release");
+                self.mark_source_stale(&error);
+                false
+            }
+            Fetched::Refused(error) => {
+                self.metrics.source_fetch(error.reason());
+                warn!(reason = error.reason(), %error, "refusing the release; enforcing the last known good one");
+                self.status.send_modify(|status| {
+                    status.refuse(error.reason(), error.to_string(), Timestamp::now());
+                });
+                false
+            }
+        }
+    }
+
+    /// Takes a release the fetcher verified: persists it as last known good before anything is applied, and
+    /// tells the fetcher whether it did. True when it was taken.
+    async fn accept(&mut self, release: NewRelease) -> bool {
+        let NewRelease {
+            pointer_bytes,
+            bundle_bytes,
+            accepted,
+            bundle,
+            taken,
+        } = release;
+        let known_good = KnownGood {
+            pointer: pointer_bytes,
+            bundle: bundle_bytes,
+        };
+        if let Err(error) = self.state.save_known_good(&known_good).await {
+            self.metrics.source_fetch(error.reason());
+            warn!(%error, "cannot persist the new release; enforcing the last known good one");
+            self.mark_source_stale(&error);
+            let _ = taken.send(false);
+            return false;
+        }
+        info!(serial = accepted.pointer.serial, sha256 = %accepted.pointer.bundle.sha256, keyid = %accepted.keyid, "accepted a new release");
+        self.metrics.source_fetch("ok");
+        self.metrics.set_release_serial(accepted.pointer.serial);
+        self.enforced = Some(Enforced {
+            accepted,
+            bundle: known_good.bundle.into(),
+        });
+        self.fresh_bundle = Some(bundle);
+        self.clear_refusal();
+        self.mark_source_fresh();
+        let _ = taken.send(true);
+        true
+    }
+
+    /// A release verified: any earlier refusal is over, the source is good again.
+    fn clear_refusal(&self) {
+        self.status
+            .send_modify(|status| status.source.last_refusal = None);
+    }
+
+    pub(super) fn fetcher_config(&self) -> FetcherConfig {
+        FetcherConfig {
+            trusted: self.config.trusted.clone(),
+            fleet: self.config.fleet.clone(),
+            channel: self.config.channel.clone(),
+            poll_interval: self.config.poll_interval,
+            max_pointer_bytes: self.config.source_limits.max_pointer_bytes,
+            max_bundle_bytes: self.config.source_limits.max_bundle_bytes,
+        }
+    }
+
+    fn mark_source_fresh(&self) {
+        self.status
+            .send_modify(|status| status.source.stale_since = None);
+        self.metrics.set_source_stale(false);
+    }
+
+    fn mark_source_stale(&self, error: &Error) {
+        self.metrics.set_source_stale(true);
+        self.status.send_modify(|status| {
+            status.source.stale_since.get_or_insert_with(Timestamp::now);
+            status.last_error = Some(error.to_string());
+        });
+    }
+}

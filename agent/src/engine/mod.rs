@@ -1,0 +1,304 @@
+//! The agent's sync engine: a level-based loop over four inputs — a new release from the fetcher task, a
+//! change seen by a watch, the healer's timers, and the engine's own (the backstop and the retry of an
+//! incomplete sync, [`timers`]). A new release is persisted as last known good before anything of it is
+//! applied ([`accept`]); a sync renders this cluster's share, applies it in stages and prunes what left the
+//! release ([`reconcile`]); drift goes to the healer ([`crate::heal`]). A refused release never stops
+//! enforcement: the last known good keeps being applied and healed, and the refusal is reported.
+
+mod accept;
+mod reconcile;
+mod timers;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+use tracing::{error, info, warn};
+use windvane_shared::bundle::Bundle;
+use windvane_shared::keys::TrustedKeys;
+use windvane_shared::release::AcceptedRelease;
+use windvane_shared::render::ClusterIdentity;
+use windvane_shared::status::SyncState;
+
+use crate::allowlist::Allowlist;
+use crate::apply::ApplyOptions;
+use crate::backoff::random_unit;
+use crate::cluster::Cluster;
+use crate::drift::ContestTracker;
+use crate::fetcher::Fetcher;
+use crate::heal::Healer;
+use crate::inventory::Inventory;
+use crate::metrics::Metrics;
+use crate::report::StatusTx;
+use crate::source::{SourceClient, SourceLimits};
+use crate::state::StateStore;
+use crate::watch::{Change, LiveCache};
+use crate::{Error, Result};
+use timers::Timers;
+
+/// Everything the engine needs to know, resolved from flags, environment and the config file.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub source_url: String,
+    pub channel: String,
+    pub fleet: String,
+    pub trusted: TrustedKeys,
+    pub identity: ClusterIdentity,
+    pub allowlist: Allowlist,
+    pub poll_interval: Duration,
+    /// Namespace of the agent's own state (Secrets, Lease).
+    pub namespace: String,
+    /// Fraction of the inventory one release may prune.
+    pub prune_budget: f64,
+    pub apply: ApplyOptions,
+    pub source_limits: SourceLimits,
+    /// This replica's name, in Events it emits.
+    pub identity_name: String,
+    /// Longest an operator's `windvane.io/hold-until` is honoured.
+    pub hold_cap: Duration,
+    /// How often the backstop dry-runs every object (±20 % jitter).
+    pub backstop_interval: Duration,
+}
+
+/// The release being enforced.
+#[derive(Debug, Clone)]
+struct Enforced {
+    accepted: AcceptedRelease,
+    /// The verified bundle as fetched. It is parsed again when rendered rather than kept parsed: a parsed
+    /// bundle takes several times the memory of its bytes, and is needed only while rendering.
+    bundle: Arc<[u8]>,
+}
+
+/// Longest the first sync after a start waits for the watches to list the managed objects.
+const INITIAL_LIST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The sync engine of one cluster.
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    cluster: Cluster,
+    state: StateStore,
+    /// The store's client, until `run` hands it to the fetcher task.
+    source: Option<SourceClient>,
+    live: LiveCache,
+    changes: mpsc::UnboundedReceiver<Change>,
+    enforced: Option<Enforced>,
+    /// The enforced bundle, parsed while verifying it, until the next sync renders it.
+    fresh_bundle: Option<Bundle>,
+    inventory: Inventory,
+    /// The backstop and the retry of an incomplete sync.
+    timers: Timers,
+    status: StatusTx,
+    metrics: Arc<Metrics>,
+    healer: Healer,
+}
+
+impl Engine {
+    /// Builds the engine and loads what the cluster remembers: the last known good release (re-verified) and
+    /// the inventory.
+    pub async fn start(
+        config: EngineConfig,
+        client: kube::Client,
+        status: StatusTx,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self> {
+        let cluster = Cluster::new(client.clone());
+        let state = StateStore::new(client, &config.namespace, "windvane");
+        let source = SourceClient::new(
+            &config.source_url,
+            &config.channel,
+            config.source_limits.clone(),
+        )?;
+        let (live, changes) = LiveCache::new(&config.fleet);
+        let healer = Healer::new(
+            cluster.clone(),
+            live.clone(),
+            &config.identity_name,
+            config.hold_cap,
+            ContestTracker::default(),
+        );
+        let inventory = state.load_inventory().await?;
+        let timers = Timers::new(config.backstop_interval, Instant::now(), random_unit());
+        status.send_modify(|status| status.source.channel = config.channel.clone());
+        let mut engine = Self {
+            config,
+            cluster,
+            state,
+            source: Some(source),
+            live,
+            changes,
+            enforced: None,
+            fresh_bundle: None,
+            inventory,
+            timers,
+            status,
+            metrics,
+            healer,
+        };
+        match engine.state.load_known_good().await {
+            Ok(Some(known_good)) => match engine.verify_known_good(&known_good) {
+                Ok(bundle) => {
+                    let enforced = Enforced {
+                        accepted: bundle.0,
+                        bundle: known_good.bundle.into(),
+                    };
+                    info!(
+                        serial = enforced.accepted.pointer.serial,
+                        "loaded the last known good release from the cluster"
+                    );
+                    engine.enforced = Some(enforced);
+                    engine.fresh_bundle = Some(bundle.1);
+                }
+                Err(error) => {
+                    error!(%error, "the persisted last known good release does not verify; ignoring it")
+                }
+            },
+            Ok(None) => info!("no last known good release in the cluster yet"),
+            Err(error) => error!(%error, "cannot read the last known good release"),
+        }
+        Ok(engine)
+    }
+
+    /// Runs until `shutdown` turns true.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+        if self.enforced.is_some() {
+            // Enforce what the cluster remembers before the first poll: the source may be down. Watch what
+            // the inventory holds first, so that objects found intact are not written again (a restart or
+            // a failover then costs no writes).
+            self.watch_inventory().await;
+            self.sync().await;
+        }
+        // Polls and fetches run in their own task: the loop below never waits on the store.
+        let Some(source) = self.source.take() else {
+            return Err(Error::Config("the sync engine was already run".to_owned()));
+        };
+        let highest = self.enforced.as_ref().map(|e| {
+            (
+                e.accepted.pointer.serial,
+                e.accepted.pointer.bundle.sha256.clone(),
+            )
+        });
+        let (mut fetched, fetcher) = Fetcher::new(self.fetcher_config(), source, highest).spawn();
+        let _fetcher = AbortOnDrop(fetcher);
+        loop {
+            self.run_due_timers().await;
+            let wake = self.timers.next_wake(self.healer.next_timer());
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake.into()) => self.on_heal_timers().await,
+                Some(change) = self.changes.recv() => self.on_change(change).await,
+                Some(found) = fetched.recv() => {
+                    if self.on_fetched(found).await {
+                        self.timers.new_release();
+                        self.sync().await;
+                    }
+                }
+                _ = shutdown.changed() => {
+                    if *shutdown.borrow() {
+                        info!("stopping the sync engine");
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Syncs the enforced release and schedules what it asks for next.
+    async fn sync(&mut self) {
+        let next = self.reconcile().await;
+        self.timers.synced(next, Instant::now(), random_unit());
+    }
+
+    /// The backstop and the retry of an incomplete sync, when they are due.
+    async fn run_due_timers(&mut self) {
+        if self.timers.backstop_due(Instant::now()) {
+            self.healer.backstop(&self.status).await;
+            self.publish_drift();
+            self.timers.backstop_ran(Instant::now(), random_unit());
+        }
+        if self.timers.retry_due(Instant::now()) {
+            self.sync().await;
+        }
+    }
+
+    /// Starts the watches of every kind the inventory holds and waits, bounded, for their first lists.
+    async fn watch_inventory(&self) {
+        let started = Instant::now();
+        let mut resolved_kinds = HashSet::new();
+        let mut listing = HashSet::new();
+        for entry in self.inventory.managed() {
+            if !resolved_kinds.insert((entry.api_version.as_str(), entry.kind.as_str())) {
+                continue;
+            }
+            if let Ok(resolved) = self.cluster.resolve(&entry.api_version, &entry.kind).await {
+                self.live.ensure_watch(&self.cluster, &resolved);
+                listing.insert((
+                    resolved.resource.group.clone(),
+                    resolved.resource.kind.clone(),
+                ));
+            }
+        }
+        if listing.is_empty() {
+            return;
+        }
+        if self.live.wait_listed(&listing, INITIAL_LIST_TIMEOUT).await {
+            info!(
+                kinds = listing.len(),
+                objects = self.live.len(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "listed the managed objects"
+            );
+        } else {
+            warn!(
+                timeout_s = INITIAL_LIST_TIMEOUT.as_secs(),
+                "the watches did not list the managed objects in time; applying them all"
+            );
+        }
+    }
+
+    /// A watch saw a change: judge drift and health (the healer reverts what policy says to).
+    async fn on_change(&mut self, change: Change) {
+        let key = match &change {
+            Change::Updated(key) | Change::Deleted(key) => key.clone(),
+        };
+        let failed = self
+            .status
+            .borrow()
+            .objects
+            .get(&key)
+            .is_none_or(|o| o.state == SyncState::Failed && !self.healer.is_drifting(&key));
+        if failed {
+            return;
+        }
+        self.healer.on_change(&key, &self.status).await;
+        self.publish_drift();
+    }
+
+    /// The healer's grace periods, holds and back-offs that end now.
+    async fn on_heal_timers(&mut self) {
+        if self
+            .healer
+            .next_timer()
+            .is_some_and(|t| t <= Instant::now())
+        {
+            self.healer.on_timers(&self.status).await;
+            self.publish_drift();
+        }
+    }
+
+    fn publish_drift(&self) {
+        self.status
+            .send_modify(|status| status.drift = self.healer.records());
+        self.metrics.set_objects(&self.status.borrow().counts());
+    }
+}
+
+/// Stops the fetcher task when the engine stops.
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

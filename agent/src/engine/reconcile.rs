@@ -1,0 +1,368 @@
+//! One sync of the enforced release, as a flow of steps: render this cluster's share (the shared
+//! pipeline), apply it in stages, plan and carry out the prunes, compute the next inventory
+//! ([`inventory::next`], pure) and persist it, record the status ([`AgentStatus::record_sync`]), and hand the
+//! objects as applied to the healer. Returns what the loop should do next ([`Next`]). The steps that decide
+//! are pure; the ones here that talk to the cluster are thin.
+//!
+//! [`AgentStatus::record_sync`]: crate::report::AgentStatus::record_sync
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use tracing::{Instrument, error, info, info_span, warn};
+use windvane_shared::bundle::{Bundle, BundleLimits};
+use windvane_shared::desired::cluster_share;
+use windvane_shared::release;
+use windvane_shared::render::ClusterIdentity;
+
+use super::timers::Next;
+use super::{Enforced, Engine};
+use crate::apply::{ApplyReport, ObjectResult, Outcome, apply_all};
+use crate::cluster::Deletion;
+use crate::desired::Desired;
+use crate::drift::Baseline;
+use crate::health::assess;
+use crate::inventory::{
+    self, Applied, InventoryEntry, ObjectKey, PrunePlan, Pruned, ReleaseOutcome, incomplete_apps,
+    plan_prune,
+};
+use crate::report::{ObjectStatus, SyncReport, object_state};
+
+/// An app that did not render, with why: its objects are missing from this sync, so its prunes wait.
+type RenderError = (String, String);
+
+impl Engine {
+    /// Syncs the enforced release (nothing to do before one is known).
+    pub(super) async fn reconcile(&mut self) -> Next {
+        let Some(enforced) = self.enforced.clone() else {
+            return Next::Idle;
+        };
+        let span = info_span!("sync", serial = enforced.accepted.pointer.serial, fleet = %self.config.fleet);
+        self.sync_release(&enforced).instrument(span).await
+    }
+
+    async fn sync_release(&mut self, enforced: &Enforced) -> Next {
+        let started = Instant::now();
+        let serial = enforced.accepted.pointer.serial;
+        let Some(bundle) = self.take_bundle(enforced) else {
+            return Next::Retry;
+        };
+        let (desired, unrendered) = render(&bundle, &self.config.identity);
+        drop(bundle);
+        let release_empty = desired.is_empty() && unrendered.is_empty();
+        let report = self.apply(desired).await;
+        self.watch_applied(&report).await;
+
+        // Keys as applied: each object carries its final namespace, decided while applying.
+        let desired_keys: BTreeSet<ObjectKey> = report.results.iter().map(|r| r.key()).collect();
+        let outcome = ReleaseOutcome {
+            incomplete: incomplete_apps(
+                report
+                    .results
+                    .iter()
+                    .map(|r| (r.object.app.as_str(), applied(r))),
+                unrendered.iter().map(|(app, _)| app.as_str()),
+            ),
+            empty: release_empty,
+            allow_empty: enforced.accepted.pointer.allow_empty,
+        };
+        let prune = plan_prune(
+            &self.inventory,
+            &desired_keys,
+            &outcome,
+            self.config.prune_budget,
+        );
+        let (pruned, prune_errors) = self.prune(&prune).await;
+        let complete = report.complete() && unrendered.is_empty();
+        let next = inventory::next(
+            &self.inventory,
+            report.results.iter().map(inventory_record),
+            &prune,
+            &pruned,
+            serial,
+            complete,
+        );
+        if let Err(error) = self.state.save_inventory(&next).await {
+            error!(%error, "cannot persist the inventory");
+        }
+        self.inventory = next;
+
+        let mut errors: Vec<String> = unrendered
+            .iter()
+            .map(|(app, error)| format!("app {app}: {error}"))
+            .collect();
+        errors.extend(prune.reasons().cloned());
+        errors.extend(prune_errors);
+        let next = if complete && errors.is_empty() {
+            Next::Idle
+        } else {
+            Next::Retry
+        };
+        self.record_status(enforced, &report, errors, &prune);
+        let elapsed = started.elapsed();
+        self.metrics.observe_sync(elapsed);
+        log_sync(&report, &prune, complete, elapsed);
+        self.hand_to_healer(report.results);
+        next
+    }
+
+    /// The enforced bundle, parsed: as verified on acceptance, or parsed again from its bytes.
+    fn take_bundle(&mut self, enforced: &Enforced) -> Option<Bundle> {
+        if let Some(bundle) = self.fresh_bundle.take() {
+            return Some(bundle);
+        }
+        release::verify_bundle(
+            &enforced.bundle,
+            &enforced.accepted.pointer,
+            self.config.source_limits.max_bundle_bytes,
+            BundleLimits::default(),
+        )
+        // It verified when it was accepted; its bytes have not changed since.
+        .inspect_err(|error| error!(%error, "the enforced bundle no longer parses"))
+        .ok()
+    }
+
+    async fn apply(&self, desired: Vec<Desired>) -> ApplyReport {
+        let unchanged = |key: &ObjectKey, hash: &str| self.unchanged(key, hash);
+        let observe = |object: &serde_json::Value| self.live.observe(object);
+        apply_all(
+            &self.cluster,
+            desired,
+            &self.config.allowlist,
+            &unchanged,
+            &observe,
+            &self.config.apply,
+        )
+        .await
+    }
+
+    /// True when an object need not be written: its body is as last applied and the live object still owns
+    /// what that apply left it owning.
+    fn unchanged(&self, key: &ObjectKey, hash: &str) -> bool {
+        let Some(entry) = self
+            .inventory
+            .entries
+            .get(key)
+            .filter(|e| !e.orphaned && e.applied_hash == hash)
+        else {
+            return false;
+        };
+        if self.healer.has_baseline(key) {
+            return self.live.contains(key);
+        }
+        // After a restart: intact only if it still owns what Windvane's last apply left it owning.
+        self.live.get(key).is_some_and(|live| {
+            entry.owned_digest.as_deref() == Some(Baseline::of(&live).digest().as_str())
+        })
+    }
+
+    /// Counts the outcomes and makes sure every applied kind is watched.
+    async fn watch_applied(&self, report: &ApplyReport) {
+        for result in &report.results {
+            let counted = match result.outcome {
+                Outcome::Applied { written: true } => "written",
+                Outcome::Applied { written: false } => "unchanged",
+                Outcome::Refused(_) => "refused",
+                Outcome::Failed(_) => "failed",
+            };
+            self.metrics.apply(counted);
+            if !applied(result) {
+                continue;
+            }
+            let id = &result.object.id;
+            if let Ok(resolved) = self.cluster.resolve(&id.api_version, &id.kind).await {
+                self.live.ensure_watch(&self.cluster, &resolved);
+            }
+        }
+    }
+
+    /// Deletes what the plan says to, except objects whose live annotation disables pruning. Returns what
+    /// became of each, and why the ones still there are.
+    async fn prune(&self, plan: &PrunePlan) -> (BTreeMap<ObjectKey, Pruned>, Vec<String>) {
+        let mut pruned = BTreeMap::new();
+        let mut errors = Vec::new();
+        for entry in &plan.delete {
+            let disabled = self.live.get(&entry.key()).is_some_and(|live| {
+                live.pointer("/metadata/annotations/windvane.io~1prune")
+                    .and_then(|v| v.as_str())
+                    == Some("disabled")
+            });
+            let outcome = if disabled {
+                Pruned::Disabled
+            } else {
+                match self.delete(entry).await {
+                    Ok(()) => Pruned::Gone,
+                    Err(why) => {
+                        errors.push(why);
+                        Pruned::Pending
+                    }
+                }
+            };
+            pruned.insert(entry.key(), outcome);
+        }
+        (pruned, errors)
+    }
+
+    /// Deletes one object; `Err` says why it is still there.
+    async fn delete(&self, entry: &InventoryEntry) -> Result<(), String> {
+        let id = entry.object_ref();
+        let deleted = match self.cluster.resolve(&id.api_version, &id.kind).await {
+            Ok(resolved) => self.cluster.delete(&id, &resolved).await,
+            Err(error) => Err(error),
+        };
+        match deleted {
+            Ok(Deletion::Gone) => {
+                info!(object = %id, app = %entry.app, "pruned");
+                Ok(())
+            }
+            // Still there (finalizers, graceful termination): it stays in the inventory and the prune is
+            // checked again with the retries, until it is gone.
+            Ok(Deletion::Pending { finalizers }) => {
+                let waiting = if finalizers.is_empty() {
+                    "its termination".to_owned()
+                } else {
+                    format!("finalizers {}", finalizers.join(", "))
+                };
+                info!(object = %id, app = %entry.app, %waiting, "prune pending; will check again");
+                Err(format!("pruning {id}: deletion pending on {waiting}"))
+            }
+            Err(error) => {
+                warn!(object = %id, %error, "prune failed; will retry");
+                Err(error.to_string())
+            }
+        }
+    }
+
+    fn record_status(
+        &self,
+        enforced: &Enforced,
+        report: &ApplyReport,
+        errors: Vec<String>,
+        prune: &PrunePlan,
+    ) {
+        let sync = SyncReport {
+            serial: enforced.accepted.pointer.serial,
+            sha256: enforced.accepted.pointer.bundle.sha256.clone(),
+            errors,
+            prune_postponed: prune.postponed_apps.clone(),
+            objects: report
+                .results
+                .iter()
+                .map(|result| (result.key(), self.object_status(result)))
+                .collect(),
+            orphans: self
+                .inventory
+                .entries
+                .values()
+                .filter(|e| e.orphaned)
+                .map(|e| e.object_ref().to_string())
+                .collect(),
+        };
+        self.status.send_modify(|status| {
+            status.record_sync(sync);
+            self.metrics.set_objects(&status.counts());
+        });
+    }
+
+    /// An object's state from its apply outcome and its live health.
+    fn object_status(&self, result: &ObjectResult) -> ObjectStatus {
+        let failure = match &result.outcome {
+            Outcome::Applied { .. } => None,
+            Outcome::Failed(message) | Outcome::Refused(message) => Some(message.as_str()),
+        };
+        let id = &result.object.id;
+        let health = self
+            .live
+            .get(&result.key())
+            .map(|live| assess(id.group(), &id.kind, &live));
+        let (state, message) = object_state(failure, health.as_ref());
+        ObjectStatus {
+            app: result.object.app.clone(),
+            display: id.to_string(),
+            state,
+            message,
+        }
+    }
+
+    /// Drift is judged from now on against the objects as applied; they move to the healer.
+    fn hand_to_healer(&mut self, results: Vec<ObjectResult>) {
+        let mut baselines = Vec::new();
+        let mut unwritten = Vec::new();
+        self.healer
+            .set_desired(results.into_iter().filter_map(|result| {
+                if !applied(&result) {
+                    return None;
+                }
+                let key = ObjectKey::of(&result.object.id);
+                match result.applied {
+                    Some(baseline) => baselines.push((key, baseline)),
+                    None => unwritten.push(key),
+                }
+                Some(result.object)
+            }));
+        for (key, baseline) in baselines {
+            self.healer.applied(&key, baseline);
+        }
+        // Objects found intact after a restart are judged from what they own now.
+        for key in unwritten {
+            if !self.healer.has_baseline(&key)
+                && let Some(live) = self.live.get(&key)
+            {
+                self.healer.adopt(&key, Baseline::of(&live));
+            }
+        }
+    }
+}
+
+fn applied(result: &ObjectResult) -> bool {
+    matches!(result.outcome, Outcome::Applied { .. })
+}
+
+/// What one object's apply means for the inventory.
+fn inventory_record(result: &ObjectResult) -> Applied {
+    if !applied(result) {
+        return Applied::No(result.key());
+    }
+    let id = &result.object.id;
+    Applied::Yes(InventoryEntry {
+        app: result.object.app.clone(),
+        api_version: id.api_version.clone(),
+        kind: id.kind.clone(),
+        namespace: id.namespace.clone(),
+        name: id.name.clone(),
+        prune: result.object.prune,
+        applied_hash: result.body_hash.clone(),
+        owned_digest: result.applied.as_ref().map(Baseline::digest),
+        orphaned: false,
+    })
+}
+
+fn log_sync(report: &ApplyReport, prune: &PrunePlan, complete: bool, elapsed: std::time::Duration) {
+    info!(
+        objects = report.results.len(),
+        written = report.written(),
+        failed = report.results.iter().filter(|r| !applied(r)).count(),
+        pruned = prune.delete.len(),
+        complete,
+        elapsed_ms = elapsed.as_millis() as u64,
+        "sync finished"
+    );
+}
+
+/// This cluster's desired objects: every selected app rendered, with Windvane's labels, each app's objects
+/// made compact before the next app renders. An app that fails to render is reported and skipped; the others
+/// still apply. Render errors come back with their app's name: that app's prunes wait until it renders again.
+fn render(bundle: &Bundle, identity: &ClusterIdentity) -> (Vec<Desired>, Vec<RenderError>) {
+    let mut desired = Vec::new();
+    let mut errors = Vec::new();
+    for share in cluster_share(bundle, identity) {
+        match share.objects {
+            Ok(objects) => desired.extend(objects.into_iter().map(Desired::of)),
+            Err(error) => {
+                error!(app = %share.app, %error, "cannot render app");
+                errors.push((share.app, error.to_string()));
+            }
+        }
+    }
+    (desired, errors)
+}
