@@ -10,12 +10,11 @@
 use libfuzzer_sys::fuzz_target;
 use windvane_fuzz::{CHANNEL, FLEET, cluster, mode, now};
 use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::desired::desired_objects;
+use windvane_shared::desired::cluster_share;
 use windvane_shared::digest::sha256_hex;
 use windvane_shared::release::{
     BundleRef, DEFAULT_MAX_BUNDLE_BYTES, ReleasePointer, verify_bundle,
 };
-use windvane_shared::render::render_for_cluster;
 
 fuzz_target!(|data: &[u8]| {
     let Some((mode, data)) = mode(data, 2) else {
@@ -49,10 +48,8 @@ fuzz_target!(|data: &[u8]| {
     Bundle::from_json_slice(&encoded, limits)
         .expect("an accepted bundle's own encoding is accepted");
 
-    let Ok(rendered) = render_for_cluster(&bundle, &cluster()) else {
-        return;
-    };
-    for app in &rendered {
-        let _ = desired_objects(&bundle.fleet, app);
+    let cluster = cluster();
+    for share in cluster_share(&bundle, &cluster) {
+        let _ = share.objects;
     }
 });

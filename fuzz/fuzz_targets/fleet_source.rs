@@ -13,8 +13,7 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use windvane_fuzz::cluster;
 use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::desired::desired_objects;
-use windvane_shared::render::render_for_cluster;
+use windvane_shared::desired::cluster_share;
 use windvane_shared::source::load_fleet_dir;
 
 /// Where each NUL-separated part of an input goes, relative to the fleet root.
@@ -64,10 +63,8 @@ fuzz_target!(|data: &[u8]| {
         panic!("a loaded fleet's bundle is refused by the agent's parser: {e}")
     });
     assert_eq!(accepted.apps.len(), bundle.apps.len());
-    let Ok(rendered) = render_for_cluster(&accepted, &cluster()) else {
-        return;
-    };
-    for app in &rendered {
-        let _ = desired_objects(&accepted.fleet, app);
+    let cluster = cluster();
+    for share in cluster_share(&accepted, &cluster) {
+        let _ = share.objects;
     }
 });
