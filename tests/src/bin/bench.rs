@@ -9,9 +9,11 @@
 //!
 //! Sections (`--list` prints them): `bundle` (bundle acceptance vs raw SHA-256, no cluster); then, on one
 //! fresh localkube with the release build of the agent managing 1,000 objects: `sync` (first full sync vs
-//! `kubectl apply --server-side`), `rss` (agent memory with 1,000 objects, and idle with 5), `idle`
-//! (apiserver requests in an idle window) and `drift` (drift repair latency vs one server-side apply round
-//! trip), each started from a quiet control plane. Then the source server's, each on a fresh release build
+//! a bare 16-way server-side-apply client, the control plane's floor, and vs `kubectl apply
+//! --server-side`), `rss` (agent memory with 1,000 objects, and idle with 5), `idle` (apiserver requests
+//! in an idle window), `drift` (drift repair latency vs one server-side apply round trip) and
+//! `big-release` (a 5 MB release with ten 300 KB CRDs: first sync and peak memory), each started from a
+//! quiet control plane. Then the source server's, each on a fresh release build
 //! of `windvane-server` and no cluster: `pointer-304` (304 throughput vs nginx on the same file),
 //! `heartbeat` (signed heartbeat ingestion at a fixed offered rate vs a trivial handler on the same HTTP
 //! stack) and `convergence` (10,000 simulated agents, publish until all acknowledged).
@@ -88,6 +90,9 @@ enum Section {
     Idle,
     /// Agent memory managing 1,000 objects (peak) and idle with a 5-object release.
     Rss,
+    /// A 5 MB release of 250 objects with ten 300 KB CRDs: first sync time and agent peak RSS.
+    #[value(name = "big-release")]
+    BigRelease,
     /// Source server: pointer `304` throughput vs nginx on the same file, interleaved rounds.
     #[value(name = "pointer-304")]
     Pointer304,
@@ -113,7 +118,10 @@ impl Section {
 
     /// Sections that need the agent managing the large release on a localkube.
     fn needs_cluster(self) -> bool {
-        matches!(self, Self::Sync | Self::Rss | Self::Idle | Self::Drift)
+        matches!(
+            self,
+            Self::Sync | Self::Rss | Self::Idle | Self::Drift | Self::BigRelease
+        )
     }
 }
 
@@ -733,6 +741,11 @@ async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::R
             )),
         );
     }
+    if settings.wants(Section::BigRelease) {
+        progress("big-release: an agent with a 5 MB release of 250 objects");
+        let big = bench.big_release().await?;
+        big_release_rows(&big, results);
+    }
     progress("done with the cluster");
     Ok(())
 }
@@ -811,6 +824,40 @@ impl ClusterBench<'_> {
         Ok(bare)
     }
 
+    /// Starts an agent with the big release (its own fleet, state namespace and Lease) on a quiet control
+    /// plane, and measures its first sync, the time until every object is Synced and its peak memory.
+    async fn big_release(&self) -> anyhow::Result<BigRelease> {
+        let publisher = Publisher::new(13)?;
+        let tree = workload::big_fleet_tree()?;
+        let bundle_bytes = publisher.publish(&tree, "stable")?.bundle.size;
+        let server = StoreServer::start(publisher.store()).await?;
+        let launch = self.launch(
+            &server,
+            &publisher,
+            workload::BIG_FLEET,
+            "windvane-big",
+            "agent-big",
+        );
+        sync::wait_control_plane_quiet(&self.kube).await?;
+        AgentProcess::prepare_namespace(&self.kube, &launch.namespace).await?;
+        let started = Instant::now();
+        let mut agent = AgentProcess::start(&launch)?;
+        let first_sync = sync::wait_first_sync(&mut agent, started).await?;
+        sync::wait_synced(&agent, workload::BIG_OBJECTS, Duration::from_secs(300))
+            .await
+            .with_context(|| format!("the big release; agent log tail:\n{}", agent.log_tail()))?;
+        let all_synced = started.elapsed();
+        agent.check_running()?;
+        let memory = agent.memory()?;
+        agent.stop();
+        Ok(BigRelease {
+            bundle_bytes,
+            first_sync,
+            all_synced,
+            memory,
+        })
+    }
+
     /// Starts an agent with the small release (its own fleet, state namespace and Lease), waits until it is
     /// Synced, lets it idle and reads its memory.
     async fn small_agent_memory(&self) -> anyhow::Result<agent::Memory> {
@@ -835,6 +882,54 @@ impl ClusterBench<'_> {
         agent.stop();
         Ok(memory)
     }
+}
+
+/// The big release's figures.
+#[derive(Debug)]
+struct BigRelease {
+    /// Size of the release's bundle in the store.
+    bundle_bytes: u64,
+    /// From the agent's start until its first sync finished.
+    first_sync: Duration,
+    /// From the agent's start until every object was Synced (Deployments Available).
+    all_synced: Duration,
+    memory: agent::Memory,
+}
+
+fn big_release_rows(big: &BigRelease, results: &mut Results) {
+    let size = format!(
+        "{:.1} MB bundle of {} objects, {} of them CRDs of about 300 KB",
+        big.bundle_bytes as f64 / 1e6,
+        workload::BIG_OBJECTS,
+        workload::BIG_CRDS
+    );
+    results.rows.push(
+        Row::new(
+            "big-release",
+            "big_release_first_sync_seconds",
+            "first full sync, 5 MB release of 250 objects",
+            Unit::Seconds,
+            big.first_sync.as_secs_f64(),
+        )
+        .note(format!(
+            "{size}; process start until the first sync finished; every object Synced after {:.2} s",
+            big.all_synced.as_secs_f64()
+        )),
+    );
+    results.rows.push(
+        Row::new(
+            "big-release",
+            "agent_peak_rss_big_release_mib",
+            "agent peak RSS (VmHWM), 5 MB release",
+            Unit::MiB,
+            big.memory.peak_mib,
+        )
+        .goal(Goal::AtMost(40.0))
+        .note(format!(
+            "{size}; peak from start until every object was Synced; then {}",
+            big.memory.describe()
+        )),
+    );
 }
 
 /// Other processes using more than this share of a core during a timed run make the run noisy.
@@ -865,26 +960,37 @@ fn sync_results(sync: &SyncComparison, results: &mut Results) {
             Unit::Seconds,
             sync.agent.elapsed.as_secs_f64(),
         )
-        .baseline("kubectl apply --server-side", sync.kubectl.elapsed.as_secs_f64())
-        .goal(Goal::RatioAtMost(0.25))
+        .baseline("bare 16-way SSA client", bare.as_secs_f64())
+        .goal(Goal::RatioAtMost(1.05))
         .note(format!(
-            "process start until the first sync finished vs until kubectl returned; same apiserver, both as \
-             cluster-admin ServiceAccounts, each started on a quiet control plane. Agent: {:.2} s inside its \
-             sync, {} objects written, requests: {}; {}. kubectl: requests: {}; {}. Until the control plane \
-             was quiet again (Deployments rolled out): control plane {:.1} s CPU after the agent, {:.1} s \
-             after kubectl. Floor: a bare in-process SSA client, 16 at a time, no start-up (run after the \
-             agent): {:.2} s ({:.2}× kubectl; {})",
+            "agent: process start until the first sync finished; {:.2} s inside its sync, {} objects \
+             written, requests: {}; {}. Baseline, the control plane's floor on this machine: a bare \
+             in-process server-side-apply client, 16 at a time, no start-up, run after the agent on the same \
+             apiserver: {}. Until the control plane was quiet again (Deployments rolled out): control plane \
+             {:.1} s CPU after the agent",
             sync.agent.reported.as_secs_f64(),
             sync.agent.written,
             sync.agent.requests.describe(),
             sync.agent.cpu.describe("agent"),
+            bare_cpu.describe("client"),
+            sync.agent_converged.control_plane.as_secs_f64(),
+        )),
+    );
+    results.rows.push(
+        Row::new(
+            "sync",
+            "first_sync_vs_kubectl_seconds",
+            "first full sync, 1,000 objects, vs kubectl",
+            Unit::Seconds,
+            sync.agent.elapsed.as_secs_f64(),
+        )
+        .baseline("kubectl apply --server-side", sync.kubectl.elapsed.as_secs_f64())
+        .note(format!(
+            "kubectl's run until it returned, on a quiet control plane before the agent, both as \
+             cluster-admin ServiceAccounts; requests: {}; {}; control plane {:.1} s CPU until quiet again",
             sync.kubectl.requests.describe(),
             sync.kubectl.cpu.describe("kubectl"),
-            sync.agent_converged.control_plane.as_secs_f64(),
             sync.kubectl_converged.control_plane.as_secs_f64(),
-            bare.as_secs_f64(),
-            bare.as_secs_f64() / sync.kubectl.elapsed.as_secs_f64(),
-            bare_cpu.describe("client"),
         )),
     );
     results.details.insert(

@@ -218,21 +218,8 @@ pub async fn agent_first_sync(
     let meter = CpuMeter::start(localkube_pid(kube)?)?;
     let started = Instant::now();
     let mut agent = AgentProcess::start(launch)?;
-    let metrics = loop {
-        if let Ok(metrics) = agent.metrics().await
-            && prom::sum(&metrics, "windvane_sync_duration_seconds_count", |_| true) >= 1.0
-        {
-            break metrics;
-        }
-        agent.check_running()?;
-        anyhow::ensure!(
-            started.elapsed() < SYNC_TIMEOUT,
-            "no sync finished within {SYNC_TIMEOUT:?}; agent log tail:\n{}",
-            agent.log_tail()
-        );
-        tokio::time::sleep(SYNC_POLL).await;
-    };
-    let elapsed = started.elapsed();
+    let elapsed = wait_first_sync(&mut agent, started).await?;
+    let metrics = agent.metrics().await?;
     let cpu = meter.stop(localkube_pid(kube)?, Contestant::Process(agent.pid()?))?;
     let requests = identity.requests(&scrape(&admin).await?).since(&before);
 
@@ -268,6 +255,28 @@ pub async fn agent_first_sync(
         cpu,
     };
     Ok((agent, sync))
+}
+
+/// Waits until the agent's first sync finished (`windvane_sync_duration_seconds_count ≥ 1`) and returns
+/// the time since `started`.
+pub async fn wait_first_sync(
+    agent: &mut AgentProcess,
+    started: Instant,
+) -> anyhow::Result<Duration> {
+    loop {
+        if let Ok(metrics) = agent.metrics().await
+            && prom::sum(&metrics, "windvane_sync_duration_seconds_count", |_| true) >= 1.0
+        {
+            return Ok(started.elapsed());
+        }
+        agent.check_running()?;
+        anyhow::ensure!(
+            started.elapsed() < SYNC_TIMEOUT,
+            "no sync finished within {SYNC_TIMEOUT:?}; agent log tail:\n{}",
+            agent.log_tail()
+        );
+        tokio::time::sleep(SYNC_POLL).await;
+    }
 }
 
 /// Objects whose state is not Synced, briefly.

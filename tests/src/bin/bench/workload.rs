@@ -2,7 +2,9 @@
 //! Namespace, 79 ConfigMaps of about 1 KB and 20 one-replica Deployments — written both as a Windvane fleet
 //! tree (one app per namespace) and as plain manifests for `kubectl apply -f DIR`, identical but for the
 //! namespace prefix and `${cluster.name}`, which the agent renders and kubectl gets already filled in.
-//! Plus a small release (5 objects) for the agent's idle footprint.
+//! Plus a small release (5 objects) for the agent's idle footprint, and a big release (about 5 MB of 250
+//! objects, ten of them CustomResourceDefinitions of about 300 KB, as operators' install files carry) for
+//! the agent's memory on large objects.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -35,6 +37,21 @@ pub const DRIFT_KEY: &str = "key-0";
 pub const TINY_FLEET: &str = "tiny";
 /// Objects of the small release.
 pub const TINY_OBJECTS: usize = 5;
+
+/// The fleet of the big release.
+pub const BIG_FLEET: &str = "big";
+/// Namespace of the big release's namespaced objects.
+pub const BIG_NAMESPACE: &str = "big";
+/// CustomResourceDefinitions of the big release.
+pub const BIG_CRDS: usize = 10;
+/// Properties in each CRD's schema: with their descriptions, about 300 KB per CRD.
+const BIG_CRD_PROPERTIES: usize = 1_000;
+/// ConfigMaps of the big release, about 10 KB each.
+pub const BIG_CONFIG_MAPS: usize = 200;
+/// Deployments of the big release.
+pub const BIG_DEPLOYMENTS: usize = 39;
+/// Objects of the big release: its Namespace, the CRDs, ConfigMaps and Deployments.
+pub const BIG_OBJECTS: usize = 1 + BIG_CRDS + BIG_CONFIG_MAPS + BIG_DEPLOYMENTS;
 
 /// `prefix-07`.
 pub fn namespace(prefix: &str, index: usize) -> String {
@@ -165,6 +182,71 @@ pub fn tiny_fleet_tree() -> anyhow::Result<FleetTree> {
     Ok(tree)
 }
 
+/// One CustomResourceDefinition of about 300 KB: a structural schema of many documented string
+/// properties, the shape that makes real operators' CRDs large.
+fn big_crd(index: usize) -> String {
+    let group = format!("g{index:02}.bench.example.com");
+    let mut out = format!(
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  \
+         name: widgets.{group}\nspec:\n  group: {group}\n  scope: Namespaced\n  names:\n    \
+         plural: widgets\n    singular: widget\n    kind: Widget\n    listKind: WidgetList\n  versions:\n    \
+         - name: v1\n      served: true\n      storage: true\n      schema:\n        openAPIV3Schema:\n          \
+         type: object\n          properties:\n            spec:\n              type: object\n              \
+         properties:\n"
+    );
+    for property in 0..BIG_CRD_PROPERTIES {
+        let _ = write!(
+            out,
+            "                field{property:04}:\n                  type: string\n                  \
+             description: \"Setting {property} of widget group {index}. {}\"\n",
+            "It is documented at length, as generated API references are. ".repeat(3)
+        );
+    }
+    out
+}
+
+/// The big release as a fleet tree: one app, its Namespace, CRDs, ConfigMaps and Deployments.
+pub fn big_fleet_tree() -> anyhow::Result<FleetTree> {
+    let tree = FleetTree::new()?;
+    tree.write(
+        "fleet.yaml",
+        &format!("fleet: {BIG_FLEET}\napps:\n  - name: operator\n    path: operator\n"),
+    )?;
+    let ns = BIG_NAMESPACE;
+    let mut manifests = format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n");
+    for crd in 0..BIG_CRDS {
+        let _ = write!(manifests, "---\n{}", big_crd(crd));
+    }
+    for cm in 0..BIG_CONFIG_MAPS {
+        let _ = write!(
+            manifests,
+            "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: {ns}}}\ndata:\n  \
+             cluster: '${{cluster.name}}'\n",
+            name = config_map_name(cm)
+        );
+        for key in 0..96 {
+            let _ = writeln!(
+                manifests,
+                "  key-{key}: {}",
+                config_value(cm % 100, cm, key)
+            );
+        }
+    }
+    for deployment in 0..BIG_DEPLOYMENTS {
+        let name = format!("controller-{deployment:02}");
+        let _ = write!(
+            manifests,
+            "---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  \
+             replicas: 1\n  selector: {{matchLabels: {{app: {name}}}}}\n  template:\n    \
+             metadata: {{labels: {{app: {name}}}}}\n    spec:\n      containers:\n        - name: manager\n          \
+             image: registry.example.com/operator:2.{deployment}\n          \
+             resources: {{requests: {{cpu: 10m, memory: 16Mi}}}}\n"
+        );
+    }
+    tree.write("operator/objects.yaml", &manifests)?;
+    Ok(tree)
+}
+
 #[cfg(test)]
 mod tests {
     use windvane_shared::bundle::BundleLimits;
@@ -181,6 +263,22 @@ mod tests {
         let tiny = tiny_fleet_tree()?;
         let bundle = windvane_shared::source::load_fleet_dir(tiny.path(), BundleLimits::default())?;
         assert_eq!(bundle.apps[0].manifests.len(), TINY_OBJECTS);
+        Ok(())
+    }
+
+    #[test]
+    fn the_big_release_is_about_five_megabytes_with_ten_large_crds() -> anyhow::Result<()> {
+        let crd = big_crd(0);
+        assert!(
+            (250_000..350_000).contains(&crd.len()),
+            "{} bytes",
+            crd.len()
+        );
+        let tree = big_fleet_tree()?;
+        let bundle = windvane_shared::source::load_fleet_dir(tree.path(), BundleLimits::default())?;
+        assert_eq!(bundle.apps[0].manifests.len(), BIG_OBJECTS);
+        let size = bundle.to_json_bytes().len();
+        assert!((4_500_000..6_000_000).contains(&size), "{size} bytes");
         Ok(())
     }
 }
