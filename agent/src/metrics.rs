@@ -229,7 +229,12 @@ impl Metrics {
             "windvane_source_stale {}",
             u8::from(values.source_stale)
         );
-        header(out, "windvane_objects", "gauge", "Managed objects, by state.");
+        header(
+            out,
+            "windvane_objects",
+            "gauge",
+            "Managed objects, by state.",
+        );
         for state in SyncState::ALL {
             let count = values.objects.get(&state).copied().unwrap_or(0);
             let _ = writeln!(out, "windvane_objects{{state=\"{state}\"}} {count}");
@@ -263,7 +268,11 @@ fn render_drift(out: &mut String, values: &Values) {
         "counter",
         "Drifts reverted by the healer.",
     );
-    let _ = writeln!(out, "windvane_drift_reverted_total {}", values.drift_reverted);
+    let _ = writeln!(
+        out,
+        "windvane_drift_reverted_total {}",
+        values.drift_reverted
+    );
     values.drift_repair.render(
         out,
         "windvane_drift_repair_seconds",
@@ -378,10 +387,11 @@ mod tests {
     fn family<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
         text.lines()
             .filter(|l| {
-                let sample = l.strip_prefix("# HELP ").or_else(|| l.strip_prefix("# TYPE "));
+                let sample = l
+                    .strip_prefix("# HELP ")
+                    .or_else(|| l.strip_prefix("# TYPE "));
                 let metric = sample.unwrap_or(l);
-                metric.starts_with(name)
-                    && metric[name.len()..].starts_with([' ', '{', '_'])
+                metric.starts_with(name) && metric[name.len()..].starts_with([' ', '{', '_'])
             })
             .collect()
     }
@@ -396,10 +406,14 @@ mod tests {
         let mut seen = BTreeSet::new();
         let mut lines = text.lines().peekable();
         while let Some(line) = lines.next() {
-            let help = line.strip_prefix("# HELP ").expect("a HELP line opens each metric");
+            let help = line
+                .strip_prefix("# HELP ")
+                .expect("a HELP line opens each metric");
             let (name, words) = help.split_once(' ').expect("HELP has text");
             assert!(!words.trim().is_empty(), "{name}: empty HELP");
-            let kind = lines.next().and_then(|l| l.strip_prefix(&format!("# TYPE {name} ")));
+            let kind = lines
+                .next()
+                .and_then(|l| l.strip_prefix(&format!("# TYPE {name} ")));
             assert!(
                 matches!(kind, Some("counter" | "gauge" | "histogram")),
                 "{name}: {kind:?}"
@@ -486,16 +500,33 @@ mod tests {
     fn manager_labels_are_clamped() {
         let mut labelled = BTreeSet::new();
         assert_eq!(manager_label(None, &labelled), UNKNOWN_MANAGER);
-        assert_eq!(manager_label(Some("kubectl-edit"), &labelled), "kubectl-edit");
-        for refused in ["", "unknown", "other", "tab\there", "caf\u{e9}", &"x".repeat(65)] {
-            assert_eq!(manager_label(Some(refused), &labelled), OTHER_MANAGER, "{refused:?}");
+        assert_eq!(
+            manager_label(Some("kubectl-edit"), &labelled),
+            "kubectl-edit"
+        );
+        for refused in [
+            "",
+            "unknown",
+            "other",
+            "tab\there",
+            "caf\u{e9}",
+            &"x".repeat(65),
+        ] {
+            assert_eq!(
+                manager_label(Some(refused), &labelled),
+                OTHER_MANAGER,
+                "{refused:?}"
+            );
         }
         assert_eq!(manager_label(Some(&"x".repeat(64)), &labelled).len(), 64);
         for n in 0..MAX_MANAGER_LABELS {
             labelled.insert(format!("manager-{n}"));
         }
         assert_eq!(manager_label(Some("manager-3"), &labelled), "manager-3");
-        assert_eq!(manager_label(Some("one-too-many"), &labelled), OTHER_MANAGER);
+        assert_eq!(
+            manager_label(Some("one-too-many"), &labelled),
+            OTHER_MANAGER
+        );
     }
 
     #[test]
@@ -510,6 +541,8 @@ mod tests {
         assert_eq!(series.len(), 2 + MAX_MANAGER_LABELS + 1, "{text}");
         assert!(text.contains("{kind=\"ConfigMap\",manager=\"attacker-0\"} 2\n"));
         let other = 1_000 - MAX_MANAGER_LABELS;
-        assert!(text.contains(&format!("{{kind=\"ConfigMap\",manager=\"other\"}} {other}\n")));
+        assert!(text.contains(&format!(
+            "{{kind=\"ConfigMap\",manager=\"other\"}} {other}\n"
+        )));
     }
 }

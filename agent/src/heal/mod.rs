@@ -168,7 +168,10 @@ impl Healer {
                     note,
                 } => {
                     if reason == DRIFT_DETECTED {
-                        let manager = self.machine.open_drift(&key).and_then(|r| r.manager.as_deref());
+                        let manager = self
+                            .machine
+                            .open_drift(&key)
+                            .and_then(|r| r.manager.as_deref());
                         self.metrics.drift_detected(&key.kind, manager);
                     }
                     self.event(&key, uid, kind, reason, note);
