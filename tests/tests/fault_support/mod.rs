@@ -93,6 +93,7 @@ pub fn refusal(status: &serde_json::Value) -> Option<&str> {
     status["source"]["lastRefusal"]["reason"].as_str()
 }
 
+#[allow(unused_imports)]
 pub use windvane_tests::fleet::metric;
 
 /// The names (`Kind ns/name`) in the inventory the agent persisted in its state Secrets, read with the agent's
