@@ -681,3 +681,13 @@ pub fn object_state<'a>(status: &'a Value, object: &str) -> Option<&'a str> {
         .find(|o| o["object"] == object)?["state"]
         .as_str()
 }
+
+/// The value of one sample (`name{labels}` exactly as exposed) in a Prometheus text exposition.
+pub fn metric(text: &str, sample: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == sample).then(|| value.parse().ok()).flatten()
+        })
+}

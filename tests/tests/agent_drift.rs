@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
-use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher, object_state};
+use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher, metric, object_state};
 use windvane_tests::localkube::{LocalKube, wait_for};
 use windvane_tests::store_server::StoreServer;
 
@@ -112,6 +112,22 @@ async fn windvane_write_time(kube: &LocalKube) -> anyhow::Result<Option<String>>
         .map(|t| t.0.to_string()))
 }
 
+/// Polls `/metrics` until `sample` has the value `want`.
+async fn wait_metric(agent: &Agent, sample: &str, want: f64) -> anyhow::Result<()> {
+    wait_metric_in(agent, sample, want, want).await
+}
+
+/// Polls `/metrics` until `sample` is in `low..=high`.
+async fn wait_metric_in(agent: &Agent, sample: &str, low: f64, high: f64) -> anyhow::Result<()> {
+    wait_for(&format!("{sample} in {low}..={high}"), WAIT, || async {
+        let text = agent.metrics().await?;
+        Ok(metric(&text, sample)
+            .is_some_and(|v| (low..=high).contains(&v))
+            .then_some(()))
+    })
+    .await
+}
+
 fn drift_records<'a>(status: &'a Value, name: &str) -> Vec<&'a Value> {
     status["drift"]
         .as_array()
@@ -191,6 +207,19 @@ async fn drift_is_reverted_attributed_and_only_on_owned_fields() -> anyhow::Resu
             .map(|_| ()))
     })
     .await?;
+    // Both drifts are counted (the deletion names no manager) and both reverts timed.
+    wait_metric(&agent, "windvane_drift_reverted_total", 2.0).await?;
+    let text = agent.metrics().await?;
+    let deployment = "windvane_drift_detected_total{kind=\"Deployment\",manager=\"kubectl-scale\"}";
+    assert_eq!(metric(&text, deployment), Some(1.0), "{text}");
+    let config_map = "windvane_drift_detected_total{kind=\"ConfigMap\",manager=\"unknown\"}";
+    assert_eq!(metric(&text, config_map), Some(1.0), "{text}");
+    assert_eq!(
+        metric(&text, "windvane_drift_repair_seconds_count"),
+        Some(2.0)
+    );
+    let repair = metric(&text, "windvane_drift_repair_seconds_sum").unwrap_or(-1.0);
+    assert!((0.0..WAIT.as_secs_f64()).contains(&repair), "{text}");
 
     // Fields Windvane does not own (an annotation added by someone else) are not drift; pods deleted and
     // replaced by their ReplicaSet are not Windvane's business. Windvane writes nothing.
@@ -282,6 +311,11 @@ async fn no_fight_with_an_hpa_and_contested_without_ignore_differences() -> anyh
         .map(|x| x["message"].to_string())
         .unwrap_or_default();
     assert!(message.contains("hpa-like"), "{message}");
+    wait_metric(&agent, "windvane_drift_contested_objects", 1.0).await?;
+    let text = agent.metrics().await?;
+    let hpa = "windvane_drift_detected_total{kind=\"Deployment\",manager=\"hpa-like\"}";
+    // At least three (the agent may also have found the replicas left while it was down).
+    assert!(metric(&text, hpa).is_some_and(|n| n >= 3.0), "{text}");
     let before = windvane_write_time(&s.kube).await?;
     holds_for(Duration::from_secs(3), async || {
         Ok(replicas(&s.kube).await? == Some(7) && windvane_write_time(&s.kube).await? == before)
@@ -354,7 +388,10 @@ async fn report_only_and_operator_holds() -> anyhow::Result<()> {
         .unwrap_or_default();
     assert!(message.contains("oncall-alice"), "{message}");
     assert_eq!(replicas(&s.kube).await?, Some(8), "not reverted while held");
+    wait_metric(&agent, "windvane_drift_held_objects", 1.0).await?;
     wait_replicas(&s.kube, 3).await?;
+    wait_metric(&agent, "windvane_drift_held_objects", 0.0).await?;
+    wait_metric_in(&agent, "windvane_drift_reverted_total", 1.0, f64::MAX).await?;
     assert!(
         jiff::Timestamp::now() >= until,
         "reverted only after the hold expired"

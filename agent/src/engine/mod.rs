@@ -117,6 +117,7 @@ impl Engine {
             &config.identity_name,
             config.hold_cap,
             ContestTracker::default(),
+            metrics.clone(),
         );
         let inventory = state.load_inventory().await?;
         let timers = Timers::new(config.backstop_interval, Instant::now(), random_unit());

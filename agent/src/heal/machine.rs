@@ -28,6 +28,8 @@ use crate::report::object_state;
 const MAX_DRIFT_RECORDS: usize = 1_000;
 /// How long a failed revert waits before it is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(2);
+/// The reason of the Event that opens a drift episode (the executor counts drift by it).
+pub const DRIFT_DETECTED: &str = "DriftDetected";
 
 /// The time of a decision: the monotonic clock for timers, the wall clock for records, holds and the
 /// contest window (both move together under tokio's paused clock in tests).
@@ -86,6 +88,8 @@ pub enum Action {
 struct Episode {
     record: usize,
     phase: Phase,
+    /// When it was detected, for the time to repair.
+    detected: Instant,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -299,9 +303,7 @@ impl DriftMachine {
             phase: self.episodes.get(key).map_or(Phase::Reported, |e| e.phase),
         };
         if drift.new {
-            let record = self.record(desired, &drift, now.wall);
-            let phase = Phase::Reported;
-            self.episodes.insert(key.clone(), Episode { record, phase });
+            self.open_episode(key, desired, &drift, now);
             let who = drift.who.as_ref().map_or_else(
                 || "someone".to_owned(),
                 |a| format!("{} ({})", a.manager, a.operation),
@@ -317,7 +319,7 @@ impl DriftMachine {
                 key,
                 &drift,
                 EventType::Warning,
-                "DriftDetected",
+                DRIFT_DETECTED,
                 format!("drift: {what}"),
             ));
         }
@@ -455,15 +457,13 @@ impl DriftMachine {
             new: true,
             phase: Phase::Reported,
         };
-        let record = self.record(&desired, &drift, now.wall);
-        let phase = Phase::Reported;
-        self.episodes.insert(key.clone(), Episode { record, phase });
+        self.open_episode(key, &desired, &drift, now);
         let note = "drift found by the periodic backstop".to_owned();
         let mut out = vec![event(
             key,
             &drift,
             EventType::Warning,
-            "DriftDetected",
+            DRIFT_DETECTED,
             note.clone(),
         )];
         let held = live
@@ -527,6 +527,39 @@ impl DriftMachine {
         self.episodes.remove(key);
         self.baseline.insert(key.clone(), Baseline::of(live));
         vec![health(key, live)]
+    }
+
+    /// The record of the drift open on `key`, if any.
+    pub fn open_drift(&self, key: &ObjectKey) -> Option<&DriftRecord> {
+        self.records.get(self.episodes.get(key)?.record)
+    }
+
+    /// How long the drift open on `key` has been known at `now`.
+    pub fn drift_age(&self, key: &ObjectKey, now: Instant) -> Option<Duration> {
+        Some(now.saturating_duration_since(self.episodes.get(key)?.detected))
+    }
+
+    /// How many objects are Contested (backing off) and how many Held, now.
+    pub fn contested_and_held(&self) -> (u64, u64) {
+        let (mut contested, mut held) = (0, 0);
+        for episode in self.episodes.values() {
+            match episode.phase {
+                Phase::Contested(_) => contested += 1,
+                Phase::Held(_) => held += 1,
+                Phase::Grace(_) | Phase::Reported | Phase::Retry(_) => {}
+            }
+        }
+        (contested, held)
+    }
+
+    fn open_episode(&mut self, key: &ObjectKey, desired: &Desired, drift: &Drift, now: Now) {
+        let record = self.record(desired, drift, now.wall);
+        let episode = Episode {
+            record,
+            phase: Phase::Reported,
+            detected: now.at,
+        };
+        self.episodes.insert(key.clone(), episode);
     }
 
     fn schedule(&mut self, key: &ObjectKey, at: Instant) {

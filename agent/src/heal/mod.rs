@@ -2,14 +2,17 @@
 //! pure [`machine::DriftMachine`] what policy says — revert at once (or after the grace period), only report
 //! (selfHeal false), leave it held (`windvane.io/hold-until`), or stop fighting a manager that keeps taking
 //! the same field (Contested, with a growing back-off) — and carries the answer out: server-side apply on the
-//! [`Cluster`], Kubernetes Events on the object, the object's state in the agent's status. The machine keeps
-//! the drift records the heartbeat carries; this executor is the only part that talks to the API.
+//! [`Cluster`], Kubernetes Events on the object, the object's state in the agent's status, the drift metrics
+//! (detected, reverted and the time to repair, counted as the actions are carried out; Contested and Held
+//! objects, read from the machine after each batch). The machine keeps the drift records the heartbeat
+//! carries; this executor is the only part that talks to the API.
 
 pub mod machine;
 #[cfg(test)]
 mod tests;
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -23,15 +26,17 @@ use crate::cluster::Cluster;
 use crate::desired::Desired;
 use crate::drift::{Baseline, ContestTracker};
 use crate::inventory::ObjectKey;
+use crate::metrics::Metrics;
 use crate::report::StatusTx;
 use crate::watch::LiveCache;
-use machine::{Action, Cause, DriftMachine, Now};
+use machine::{Action, Cause, DRIFT_DETECTED, DriftMachine, Now};
 
 /// Watches over the managed objects' owned fields and heals drift by policy.
 pub struct Healer {
     cluster: Cluster,
     live: LiveCache,
     machine: DriftMachine,
+    metrics: Arc<Metrics>,
     /// Events go out in order from a background task, so emitting one never delays a revert.
     events: mpsc::UnboundedSender<(Event, ObjectReference)>,
 }
@@ -45,13 +50,14 @@ impl std::fmt::Debug for Healer {
 }
 
 impl Healer {
-    /// A healer reporting Events as `windvane-agent` instance `identity`.
+    /// A healer reporting Events as `windvane-agent` instance `identity`, and drift on `metrics`.
     pub fn new(
         cluster: Cluster,
         live: LiveCache,
         identity: &str,
         hold_cap: Duration,
         contest: ContestTracker,
+        metrics: Arc<Metrics>,
     ) -> Self {
         let reporter = Reporter {
             controller: "windvane-agent".to_owned(),
@@ -70,6 +76,7 @@ impl Healer {
             cluster,
             live,
             machine: DriftMachine::new(hold_cap, contest),
+            metrics,
             events,
         }
     }
@@ -77,11 +84,22 @@ impl Healer {
     /// The objects of the release now enforced, as applied; drift is judged against these.
     pub fn set_desired(&mut self, objects: impl IntoIterator<Item = Desired>) {
         self.machine.set_desired(objects);
+        self.publish_open();
     }
 
     /// Records what an apply returned: the fields Windvane owns from now on.
     pub fn applied(&mut self, key: &ObjectKey, baseline: Baseline) {
+        let was_drifting = self.machine.is_drifting(key);
         self.machine.applied(key, baseline);
+        if was_drifting {
+            self.publish_open();
+        }
+    }
+
+    /// The Contested and Held gauges, from the open episodes.
+    fn publish_open(&self) {
+        let (contested, held) = self.machine.contested_and_held();
+        self.metrics.set_drift_open(contested, held);
     }
 
     /// True when an apply's baseline is known for `key`.
@@ -148,7 +166,16 @@ impl Healer {
                     kind,
                     reason,
                     note,
-                } => self.event(&key, uid, kind, reason, note),
+                } => {
+                    if reason == DRIFT_DETECTED {
+                        let manager = self
+                            .machine
+                            .open_drift(&key)
+                            .and_then(|r| r.manager.as_deref());
+                        self.metrics.drift_detected(&key.kind, manager);
+                    }
+                    self.event(&key, uid, kind, reason, note);
+                }
                 Action::SetState {
                     key,
                     state,
@@ -175,6 +202,7 @@ impl Healer {
                 }
             }
         }
+        self.publish_open();
     }
 
     /// True when applying the release would change nothing on `live` (a server-side dry run, compared as the
@@ -259,7 +287,10 @@ impl Healer {
         match written {
             Ok(live) => {
                 self.live.observe(&live);
-                self.machine.reverted(key, &live, fields, Now::current())
+                let now = Now::current();
+                self.metrics
+                    .drift_reverted(self.machine.drift_age(key, now.at));
+                self.machine.reverted(key, &live, fields, now)
             }
             Err(message) => self.machine.revert_failed(key, &message, Now::current()),
         }

@@ -176,8 +176,14 @@ async fn drift_is_reverted_at_once_and_recorded_with_who_did_it() {
     assert_eq!(uid.as_deref(), Some("u-1"));
     assert!(machine.is_drifting(&key()));
 
+    let open = machine.open_drift(&key()).and_then(|r| r.manager.clone());
+    assert_eq!(open.as_deref(), Some("kubectl-edit"));
+    advance(Duration::from_millis(40)).await;
+    let age = machine.drift_age(&key(), Instant::now());
+    assert_eq!(age, Some(Duration::from_millis(40)));
     let fields = ["/data/mode".to_owned()];
     let answer = machine.reverted(&key(), &in_step(3), &fields, clock.now());
+    assert_eq!(machine.drift_age(&key(), Instant::now()), None);
     assert_eq!(summary(&answer), ["Normal DriftReverted", "state Synced"]);
     assert!(!machine.is_drifting(&key()));
     let records = machine.records();
@@ -349,6 +355,7 @@ async fn a_hold_defers_the_revert_until_it_ends_and_is_capped() {
         Cause::Watch,
     );
     assert_eq!(summary(&again), ["state Held"], "one DriftHeld per hold");
+    assert_eq!(machine.contested_and_held(), (0, 1));
 
     advance(HOUR).await;
     assert_eq!(
@@ -405,6 +412,7 @@ async fn a_manager_taking_the_field_three_times_is_contested_with_a_growing_back
         "hpa-like keeps taking /data/mode; not reverting for 60s"
     );
     assert_eq!(machine.records()[2].action, DriftAction::Contested);
+    assert_eq!(machine.contested_and_held(), (1, 0));
     let backing_off = Instant::now() + Duration::from_secs(60);
     assert_eq!(machine.next_timer(), Some(backing_off));
     assert!(

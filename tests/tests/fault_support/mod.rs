@@ -93,15 +93,8 @@ pub fn refusal(status: &serde_json::Value) -> Option<&str> {
     status["source"]["lastRefusal"]["reason"].as_str()
 }
 
-/// The value of one sample (`name{labels}` exactly as exposed) in a Prometheus text exposition.
-pub fn metric(text: &str, sample: &str) -> Option<f64> {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .find_map(|line| {
-            let (name, value) = line.rsplit_once(' ')?;
-            (name == sample).then(|| value.parse().ok()).flatten()
-        })
-}
+#[allow(unused_imports)]
+pub use windvane_tests::fleet::metric;
 
 /// The names (`Kind ns/name`) in the inventory the agent persisted in its state Secrets, read with the agent's
 /// own state code.
