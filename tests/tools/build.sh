@@ -18,7 +18,7 @@ cd "$here"
 # Up to date when both binaries exist and were built from these very inputs (go.mod, go.sum, this script,
 # the Go version): checking a stamp takes no time, where asking go to check its cache takes seconds.
 stamp="$out/.inputs"
-inputs="$(cat go.mod go.sum "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1) $(go env GOVERSION)"
+inputs="$(cat go.mod go.sum "$here/build.sh" | sha256sum | cut -d' ' -f1) $(go env GOVERSION)"
 if [[ "${1:-}" != "--force" && -x "$out/helm" && -x "$out/kustomize" && -f "$stamp" ]] &&
 	[[ "$(cat "$stamp")" == "$inputs" ]]; then
 	echo "target/tools/helm and target/tools/kustomize are up to date" >&2
