@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Builds the real rendering engines that `windvane publish` runs for Helm and kustomize apps, from their own
+# Go modules (pinned in go.mod beside this script, as `tool` directives), into <repo>/target/tools/helm and
+# <repo>/target/tools/kustomize. Nothing is re-implemented and no prebuilt binary is downloaded: Go fetches
+# the modules from its module proxy into the usual GOMODCACHE and keeps compiled packages in the usual
+# GOCACHE (shared with tests/localkube/build.sh: the k8s.io modules are at the same version, v0.37.2), so a
+# second build takes seconds and a build with nothing changed is skipped outright.
+#
+# Usage: tests/tools/build.sh [--force]
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+out="$root/target/tools"
+mkdir -p "$out"
+cd "$here"
+
+# Up to date when both binaries exist and were built from these very inputs (go.mod, go.sum, this script,
+# the Go version): checking a stamp takes no time, where asking go to check its cache takes seconds.
+stamp="$out/.inputs"
+inputs="$(cat go.mod go.sum "$here/build.sh" | sha256sum | cut -d' ' -f1) $(go env GOVERSION)"
+if [[ "${1:-}" != "--force" && -x "$out/helm" && -x "$out/kustomize" && -f "$stamp" ]] &&
+	[[ "$(cat "$stamp")" == "$inputs" ]]; then
+	echo "target/tools/helm and target/tools/kustomize are up to date" >&2
+	exit 0
+fi
+rm -f "$stamp"
+
+start=$(date +%s)
+version() { go list -mod=readonly -m -f '{{.Version}}' "$1"; }
+
+# The same flags as localkube's build (see tests/localkube/build.sh): -mod=readonly keeps go.mod and go.sum
+# as committed; -buildvcs=false and -trimpath keep this checkout out of the binary (and the cache key);
+# -s -w drop symbols for size.
+build() {
+	local name="$1" package="$2" ldflags="$3"
+	go build -mod=readonly -buildvcs=false -trimpath -ldflags="-s -w $ldflags" -o "$out/$name" "$package"
+}
+
+# Stamped as the upstream release builds are, so `helm version` and `kustomize version` tell the truth.
+# Helm's default .Capabilities.KubeVersion comes from the client-go it is built with (v0.37.2: v1.37.0).
+helm_version="$(version helm.sh/helm/v4)"
+build helm helm.sh/helm/v4/cmd/helm \
+	"-X helm.sh/helm/v4/internal/version.version=$helm_version -X helm.sh/helm/v4/internal/version.metadata= \
+-X helm.sh/helm/v4/internal/version.gitTreeState=clean"
+kustomize_version="$(version sigs.k8s.io/kustomize/kustomize/v5)"
+build kustomize sigs.k8s.io/kustomize/kustomize/v5 \
+	"-X sigs.k8s.io/kustomize/api/provenance.version=kustomize/$kustomize_version"
+
+echo "$inputs" >"$stamp"
+echo "built $out/helm ($helm_version) and $out/kustomize ($kustomize_version) in $(($(date +%s) - start))s" >&2
