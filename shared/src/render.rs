@@ -14,7 +14,9 @@
 //! - A string that is exactly one `${...}` takes the value's JSON type, so `replicas: ${values.replicas}` is a
 //!   number and `${values.resources}` can be a whole mapping. Inside a longer string, strings, numbers and
 //!   booleans are inserted as text; a mapping, list or null there is an error.
-//! - `$${` is a literal `${`. Inserted values are not interpolated again.
+//! - Only `${cluster...}` and `${values...}` are variables: any other `${...}` (`${1}`, `${datasource}`,
+//!   `${HOSTNAME:-x}`, an unclosed `${`) is another tool's syntax and kept verbatim, so real dashboards,
+//!   alert rules and scripts survive. `$${` is a literal `${`. Inserted values are not interpolated again.
 //! - A variable that is not defined is an error, never an empty string: a cluster missing a label must not
 //!   get a half-configured object.
 
@@ -280,6 +282,18 @@ fn render_value(
     }
 }
 
+/// Whether a `${...}` expression (or the start of an unterminated one) is ours: only the `cluster` and
+/// `values` namespaces are variables, so the `${...}` of Grafana, Prometheus or a shell script in a
+/// real manifest passes through untouched.
+fn names_a_variable(expression: &str) -> bool {
+    let expression = expression.trim_start();
+    ["cluster", "values"].iter().any(|root| {
+        expression.strip_prefix(root).is_some_and(|after| {
+            after.is_empty() || after.starts_with('.') || after.trim_start().starts_with('}')
+        })
+    })
+}
+
 /// One piece of a string: literal text, or a `${...}` expression.
 enum Piece<'t> {
     Text(String),
@@ -300,14 +314,26 @@ fn split_template(text: &str) -> std::result::Result<Vec<Piece<'_>>, String> {
         } else if let Some(inner) = after.strip_prefix("${") {
             literal.push_str(&rest[..at]);
             let Some(end) = inner.find('}') else {
-                return Err(format!(
-                    "unterminated ${{ in {text:?}; close it with }} or write $${{ for a literal ${{"
-                ));
+                if names_a_variable(inner) {
+                    return Err(format!(
+                        "unterminated ${{ in {text:?}; close it with }} or write $${{ for a literal ${{"
+                    ));
+                }
+                literal.push_str(after);
+                rest = "";
+                continue;
             };
+            let expression = inner[..end].trim();
+            if !names_a_variable(expression) {
+                // `${1}`, `${datasource}`, `${HOSTNAME}`: another tool's syntax, kept verbatim.
+                literal.push_str(&after[..end + 3]);
+                rest = &inner[end + 1..];
+                continue;
+            }
             if !literal.is_empty() {
                 pieces.push(Piece::Text(std::mem::take(&mut literal)));
             }
-            pieces.push(Piece::Variable(inner[..end].trim()));
+            pieces.push(Piece::Variable(expression));
             rest = &inner[end + 1..];
         } else {
             literal.push_str(&rest[..=at]);
@@ -573,12 +599,27 @@ mod tests {
         assert!(detail(json!({"x": "a ${values.l}"})).contains("a list"));
         assert!(detail(json!({"x": "a ${values.n}"})).contains("null"));
         assert!(detail(json!({"x": "${values.m"})).contains("unterminated"));
-        assert!(detail(json!({"x": "${}"})).contains("empty"));
-        assert!(detail(json!({"x": "${env.HOME}"})).contains("unknown variable"));
         assert!(detail(json!({"x": "${cluster.labels}"})).contains("names no label"));
         assert!(detail(json!({"x": "${cluster.labels.}"})).contains("names no label"));
         assert!(detail(json!({"x": "${values}"})).contains("unknown variable"));
         assert!(detail(json!({"x": "${values..a}"})).contains("empty name"));
+    }
+
+    #[test]
+    fn other_tools_syntax_is_kept_verbatim() {
+        let foreign = json!({
+            "grafana": "${datasource}", "prom": "{{ $labels.pod }} ${1}", "shell": "echo ${HOSTNAME:-x} $${HOME}",
+            "empty": "${}", "env": "${env.HOME}", "open": "tail ${", "clusterish": "${clusters.x} ${valuesx}",
+            "mixed": "${cluster.name}/${PATH}"
+        });
+        assert_eq!(
+            render_one(json!({}), foreign).unwrap(),
+            json!({
+                "grafana": "${datasource}", "prom": "{{ $labels.pod }} ${1}", "shell": "echo ${HOSTNAME:-x} ${HOME}",
+                "empty": "${}", "env": "${env.HOME}", "open": "tail ${", "clusterish": "${clusters.x} ${valuesx}",
+                "mixed": "eu-1/${PATH}"
+            })
+        );
     }
 
     #[test]

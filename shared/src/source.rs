@@ -138,6 +138,13 @@ pub fn load_fleet_dir(root: &Path, limits: BundleLimits) -> Result<Bundle> {
 
 /// The manifests of one file: every non-empty document, `kind: List` documents expanded into their items,
 /// each checked to be a Kubernetes object.
+/// The kind of a document kubectl would expand into its items: `kind: List` and every `*List`
+/// (`ConfigMapList`, `RoleBindingList`, ...), as the API returns them from a list call.
+fn list_kind(object: &Value) -> Option<&str> {
+    let kind = object.get("kind").and_then(Value::as_str)?;
+    kind.ends_with("List").then_some(kind)
+}
+
 fn manifests_of(file: &str, text: &str) -> Result<Vec<Manifest>> {
     let documents = if file.ends_with(".json") {
         vec![(0, yaml::json_to_value(text, file)?)]
@@ -146,16 +153,27 @@ fn manifests_of(file: &str, text: &str) -> Result<Vec<Manifest>> {
     };
     let mut manifests = Vec::new();
     for (document, object) in documents {
-        if object.get("kind").and_then(Value::as_str) == Some("List") {
+        if let Some(kind) = list_kind(&object) {
             let Some(items) = object.get("items").and_then(Value::as_array) else {
                 return Err(Error::Manifest {
                     file: file.to_owned(),
                     document,
-                    detail: "a List must have items (a list of objects)".to_owned(),
+                    detail: format!("a {kind} must have items (a list of objects)"),
                 });
             };
-            for item in items {
-                check_manifest_object(file, document, item)?;
+            for (index, item) in items.iter().enumerate() {
+                check_manifest_object(file, document, item).map_err(|error| match error {
+                    Error::Manifest {
+                        file,
+                        document,
+                        detail,
+                    } => Error::Manifest {
+                        file,
+                        document,
+                        detail: format!("{kind} item {index}: {detail}"),
+                    },
+                    other => other,
+                })?;
                 manifests.push(Manifest {
                     file: file.to_owned(),
                     document,
@@ -926,6 +944,26 @@ mod tests {
             manifests_of("x.yaml", "apiVersion: v1\nkind: List\n"),
             Err(Error::Manifest { .. })
         ));
+        let typed = "apiVersion: v1\nkind: ConfigMapList\nitems:\n  - {apiVersion: v1, kind: ConfigMap, metadata: {name: a}}\n  \
+                     - {apiVersion: v1, kind: ConfigMap, metadata: {name: b}}\n";
+        let names: Vec<_> = manifests_of("y.yaml", typed)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .iter()
+            .map(|m| m.object["metadata"]["name"].clone())
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        let bad = "apiVersion: v1\nkind: RoleBindingList\nitems:\n  - {apiVersion: v1, kind: ConfigMap, metadata: {name: a}}\n  \
+                   - {metadata: {name: b}}\n";
+        match manifests_of("z.yaml", bad) {
+            Err(Error::Manifest { file, detail, .. }) => {
+                assert_eq!(file, "z.yaml");
+                assert!(
+                    detail.contains("RoleBindingList item 1") && detail.contains("apiVersion"),
+                    "{detail}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
         let json_manifest = manifests_of(
             "x.json",
             r#"{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}"#,
