@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
 use serde_json::Value;
+use windvane_shared::fleet_api::{ClusterRow, ClusterState, FleetView};
 
 /// `windvane status`.
 #[derive(Debug, Args)]
@@ -109,7 +110,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
         .finish();
     let url = format!("{base}/api/v1/fleet?{query}");
     let token = args.read_token_file.as_ref().map(read_token).transpose()?;
-    let fleet: Value = runtime()?.block_on(async {
+    let fleet: FleetView = runtime()?.block_on(async {
         let mut request = http_client()?.get(&url);
         if let Some(token) = &token {
             request = request.bearer_auth(token);
@@ -123,7 +124,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
         if !status.is_success() {
             bail!("GET {url}: {status}: {}", error_message(&body));
         }
-        serde_json::from_slice(&body).with_context(|| format!("GET {url}: not the fleet JSON"))
+        parse_fleet(&url, &body)
     })?;
     if args.output == "json" {
         println!("{}", serde_json::to_string_pretty(&fleet)?);
@@ -141,25 +142,23 @@ pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Reads the body of `GET /api/v1/fleet` as the typed fleet view.
+fn parse_fleet(url: &str, body: &[u8]) -> anyhow::Result<FleetView> {
+    serde_json::from_slice(body).with_context(|| {
+        format!("GET {url}: the body is not the fleet JSON of /api/v1/fleet (is the URL a Windvane source server of this version?)")
+    })
+}
+
 /// `None` when every listed cluster is Synced (and there is at least one); otherwise why not.
-fn verdict(fleet: &Value) -> Option<String> {
-    let rows = fleet["clusters"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    if rows.is_empty() {
+fn verdict(fleet: &FleetView) -> Option<String> {
+    if fleet.clusters.is_empty() {
         return Some("no cluster matches the selection".to_owned());
     }
-    let not_synced: Vec<String> = rows
+    let not_synced: Vec<String> = fleet
+        .clusters
         .iter()
-        .filter(|r| r["state"] != "Synced")
-        .map(|r| {
-            format!(
-                "{} is {}",
-                r["name"].as_str().unwrap_or("?"),
-                r["state"].as_str().unwrap_or("?")
-            )
-        })
+        .filter(|r| r.state != ClusterState::Synced)
+        .map(|r| format!("{} is {}", r.name, r.state))
         .collect();
     match not_synced.len() {
         0 => None,
@@ -190,24 +189,22 @@ fn age(seconds: Option<u64>) -> String {
 }
 
 /// The fleet as a text table: counts, then one row per cluster.
-fn render_table(fleet: &Value) -> String {
-    let mut out = String::new();
-    if let Some(counts) = fleet["counts"].as_object() {
-        let parts: Vec<String> = counts
-            .iter()
-            .filter(|(_, n)| n.as_u64().unwrap_or(0) > 0)
-            .map(|(state, n)| format!("{state} {n}"))
-            .collect();
-        let total = fleet["total"].as_u64().unwrap_or(0);
-        out.push_str(&format!(
-            "{total} clusters: {}\n\n",
-            if parts.is_empty() {
-                "none".to_owned()
-            } else {
-                parts.join(" · ")
-            }
-        ));
-    }
+fn render_table(fleet: &FleetView) -> String {
+    let parts: Vec<String> = fleet
+        .counts
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(state, n)| format!("{state} {n}"))
+        .collect();
+    let mut out = format!(
+        "{} clusters: {}\n\n",
+        fleet.total,
+        if parts.is_empty() {
+            "none".to_owned()
+        } else {
+            parts.join(" · ")
+        }
+    );
     let header = [
         "CLUSTER",
         "STATE",
@@ -217,46 +214,7 @@ fn render_table(fleet: &Value) -> String {
         "LABELS",
         "LAST ERROR",
     ];
-    let mut rows: Vec<[String; 7]> = Vec::new();
-    for row in fleet["clusters"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-    {
-        let state = row["state"].as_str().unwrap_or("?");
-        let state = match (state, row["lastReported"].as_str()) {
-            ("Unknown", Some(last)) => format!("Unknown (last {last})"),
-            _ => state.to_owned(),
-        };
-        let serial = |key: &str| row[key].as_u64().map_or("-".to_owned(), |s| s.to_string());
-        let mut release = format!("{}/{}", serial("appliedSerial"), serial("latestSerial"));
-        if matches!((row["appliedSerial"].as_u64(), row["latestSerial"].as_u64()), (Some(a), Some(l)) if a < l)
-        {
-            release.push_str(" behind");
-        }
-        let labels = row["labels"]
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .unwrap_or_default();
-        let mut error = row["lastError"].as_str().unwrap_or("").replace('\n', " ");
-        if error.chars().count() > 60 {
-            error = format!("{}…", error.chars().take(59).collect::<String>());
-        }
-        rows.push([
-            row["name"].as_str().unwrap_or("?").to_owned(),
-            state,
-            release,
-            age(row["heartbeatAgeSeconds"].as_u64()),
-            row["driftTotal"].as_u64().unwrap_or(0).to_string(),
-            labels,
-            error,
-        ]);
-    }
+    let rows: Vec<[String; 7]> = fleet.clusters.iter().map(table_row).collect();
     let mut widths = header.map(str::len);
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -279,6 +237,42 @@ fn render_table(fleet: &Value) -> String {
         out.push_str(&line(row.iter().map(String::as_str).collect()));
     }
     out
+}
+
+/// One cluster's cells, in the order of the table's header.
+fn table_row(row: &ClusterRow) -> [String; 7] {
+    let state = match (row.state, row.last_reported) {
+        (ClusterState::Unknown, Some(last)) => format!("Unknown (last {last})"),
+        (state, _) => state.to_string(),
+    };
+    let serial = |s: Option<u64>| s.map_or("-".to_owned(), |s| s.to_string());
+    let mut release = format!(
+        "{}/{}",
+        serial(row.applied_serial),
+        serial(row.latest_serial)
+    );
+    if row.behind() {
+        release.push_str(" behind");
+    }
+    let labels = row
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut error = row.last_error.as_deref().unwrap_or("").replace('\n', " ");
+    if error.chars().count() > 60 {
+        error = format!("{}…", error.chars().take(59).collect::<String>());
+    }
+    [
+        row.name.clone(),
+        state,
+        release,
+        age(row.heartbeat_age_seconds),
+        row.drift_total.to_string(),
+        labels,
+        error,
+    ]
 }
 
 /// `windvane cluster rekey|forget NAME`.
@@ -327,49 +321,122 @@ pub fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use windvane_shared::status::SyncState;
 
-    fn fleet(states: &[&str]) -> Value {
-        let clusters: Vec<Value> = states
+    fn row(name: &str, state: ClusterState) -> ClusterRow {
+        ClusterRow {
+            name: name.to_owned(),
+            fleet: "acme".to_owned(),
+            labels: [("env".to_owned(), "prod".to_owned())].into(),
+            state,
+            last_reported: Some(SyncState::Synced),
+            last_seen: None,
+            heartbeat_age_seconds: Some(12),
+            grace_seconds: 90,
+            interval_seconds: Some(30),
+            channel: Some("stable".to_owned()),
+            applied_serial: Some(3),
+            latest_serial: Some(4),
+            drift_total: 1,
+            last_error: None,
+            enrolled_at: jiff::Timestamp::UNIX_EPOCH,
+            keyid: "k".to_owned(),
+            sequence: 1,
+        }
+    }
+
+    fn fleet(states: &[ClusterState]) -> FleetView {
+        let clusters: Vec<ClusterRow> = states
             .iter()
             .enumerate()
-            .map(|(i, s)| {
-                serde_json::json!({"name": format!("c{i}"), "state": s, "labels": {"env": "prod"},
-                "appliedSerial": 3, "latestSerial": 4, "heartbeatAgeSeconds": 12, "driftTotal": 1,
-                "lastReported": "Synced"})
-            })
+            .map(|(i, s)| row(&format!("c{i}"), *s))
             .collect();
-        serde_json::json!({"total": states.len(), "counts": {"Synced": 1, "Unknown": 1, "Failed": 0}, "clusters": clusters})
+        let mut counts: std::collections::BTreeMap<ClusterState, u64> =
+            ClusterState::ALL.map(|s| (s, 0)).into();
+        for state in states {
+            *counts.entry(*state).or_default() += 1;
+        }
+        FleetView {
+            generated_at: jiff::Timestamp::UNIX_EPOCH,
+            total: states.len() as u64,
+            counts,
+            clusters,
+        }
     }
+
+    use ClusterState::{NeverSeen, Synced, Unknown};
 
     #[test]
     fn only_all_synced_passes() {
-        assert_eq!(verdict(&fleet(&["Synced", "Synced"])), None);
+        assert_eq!(verdict(&fleet(&[Synced, Synced])), None);
         assert_eq!(
-            verdict(&fleet(&["Synced", "Unknown"])).as_deref(),
+            verdict(&fleet(&[Synced, Unknown])).as_deref(),
             Some("c1 is Unknown")
         );
-        assert!(verdict(&fleet(&["NeverSeen"])).is_some());
+        assert_eq!(
+            verdict(&fleet(&[NeverSeen])).as_deref(),
+            Some("c0 is NeverSeen")
+        );
         assert_eq!(
             verdict(&fleet(&[])).as_deref(),
             Some("no cluster matches the selection")
+        );
+        assert_eq!(
+            verdict(&fleet(&[Unknown; 7])).as_deref(),
+            Some(
+                "c0 is Unknown, c1 is Unknown, c2 is Unknown, c3 is Unknown, c4 is Unknown, and 2 more"
+            )
         );
     }
 
     #[test]
     fn table_shows_unknown_with_its_last_state() {
-        let text = render_table(&fleet(&["Unknown", "Synced"]));
+        let text = render_table(&fleet(&[Unknown, Synced]));
         assert!(
-            text.starts_with("2 clusters: Synced 1 · Unknown 1\n"),
-            "{text}"
+            text.starts_with("2 clusters: Unknown 1 · Synced 1\n"),
+            "counts worst first, zeros left out: {text}"
         );
         assert!(text.contains("Unknown (last Synced)"), "{text}");
         assert!(text.contains("3/4 behind"), "{text}");
         assert!(text.contains("12s ago"), "{text}");
+        assert!(text.contains("env=prod"), "{text}");
         assert!(
             text.lines()
                 .nth(2)
                 .is_some_and(|l| l.starts_with("CLUSTER")),
             "{text}"
         );
+        assert_eq!(
+            render_table(&fleet(&[])).lines().next(),
+            Some("0 clusters: none")
+        );
+    }
+
+    #[test]
+    fn a_row_without_a_release_or_heartbeat_reads_as_such() {
+        let mut never = row("quiet", NeverSeen);
+        never.last_reported = None;
+        never.heartbeat_age_seconds = None;
+        never.applied_serial = None;
+        never.last_error = Some(format!("line one\n{}", "x".repeat(80)));
+        let cells = table_row(&never);
+        assert_eq!(cells[1], "NeverSeen");
+        assert_eq!(cells[2], "-/4");
+        assert_eq!(cells[3], "never");
+        assert!(!cells[6].contains('\n'), "{cells:?}");
+        assert_eq!(cells[6].chars().count(), 60, "{cells:?}");
+        assert!(cells[6].ends_with('…'), "{cells:?}");
+    }
+
+    #[test]
+    fn a_body_that_is_not_the_fleet_names_the_url() {
+        let err = parse_fleet("http://h/api/v1/fleet?", br#"{"clusters": "nope"}"#)
+            .expect_err("not a fleet");
+        assert!(
+            format!("{err:#}").contains("http://h/api/v1/fleet?"),
+            "{err:#}"
+        );
+        let body = serde_json::to_vec(&fleet(&[Synced])).expect("json");
+        assert_eq!(parse_fleet("u", &body).expect("fleet"), fleet(&[Synced]));
     }
 }

@@ -6,7 +6,7 @@
 //! Data flow: a release engineer's fleet tree ([`source`], via [`yaml`]) becomes a [`bundle::Bundle`], which
 //! is published with a signed [`release::ReleasePointer`] in a [`dsse::Envelope`] (keys in [`keys`]). An agent
 //! verifies the pointer and the bundle ([`release`]), picks the apps whose [`selector`] matches its cluster and
-//! renders them ([`render`]).
+//! renders them ([`render`]). The source server's fleet API is typed in [`fleet_api`], shared with `windvane status`.
 
 pub mod bundle;
 pub mod desired;
@@ -14,6 +14,7 @@ pub mod digest;
 pub mod dsse;
 pub mod duration;
 pub mod error;
+pub mod fleet_api;
 pub mod heartbeat;
 pub mod keys;
 pub mod release;

@@ -306,7 +306,7 @@ pub fn transition(
     next: ClusterState,
     was_alerting: bool,
 ) -> Option<Trigger> {
-    if next.is_alerting() && previous != Some(next) {
+    if status::is_alerting(next) && previous != Some(next) {
         Some(Trigger::Entered(next))
     } else if next == ClusterState::Synced && was_alerting {
         Some(Trigger::Recovered)
@@ -345,14 +345,12 @@ impl Tracker {
     pub fn observe(&mut self, event: &Event) -> Vec<Notification> {
         let remembered = self.clusters.get(&event.cluster).copied();
         let previous = remembered.and_then(|m| m.state).or(event.previous);
-        let was_alerting = remembered
-            .map_or(previous.is_some_and(ClusterState::is_alerting), |m| {
-                m.alerting
-            });
+        let was_alerting =
+            remembered.map_or(previous.is_some_and(status::is_alerting), |m| m.alerting);
         let trigger = transition(previous, event.state, was_alerting);
         let alerting = match event.state {
             ClusterState::Synced => false,
-            state if state.is_alerting() => true,
+            state if status::is_alerting(state) => true,
             _ => was_alerting,
         };
         self.clusters.insert(

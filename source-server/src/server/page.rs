@@ -176,7 +176,7 @@ pub fn fleet_page(view: &FleetView, selector: &str, states: &[ClusterState]) -> 
     } else {
         format!("selector={}&amp;", query_value(selector))
     };
-    for (state, count) in &view.count_list {
+    for (state, count) in &view.counts {
         if *state == ClusterState::NeverSeen {
             out.push_str("<span class=\"sep\"></span>");
         }

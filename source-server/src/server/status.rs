@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use serde::{Deserialize, Serialize};
 use windvane_shared::selector::LabelSelector;
 use windvane_shared::status::SyncState;
 
@@ -21,89 +20,18 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
 /// The grace period is this many of the cluster's own heartbeat intervals.
 pub const GRACE_INTERVALS: u32 = 3;
 
-/// A cluster's state as the server shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum ClusterState {
-    Failed,
-    Degraded,
-    Contested,
-    OutOfSync,
-    /// No heartbeat within the grace period: the cluster may be anything, so never counted as Synced.
-    Unknown,
-    Held,
-    Progressing,
-    Synced,
-    /// Enrolled but never heard from.
-    NeverSeen,
-}
+pub use windvane_shared::fleet_api::ClusterState;
 
-impl ClusterState {
-    /// Every state in display order, worst first; `Unknown` sits with the problems, `NeverSeen` apart at the
-    /// end.
-    pub const ALL: [ClusterState; 9] = [
-        ClusterState::Failed,
-        ClusterState::Degraded,
-        ClusterState::Contested,
-        ClusterState::OutOfSync,
-        ClusterState::Unknown,
-        ClusterState::Held,
-        ClusterState::Progressing,
-        ClusterState::Synced,
-        ClusterState::NeverSeen,
-    ];
-
-    /// The name used in the API, metrics labels, query parameters and the page.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ClusterState::Failed => "Failed",
-            ClusterState::Degraded => "Degraded",
-            ClusterState::Contested => "Contested",
-            ClusterState::OutOfSync => "OutOfSync",
-            ClusterState::Unknown => "Unknown",
-            ClusterState::Held => "Held",
-            ClusterState::Progressing => "Progressing",
-            ClusterState::Synced => "Synced",
-            ClusterState::NeverSeen => "NeverSeen",
-        }
-    }
-
-    /// Reads a state name (case-insensitive), as written in `?state=` or `windvane status --state`.
-    pub fn parse(text: &str) -> Option<ClusterState> {
-        Self::ALL
-            .into_iter()
-            .find(|s| s.as_str().eq_ignore_ascii_case(text.trim()))
-    }
-
-    /// The state an agent reported, as the server shows it while the cluster is fresh.
-    pub fn from_reported(state: SyncState) -> ClusterState {
-        match state {
-            SyncState::Failed => ClusterState::Failed,
-            SyncState::Degraded => ClusterState::Degraded,
-            SyncState::Contested => ClusterState::Contested,
-            SyncState::OutOfSync => ClusterState::OutOfSync,
-            SyncState::Held => ClusterState::Held,
-            SyncState::Progressing => ClusterState::Progressing,
-            SyncState::Synced => ClusterState::Synced,
-        }
-    }
-
-    /// States that page someone when a cluster enters them (and whose end is a recovery).
-    pub fn is_alerting(self) -> bool {
-        matches!(
-            self,
-            ClusterState::Failed
-                | ClusterState::Degraded
-                | ClusterState::Contested
-                | ClusterState::OutOfSync
-                | ClusterState::Unknown
-        )
-    }
-}
-
-impl std::fmt::Display for ClusterState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
+/// States that page someone when a cluster enters them (and whose end is a recovery).
+pub fn is_alerting(state: ClusterState) -> bool {
+    matches!(
+        state,
+        ClusterState::Failed
+            | ClusterState::Degraded
+            | ClusterState::Contested
+            | ClusterState::OutOfSync
+            | ClusterState::Unknown
+    )
 }
 
 /// Reads a reported state name as stored in the database.
@@ -327,14 +255,6 @@ mod tests {
 
     #[test]
     fn state_names_round_trip() {
-        for state in ClusterState::ALL {
-            assert_eq!(ClusterState::parse(state.as_str()), Some(state));
-            assert_eq!(
-                ClusterState::parse(&state.as_str().to_lowercase()),
-                Some(state)
-            );
-        }
-        assert_eq!(ClusterState::parse("Bogus"), None);
         for state in SyncState::ALL {
             assert_eq!(parse_sync_state(state.as_str()), Some(state));
         }
@@ -368,7 +288,7 @@ mod tests {
         use ClusterState::*;
         let alerting: Vec<_> = ClusterState::ALL
             .into_iter()
-            .filter(|s| s.is_alerting())
+            .filter(|s| is_alerting(*s))
             .collect();
         assert_eq!(
             alerting,

@@ -1,58 +1,17 @@
 //! What the page, the JSON API and `windvane status` show, built by pure functions from database rows, the
 //! clock and the store: one [`ClusterRow`] per cluster (its [`status::verdict`], applied vs latest serial,
-//! heartbeat age, drift count, last error) and the [`FleetView`] roll-up over a [`Filter`]. The API
-//! serialises these structs as they are; the page renders them as HTML.
+//! heartbeat age, drift count, last error) and the [`FleetView`] roll-up over a [`Filter`]. The types are the
+//! API's wire format, in `windvane_shared::fleet_api` so that `windvane status` reads the same ones; the API
+//! serialises them as they are, the page renders them as HTML.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use serde::Serialize;
+pub use windvane_shared::fleet_api::{ClusterDetail, ClusterRow, FleetView};
 use windvane_shared::heartbeat::Heartbeat;
-use windvane_shared::status::SyncState;
 
-use super::db::{ClusterSummary, DriftEntry};
-use super::status::{self, ClusterFacts, ClusterState, Filter};
-
-/// One cluster as shown.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ClusterRow {
-    pub name: String,
-    pub fleet: String,
-    pub labels: BTreeMap<String, String>,
-    pub state: ClusterState,
-    /// The state the agent last reported (differs from `state` when Unknown).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_reported: Option<SyncState>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_seen: Option<Timestamp>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub heartbeat_age_seconds: Option<u64>,
-    pub grace_seconds: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub interval_seconds: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub channel: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub applied_serial: Option<u64>,
-    /// The serial of the channel's pointer in this server's store.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub latest_serial: Option<u64>,
-    pub drift_total: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-    pub enrolled_at: Timestamp,
-    pub keyid: String,
-    pub sequence: u64,
-}
-
-impl ClusterRow {
-    /// Whether the cluster runs an older release than its channel's latest.
-    pub fn behind(&self) -> bool {
-        matches!((self.applied_serial, self.latest_serial), (Some(a), Some(l)) if a < l)
-    }
-}
+use super::db::ClusterSummary;
+use super::status::{self, ClusterFacts, Filter};
 
 /// Builds one row.
 pub fn cluster_row(
@@ -89,20 +48,6 @@ pub fn cluster_row(
     }
 }
 
-/// The fleet as shown: counts per state over the clusters the selector picks, and the rows that pass the
-/// whole filter, worst first.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct FleetView {
-    pub generated_at: Timestamp,
-    /// Clusters the selector picks (before the state filter).
-    pub total: u64,
-    pub counts: serde_json::Map<String, serde_json::Value>,
-    pub clusters: Vec<ClusterRow>,
-    #[serde(skip)]
-    pub count_list: Vec<(ClusterState, u64)>,
-}
-
 /// Builds the fleet view.
 pub fn fleet_view(
     clusters: Vec<ClusterSummary>,
@@ -116,10 +61,8 @@ pub fn fleet_view(
         .filter(|c| filter.matches_labels(&c.labels))
         .map(|c| cluster_row(c, now, unknown_after, latest_serial))
         .collect();
-    let count_list = status::rollup(selected.iter().map(|r| r.state));
-    let counts = count_list
-        .iter()
-        .map(|(s, n)| (s.as_str().to_owned(), serde_json::Value::from(*n)))
+    let counts = status::rollup(selected.iter().map(|r| r.state))
+        .into_iter()
         .collect();
     let total = selected.len() as u64;
     let mut rows: Vec<ClusterRow> = selected
@@ -132,18 +75,7 @@ pub fn fleet_view(
         total,
         counts,
         clusters: rows,
-        count_list,
     }
-}
-
-/// One cluster with its latest report and drift log.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ClusterDetail {
-    pub cluster: ClusterRow,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub report: Option<Heartbeat>,
-    pub drift: Vec<DriftEntry>,
 }
 
 /// Parses the stored report (the signed payload of the last heartbeat).
@@ -184,6 +116,8 @@ pub fn human_age(seconds: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::status::ClusterState;
+    use windvane_shared::status::SyncState;
 
     fn at(s: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + s).expect("valid")
@@ -225,10 +159,11 @@ mod tests {
         let filter = Filter::parse(Some("env=prod"), &[]).expect("filter");
         let view = fleet_view(clusters.clone(), at(10), None, &filter, &latest);
         assert_eq!(view.total, 3);
-        assert_eq!(view.counts["Synced"], 1);
-        assert_eq!(view.counts["Unknown"], 1);
-        assert_eq!(view.counts["NeverSeen"], 1);
-        assert_eq!(view.counts["Failed"], 0);
+        assert_eq!(view.counts[&ClusterState::Synced], 1);
+        assert_eq!(view.counts[&ClusterState::Unknown], 1);
+        assert_eq!(view.counts[&ClusterState::NeverSeen], 1);
+        assert_eq!(view.counts[&ClusterState::Failed], 0);
+        assert_eq!(view.counts.len(), ClusterState::ALL.len());
         let names: Vec<_> = view.clusters.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(
             names,

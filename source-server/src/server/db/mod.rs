@@ -19,8 +19,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use serde::Serialize;
-use windvane_shared::heartbeat::{DriftRecord, Heartbeat};
+use windvane_shared::heartbeat::Heartbeat;
 use windvane_shared::status::SyncState;
 
 use crate::Result;
@@ -47,6 +46,7 @@ pub struct Binding {
     pub rekey_allowed: bool,
 }
 
+pub use windvane_shared::fleet_api::DriftEntry;
 pub use windvane_shared::heartbeat::EnrollOutcome;
 
 /// Decides an enrolment from the stored binding (pure).
@@ -179,16 +179,6 @@ pub struct ClusterSummary {
     pub applied_serial: Option<u64>,
     pub last_error: Option<String>,
     pub drift_total: u64,
-}
-
-/// One drift audit log entry.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DriftEntry {
-    pub cluster: String,
-    pub sequence: u64,
-    pub received_at: Timestamp,
-    pub record: DriftRecord,
 }
 
 /// The database operations the server needs, on any backend. Every method is one transaction.

@@ -138,7 +138,7 @@ pub(super) async fn handle(
                 &|_| None,
             );
             let gauges = FleetGauges {
-                counts: fleet.count_list.clone(),
+                counts: fleet.counts.iter().map(|(s, n)| (*s, *n)).collect(),
                 ages: fleet
                     .clusters
                     .iter()
