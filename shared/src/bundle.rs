@@ -55,6 +55,10 @@ pub struct App {
     pub customizations: Vec<Customization>,
     #[serde(default)]
     pub policy: Policy,
+    /// Whether `${cluster.…}` and `${values.…}` are filled in; `substitute: false` in `fleet.yaml` sends the
+    /// app's manifests exactly as written (left out of the bundle when true, so existing digests hold).
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub substitute: bool,
     pub manifests: Vec<Manifest>,
 }
 
@@ -88,6 +92,10 @@ pub struct Policy {
     /// Fields that belong to someone else (an HPA's `/spec/replicas`): never sent, so never owned.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ignore_differences: Vec<IgnoreDifference>,
+}
+
+fn is_true(value: &bool) -> bool {
+    *value
 }
 
 fn default_true() -> bool {

@@ -111,7 +111,11 @@ pub fn render_app(app: &App, cluster: &ClusterIdentity) -> Result<RenderedApp> {
     let mut seen: HashMap<(String, String, Option<String>, String), String> = HashMap::new();
     for manifest in &app.manifests {
         let site = Site::new(app, manifest);
-        let object = render_value(&manifest.object, &context, &site, &mut String::new())?;
+        let object = if substitutes(app, manifest, &site)? {
+            render_value(&manifest.object, &context, &site, &mut String::new())?
+        } else {
+            manifest.object.clone()
+        };
         let id = check_manifest_object(&manifest.file, manifest.document, &object)?;
         let location = format!("{} document {}", manifest.file, manifest.document);
         if let Some(first) = seen.insert(identity_key(&id), location.clone()) {
@@ -135,6 +139,27 @@ pub fn render_app(app: &App, cluster: &ClusterIdentity) -> Result<RenderedApp> {
         policy: app.policy.clone(),
         objects,
     })
+}
+
+/// The annotation that turns substitution off for one object: `windvane.io/substitute: "disabled"`.
+pub const SUBSTITUTE_ANNOTATION: &str = "windvane.io/substitute";
+
+/// Whether a manifest's `${…}` variables are filled in: not when its app says `substitute: false` or the
+/// object carries `windvane.io/substitute: "disabled"` (files whose own `${…}` syntax collides with ours).
+/// Any other value than `disabled`/`enabled` is an error, so that a typo does not silently substitute.
+fn substitutes(app: &App, manifest: &Manifest, site: &Site) -> Result<bool> {
+    let pointer = "/metadata/annotations/windvane.io~1substitute";
+    match manifest.object.pointer(pointer) {
+        None => Ok(app.substitute),
+        Some(Value::String(value)) if value == "disabled" => Ok(false),
+        Some(Value::String(value)) if value == "enabled" => Ok(app.substitute),
+        Some(other) => Err(site.template_error(
+            pointer,
+            format!(
+                "{SUBSTITUTE_ANNOTATION} is {other}; set it to \"disabled\" (or \"enabled\", the default)"
+            ),
+        )),
+    }
 }
 
 /// What makes two objects the same object in a cluster (the version does not).
@@ -425,6 +450,7 @@ mod tests {
             values: values.as_object().cloned().unwrap_or_default(),
             customizations: Vec::new(),
             policy: Policy::default(),
+            substitute: true,
             manifests: objects
                 .into_iter()
                 .enumerate()
@@ -620,6 +646,47 @@ mod tests {
                 "mixed": "eu-1/${PATH}"
             })
         );
+    }
+
+    #[test]
+    fn substitution_is_turned_off_per_app_and_per_object() {
+        let config_map = |annotation: Option<&str>| {
+            let mut object = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "dash"}, "data": {"q": "${cluster.name} ${values.v}"}});
+            if let Some(value) = annotation {
+                object["metadata"]["annotations"] = json!({SUBSTITUTE_ANNOTATION: value});
+            }
+            object
+        };
+        let data = |app: &App| -> Result<Value> {
+            Ok(render_app(app, &cluster())?.objects[0].object["data"]["q"].clone())
+        };
+        let values = json!({"v": "x"});
+        let on = app(values.clone(), vec![config_map(None)]);
+        assert_eq!(data(&on).unwrap(), json!("eu-1 x"));
+        let enabled = app(values.clone(), vec![config_map(Some("enabled"))]);
+        assert_eq!(data(&enabled).unwrap(), json!("eu-1 x"));
+        let object_off = app(values.clone(), vec![config_map(Some("disabled"))]);
+        assert_eq!(
+            data(&object_off).unwrap(),
+            json!("${cluster.name} ${values.v}")
+        );
+        let mut app_off = app(json!({}), vec![config_map(None)]);
+        app_off.substitute = false;
+        assert_eq!(
+            data(&app_off).unwrap(),
+            json!("${cluster.name} ${values.v}")
+        );
+        let typo = app(values, vec![config_map(Some("disable"))]);
+        match render_app(&typo, &cluster()) {
+            Err(Error::Template {
+                pointer, detail, ..
+            }) => {
+                assert_eq!(pointer, "/metadata/annotations/windvane.io~1substitute");
+                assert!(detail.contains("\"disable\""), "{detail}");
+            }
+            other => panic!("expected a template error, got {other:?}"),
+        }
     }
 
     #[test]

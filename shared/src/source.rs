@@ -452,6 +452,7 @@ fn read_app(value: &Value, at: &str) -> Result<AppConfig> {
         "values",
         "customizations",
         "policy",
+        "substitute",
     ])?;
     let name = fields.required_str("name")?;
     check_name(&name).map_err(|detail| config_error(&fields.path("name"), detail))?;
@@ -490,6 +491,7 @@ fn read_app(value: &Value, at: &str) -> Result<AppConfig> {
         values,
         customizations,
         policy,
+        substitute: fields.optional_bool("substitute")?.unwrap_or(true),
         manifests: Vec::new(),
     };
     Ok(AppConfig { app, path })

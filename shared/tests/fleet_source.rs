@@ -384,3 +384,23 @@ fn bundle_limits_apply() {
         })
     ));
 }
+
+#[test]
+fn substitute_false_is_read_and_kept_out_of_bundles_that_do_not_use_it() {
+    let tree = Tree::new(ONE_APP);
+    tree.write("apps/web/cm.yaml", &config_map("web"));
+    let default = tree.load().expect("loads");
+    assert!(default.apps[0].substitute);
+    let encoded = String::from_utf8(default.to_json_bytes()).expect("utf-8");
+    assert!(!encoded.contains("substitute"), "{encoded}");
+
+    tree.write(FLEET_FILE, &format!("{ONE_APP}    substitute: false\n"));
+    let off = tree.load().expect("loads");
+    assert!(!off.apps[0].substitute);
+    let encoded = String::from_utf8(off.to_json_bytes()).expect("utf-8");
+    assert!(encoded.contains("\"substitute\":false"), "{encoded}");
+
+    tree.write(FLEET_FILE, &format!("{ONE_APP}    substitute: \"no\"\n"));
+    let message = tree.error().to_string();
+    assert!(message.contains("substitute"), "{message}");
+}
