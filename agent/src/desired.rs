@@ -23,6 +23,8 @@ pub struct Desired {
     /// The pointers `ignoreDifferences` leaves to other managers: never sent, handed over before Windvane's
     /// ownership of them is dropped ([`crate::handover`]).
     pub ignored_pointers: Vec<String>,
+    /// The app's `namespace:`, for a namespaced object that names none (`None`: `default`).
+    pub default_namespace: Option<String>,
     /// The body sent with server-side apply, as `serde_json::to_vec` writes it.
     body: Box<[u8]>,
 }
@@ -39,6 +41,7 @@ impl Desired {
             prune: object.prune,
             drift_grace_period: object.drift_grace_period,
             ignored_pointers: object.ignored_pointers,
+            default_namespace: object.default_namespace,
         }
     }
 

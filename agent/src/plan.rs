@@ -65,13 +65,17 @@ pub fn stage_of(id: &ObjectRef, scope: Scope) -> Stage {
     }
 }
 
-/// Makes an object's namespace agree with its kind's scope: namespaced objects without one get
-/// [`DEFAULT_NAMESPACE`]; a namespace on a cluster-scoped object is an error (the API server would ignore it,
+/// Makes an object's namespace agree with its kind's scope: namespaced objects without one get their app's
+/// `namespace:`, or else [`DEFAULT_NAMESPACE`]; a namespace on a cluster-scoped object is an error (the API server would ignore it,
 /// and the object's identity would be ambiguous).
 pub fn normalize_namespace(object: &mut Desired, scope: Scope) -> Result<(), String> {
     match (scope, object.id.namespace.is_some()) {
         (Scope::Namespaced, false) => {
-            object.set_namespace(DEFAULT_NAMESPACE);
+            let namespace = object
+                .default_namespace
+                .clone()
+                .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
+            object.set_namespace(&namespace);
             Ok(())
         }
         (Scope::Cluster, true) => Err(format!(
@@ -101,7 +105,8 @@ pub fn place(object: &mut Desired, scope: Scope, allowlist: &Allowlist) -> Resul
     normalize_namespace(object, scope).map_err(Unplaced::Invalid)?;
     allowlist.check(&object.id).map_err(|reason| {
         let why = if defaulted {
-            format!(" (it names no namespace, so it would land in {DEFAULT_NAMESPACE})")
+            let landed = object.id.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE);
+            format!(" (it names no namespace, so it would land in {landed})")
         } else {
             String::new()
         };
@@ -212,7 +217,29 @@ mod tests {
         // (object, scope) → outcome: the namespace each object really lands in decides.
         // Placed: the stage and final namespace; refused: the reason.
         type Expected = Result<(Stage, Option<&'static str>), &'static str>;
-        let cases: [(Desired, Scope, Expected); 6] = [
+        let in_app_namespace = |kind: &str, namespace: &str, api: &str| {
+            let mut object = desired(api, kind, None, "from-app", 0);
+            object.default_namespace = Some(namespace.to_owned());
+            object
+        };
+        let cases: [(Desired, Scope, Expected); 9] = [
+            (
+                in_app_namespace("ConfigMap", "team-a", "v1"),
+                Scope::Namespaced,
+                Ok((Stage::Namespaced, Some("team-a"))),
+            ),
+            (
+                in_app_namespace("ConfigMap", "team-b", "v1"),
+                Scope::Namespaced,
+                Err(
+                    "namespace team-b is not in the operator's allowed namespaces (team-a) (it names no namespace, so it would land in team-b)",
+                ),
+            ),
+            (
+                in_app_namespace("ClusterRole", "team-a", "rbac.authorization.k8s.io/v1"),
+                Scope::Cluster,
+                Ok((Stage::ClusterScoped, None)),
+            ),
             (
                 desired("v1", "ConfigMap", Some("team-a"), "in", 0),
                 Scope::Namespaced,

@@ -55,6 +55,13 @@ pub struct App {
     pub customizations: Vec<Customization>,
     #[serde(default)]
     pub policy: Policy,
+    /// The namespace every namespaced object that names none goes into (instead of `default`); objects
+    /// that name one keep it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Whether the app also creates its `namespace` (as a Namespace object of the app, staged first).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub create_namespace: bool,
     /// Whether `${cluster.…}` and `${values.…}` are filled in; `substitute: false` in `fleet.yaml` sends the
     /// app's manifests exactly as written (left out of the bundle when true, so existing digests hold).
     #[serde(default = "default_true", skip_serializing_if = "is_true")]
@@ -327,6 +334,17 @@ impl App {
     pub fn validate(&self) -> Result<()> {
         let context = format!("app {}", self.name);
         self.selector.validate(&context)?;
+        let invalid_namespace = |detail: String| Error::InvalidNamespace {
+            app: self.name.clone(),
+            detail,
+        };
+        match &self.namespace {
+            Some(namespace) => crate::source::check_name(namespace).map_err(invalid_namespace)?,
+            None if self.create_namespace => Err(invalid_namespace(
+                "createNamespace: true needs a namespace: to create".to_owned(),
+            ))?,
+            None => {}
+        }
         for customization in &self.customizations {
             customization
                 .selector

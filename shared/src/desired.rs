@@ -47,6 +47,9 @@ pub struct DesiredObject {
     pub ignored_pointers: Vec<String>,
     pub file: String,
     pub document: usize,
+    /// The app's `namespace:`: where the object goes if it is namespaced and names none (`None`: `default`).
+    /// Only the agent knows a kind's scope (from discovery), so the namespace is filled in there.
+    pub default_namespace: Option<String>,
 }
 
 /// One selected app's share of a release for one cluster: its desired objects, or why it did not render.
@@ -90,7 +93,11 @@ pub fn all_or_first_error(
 pub fn desired_objects(fleet: &str, app: &RenderedApp) -> Result<Vec<DesiredObject>> {
     app.objects
         .iter()
-        .map(|object| desired_object(fleet, &app.name, &app.policy, object))
+        .map(|object| {
+            let mut desired = desired_object(fleet, &app.name, &app.policy, object)?;
+            desired.default_namespace = app.namespace.clone();
+            Ok(desired)
+        })
         .collect()
 }
 
@@ -190,6 +197,7 @@ pub fn desired_object(
         ignored_pointers,
         file: object.file.clone(),
         document: object.document,
+        default_namespace: None,
     })
 }
 

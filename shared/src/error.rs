@@ -135,6 +135,9 @@ pub enum Error {
         pointer: String,
         detail: String,
     },
+    /// An app's `namespace:` is not a namespace name.
+    #[error("app {app}: namespace: {detail}")]
+    InvalidNamespace { app: String, detail: String },
     /// A label selector is invalid.
     #[error("invalid label selector{}: {detail}", context_hint(.context))]
     InvalidSelector { context: String, detail: String },
@@ -215,6 +218,7 @@ impl Error {
             | Error::Manifest { .. }
             | Error::DuplicateObject { .. }
             | Error::InvalidPointer { .. }
+            | Error::InvalidNamespace { .. }
             | Error::InvalidSelector { .. }
             | Error::TooMany { .. }
             | Error::InvalidDuration { .. } => "invalid",

@@ -60,6 +60,8 @@ pub struct RenderedApp {
     pub name: String,
     /// The app's policy, unchanged by rendering.
     pub policy: Policy,
+    /// Where the app's namespaced objects that name no namespace go (`None`: `default`).
+    pub namespace: Option<String>,
     /// In bundle order (sorted by file, then document).
     pub objects: Vec<RenderedObject>,
 }
@@ -134,12 +136,35 @@ pub fn render_app(app: &App, cluster: &ClusterIdentity) -> Result<RenderedApp> {
             id,
         });
     }
+    if let Some(namespace) = app.namespace.as_ref().filter(|_| app.create_namespace) {
+        let object = serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}
+        });
+        let id = check_manifest_object(CREATED_NAMESPACE_FILE, 0, &object)?;
+        // An app that also writes its Namespace out keeps its own (labels and all).
+        if !seen.contains_key(&identity_key(&id)) {
+            objects.insert(
+                0,
+                RenderedObject {
+                    app: app.name.clone(),
+                    file: CREATED_NAMESPACE_FILE.to_owned(),
+                    document: 0,
+                    object,
+                    id,
+                },
+            );
+        }
+    }
     Ok(RenderedApp {
         name: app.name.clone(),
         policy: app.policy.clone(),
+        namespace: app.namespace.clone(),
         objects,
     })
 }
+
+/// Where an app's `createNamespace: true` Namespace comes from, in errors and status.
+pub const CREATED_NAMESPACE_FILE: &str = "fleet.yaml (createNamespace)";
 
 /// The annotation that turns substitution off for one object: `windvane.io/substitute: "disabled"`.
 pub const SUBSTITUTE_ANNOTATION: &str = "windvane.io/substitute";
@@ -450,6 +475,8 @@ mod tests {
             values: values.as_object().cloned().unwrap_or_default(),
             customizations: Vec::new(),
             policy: Policy::default(),
+            namespace: None,
+            create_namespace: false,
             substitute: true,
             manifests: objects
                 .into_iter()
@@ -645,6 +672,39 @@ mod tests {
                 "empty": "${}", "env": "${env.HOME}", "open": "tail ${", "clusterish": "${clusters.x} ${valuesx}",
                 "mixed": "eu-1/${PATH}"
             })
+        );
+    }
+
+    #[test]
+    fn create_namespace_adds_the_app_namespace_first_unless_the_app_writes_it() {
+        let config_map =
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}});
+        let mut app = app(json!({}), vec![config_map.clone()]);
+        app.namespace = Some("observability".to_owned());
+        let rendered = render_app(&app, &cluster()).unwrap();
+        assert_eq!(rendered.namespace.as_deref(), Some("observability"));
+        assert_eq!(
+            rendered.objects.len(),
+            1,
+            "no Namespace without createNamespace"
+        );
+        app.create_namespace = true;
+        let rendered = render_app(&app, &cluster()).unwrap();
+        let ids: Vec<String> = rendered.objects.iter().map(|o| o.id.to_string()).collect();
+        assert_eq!(ids, ["Namespace observability", "ConfigMap c"]);
+        assert_eq!(rendered.objects[0].file, CREATED_NAMESPACE_FILE);
+        let own = json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "observability", "labels": {"team": "sre"}}});
+        app.manifests.push(Manifest {
+            file: "apps/web/ns.yaml".to_owned(),
+            document: 0,
+            object: own.clone(),
+        });
+        let rendered = render_app(&app, &cluster()).unwrap();
+        assert_eq!(rendered.objects.len(), 2);
+        assert_eq!(
+            rendered.objects[1].object, own,
+            "the app's own Namespace is kept"
         );
     }
 

@@ -453,6 +453,8 @@ fn read_app(value: &Value, at: &str) -> Result<AppConfig> {
         "customizations",
         "policy",
         "substitute",
+        "namespace",
+        "createNamespace",
     ])?;
     let name = fields.required_str("name")?;
     check_name(&name).map_err(|detail| config_error(&fields.path("name"), detail))?;
@@ -491,6 +493,8 @@ fn read_app(value: &Value, at: &str) -> Result<AppConfig> {
         values,
         customizations,
         policy,
+        namespace: fields.optional_str("namespace")?,
+        create_namespace: fields.optional_bool("createNamespace")?.unwrap_or(false),
         substitute: fields.optional_bool("substitute")?.unwrap_or(true),
         manifests: Vec::new(),
     };
@@ -592,7 +596,7 @@ fn read_policy(value: &Value, at: &str) -> Result<Policy> {
 
 /// The fleet and app names: a DNS label (lower-case letters, digits and '-', at most 63 characters, starting
 /// and ending with a letter or digit), since they end up in object names, labels and URLs.
-fn check_name(name: &str) -> std::result::Result<(), String> {
+pub(crate) fn check_name(name: &str) -> std::result::Result<(), String> {
     let valid = !name.is_empty()
         && name.len() <= 63
         && name

@@ -404,3 +404,22 @@ fn substitute_false_is_read_and_kept_out_of_bundles_that_do_not_use_it() {
     let message = tree.error().to_string();
     assert!(message.contains("substitute"), "{message}");
 }
+
+#[test]
+fn app_namespace_is_read_and_checked() {
+    let tree = Tree::new(&format!(
+        "{ONE_APP}    namespace: observability\n    createNamespace: true\n"
+    ));
+    tree.write("apps/web/cm.yaml", &config_map("web"));
+    let bundle = tree.load().expect("loads");
+    assert_eq!(bundle.apps[0].namespace.as_deref(), Some("observability"));
+    assert!(bundle.apps[0].create_namespace);
+
+    tree.write(FLEET_FILE, &format!("{ONE_APP}    namespace: Not_A_Name\n"));
+    let message = tree.error().to_string();
+    assert!(message.contains("app web: namespace"), "{message}");
+
+    tree.write(FLEET_FILE, &format!("{ONE_APP}    createNamespace: true\n"));
+    let message = tree.error().to_string();
+    assert!(message.contains("needs a namespace"), "{message}");
+}

@@ -1,13 +1,16 @@
 //! Manifests as real projects publish them, through the whole path (tree → signed bundle → agent → localkube):
 //! `kind: List` and `*List` documents expanded into their items, other tools' `${…}` syntax (Grafana,
 //! Prometheus, shell) kept verbatim next to Windvane's own variables, and substitution turned off for an app
-//! (`substitute: false`) and for one object (`windvane.io/substitute: "disabled"`). The fixtures are our own,
-//! modelled on monitoring-stack install files.
+//! (`substitute: false`) and for one object (`windvane.io/substitute: "disabled"`), and an install file meant
+//! for `kubectl apply -n NS` (no namespaces) put into its app's `namespace:`, created by `createNamespace`.
+//! The fixtures are our own, modelled on monitoring-stack and ingress-controller install files.
 
 mod fault_support;
 
 use fault_support::{SYNC, config_map, data};
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{Namespace, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
+use kube::ResourceExt;
 use kube::api::Api;
 use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher};
 use windvane_tests::localkube::LocalKube;
@@ -22,7 +25,54 @@ apps:
   - name: scripts
     path: apps/scripts
     substitute: false
+  - name: ingress
+    path: apps/ingress
+    namespace: ingress-system
+    createNamespace: true
 ";
+
+/// An install file without namespaces: namespaced objects go to the app's namespace, cluster-scoped ones
+/// stay cluster-scoped, and an object that names a namespace keeps it.
+const INGRESS: &str = r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {name: ingress-controller}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: ingress-controller}
+rules:
+  - {apiGroups: [""], resources: [configmaps], verbs: [get, list, watch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: ingress-controller}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: ingress-controller}
+subjects:
+  - {kind: ServiceAccount, name: ingress-controller, namespace: ingress-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: ingress-controller}
+rules:
+  - {apiGroups: [networking.k8s.io], resources: [ingresses], verbs: [get, list, watch]}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: ingress-controller}
+data: {allow-snippets: "false"}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ingress-controller}
+spec:
+  selector: {app: ingress-controller}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: ingress-defaults, namespace: default}
+data: {class: windvane}
+"#;
 
 /// A Namespace, a `ConfigMapList` of a dashboard and alert rules, and a `v1 List` of a ServiceAccount and a
 /// ConfigMap that opts out of substitution — the shapes `kubectl get -o yaml` and install bundles produce.
@@ -82,15 +132,17 @@ async fn lists_and_foreign_dollar_braces_reach_the_cluster_as_written() -> anyho
     tree.write("fleet.yaml", FLEET_YAML)?;
     tree.write("apps/monitoring/install.yaml", MONITORING)?;
     tree.write("apps/scripts/entrypoint.yaml", SCRIPTS)?;
+    tree.write("apps/ingress/install.yaml", INGRESS)?;
     publisher.publish(&tree, "stable")?;
     let server = StoreServer::start(publisher.store()).await?;
     let options = AgentOptions::new(&server.url(), &publisher.public_key_path(), "prod-eu");
     let agent = Agent::start(&kube, &options).await?;
 
-    // Namespace + 2 from the ConfigMapList + 2 from the List, and the script.
+    // Namespace + 2 from the ConfigMapList + 2 from the List, the script, and the created Namespace with the
+    // 7 objects of the install file.
     agent
-        .wait_status("every object of both apps Synced", SYNC, |s| {
-            s["state"] == "Synced" && s["counts"]["Synced"] == 6
+        .wait_status("every object of the three apps Synced", SYNC, |s| {
+            s["state"] == "Synced" && s["counts"]["Synced"] == 14
         })
         .await?;
 
@@ -124,6 +176,47 @@ async fn lists_and_foreign_dollar_braces_reach_the_cluster_as_written() -> anyho
         data(entrypoint.as_ref(), "run.sh"),
         Some("#!/bin/sh\nexec /bin/agent --name \"${cluster.name}\" --home \"${HOME:-/tmp}\"\n"),
         "an app with substitute: false is applied as written"
+    );
+
+    let namespace = Api::<Namespace>::all(kube.client())
+        .get("ingress-system")
+        .await?;
+    assert_eq!(
+        namespace
+            .labels()
+            .get("windvane.io/app")
+            .map(String::as_str),
+        Some("ingress"),
+        "createNamespace makes the Namespace an object of the app"
+    );
+    let in_app_namespace = config_map(&kube, "ingress-system", "ingress-controller").await?;
+    assert_eq!(
+        data(in_app_namespace.as_ref(), "allow-snippets"),
+        Some("false")
+    );
+    assert!(
+        config_map(&kube, "default", "ingress-controller")
+            .await?
+            .is_none(),
+        "nothing of the install file lands in default"
+    );
+    Api::<ServiceAccount>::namespaced(kube.client(), "ingress-system")
+        .get("ingress-controller")
+        .await?;
+    Api::<RoleBinding>::namespaced(kube.client(), "ingress-system")
+        .get("ingress-controller")
+        .await?;
+    Api::<Service>::namespaced(kube.client(), "ingress-system")
+        .get("ingress-controller")
+        .await?;
+    Api::<ClusterRole>::all(kube.client())
+        .get("ingress-controller")
+        .await?;
+    let named = config_map(&kube, "default", "ingress-defaults").await?;
+    assert_eq!(
+        data(named.as_ref(), "class"),
+        Some("windvane"),
+        "an object that names its namespace keeps it"
     );
     Ok(())
 }

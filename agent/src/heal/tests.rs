@@ -72,6 +72,7 @@ fn desired(self_heal: bool, grace: Option<Duration>) -> Desired {
         ignored_pointers: Vec::new(),
         file: "shop/settings.yaml".into(),
         document: 0,
+        default_namespace: None,
     })
 }
 
