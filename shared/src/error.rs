@@ -165,6 +165,20 @@ pub enum Error {
         pointer: String,
         variable: String,
     },
+    /// At build time: a `${values.…}` that neither the app's values nor any customization defines.
+    #[error(
+        "app {app}, {file} document {document} ({object}) at {pointer}: ${{{variable}}} is defined neither in \
+         the app's values nor in any customization, so it would fail to render on every cluster; define it \
+         under the app's values: in fleet.yaml (or write $${{ for a literal ${{)"
+    )]
+    NeverDefined {
+        app: String,
+        file: String,
+        document: usize,
+        object: String,
+        pointer: String,
+        variable: String,
+    },
     /// A `${...}` expression is malformed or its value cannot stand where it is used.
     #[error("app {app}, {file} document {document} ({object}) at {pointer}: {detail}")]
     Template {
@@ -222,7 +236,9 @@ impl Error {
             | Error::InvalidSelector { .. }
             | Error::TooMany { .. }
             | Error::InvalidDuration { .. } => "invalid",
-            Error::UndefinedVariable { .. } | Error::Template { .. } => "render",
+            Error::UndefinedVariable { .. }
+            | Error::NeverDefined { .. }
+            | Error::Template { .. } => "render",
         }
     }
 

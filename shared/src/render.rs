@@ -108,13 +108,58 @@ pub fn render_app(app: &App, cluster: &ClusterIdentity) -> Result<RenderedApp> {
     let context = Variables {
         cluster,
         values: &values,
+        any_label: false,
     };
+    render_with(app, &context)
+}
+
+/// The build-time check behind `windvane build`/`publish`: renders `app` once with its values merged with
+/// every customization's and with any `${cluster.labels.KEY}` taken as defined, so that what would fail on
+/// every cluster fails here instead — a `${values.x}` that neither the app's values nor any customization
+/// defines, a malformed `${…}`, a name that cannot be valid whatever the values. A variable that only some
+/// customizations define passes: whether every cluster that gets the app matches one of them is the
+/// release engineer's to know, and the agent reports such a cluster's failure by name.
+pub fn check_renders_somewhere(app: &App) -> Result<()> {
+    let mut values = app.values.clone();
+    for customization in &app.customizations {
+        merge(&mut values, &customization.values);
+    }
+    let cluster = ClusterIdentity {
+        name: "build-check".to_owned(),
+        labels: Labels::new(),
+    };
+    let context = Variables {
+        cluster: &cluster,
+        values: &values,
+        any_label: true,
+    };
+    match render_with(app, &context) {
+        Err(Error::UndefinedVariable {
+            app,
+            file,
+            document,
+            object,
+            pointer,
+            variable,
+        }) => Err(Error::NeverDefined {
+            app,
+            file,
+            document,
+            object,
+            pointer,
+            variable,
+        }),
+        other => other.map(drop),
+    }
+}
+
+fn render_with(app: &App, context: &Variables) -> Result<RenderedApp> {
     let mut objects = Vec::with_capacity(app.manifests.len());
     let mut seen: HashMap<(String, String, Option<String>, String), String> = HashMap::new();
     for manifest in &app.manifests {
         let site = Site::new(app, manifest);
         let object = if substitutes(app, manifest, &site)? {
-            render_value(&manifest.object, &context, &site, &mut String::new())?
+            render_value(&manifest.object, context, &site, &mut String::new())?
         } else {
             manifest.object.clone()
         };
@@ -200,6 +245,9 @@ fn identity_key(id: &ObjectRef) -> (String, String, Option<String>, String) {
 struct Variables<'a> {
     cluster: &'a ClusterIdentity,
     values: &'a Map<String, Value>,
+    /// At build time: every `${cluster.labels.KEY}` is defined (as a valid name made from KEY), since some
+    /// cluster may carry the label.
+    any_label: bool,
 }
 
 impl Variables<'_> {
@@ -213,6 +261,9 @@ impl Variables<'_> {
                 return Err(
                     "${cluster.labels.} names no label; write ${cluster.labels.KEY}".to_owned(),
                 );
+            }
+            if self.any_label {
+                return Ok(Some(Value::String(label_placeholder(key))));
             }
             return Ok(self
                 .cluster
@@ -250,6 +301,22 @@ impl Variables<'_> {
              ${{values.NAME}}; write $${{ for a literal ${{"
         ))
     }
+}
+
+/// A stand-in for a label's value at build time: a valid name, distinct per key, so that names made from
+/// labels neither fail nor collide in the check.
+fn label_placeholder(key: &str) -> String {
+    let name: String = key
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!("l-{}", name.trim_matches('-'))
 }
 
 /// Where a string being rendered sits, for errors.

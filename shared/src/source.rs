@@ -55,6 +55,7 @@ use crate::bundle::{
     Policy, check_manifest_object,
 };
 use crate::duration::parse_duration;
+use crate::render;
 use crate::selector::{LabelSelector, Operator, Requirement};
 use crate::yaml::{self, YamlLimits};
 use crate::{Error, Result};
@@ -133,11 +134,12 @@ pub fn load_fleet_dir(root: &Path, limits: BundleLimits) -> Result<Bundle> {
         apps,
     };
     bundle.validate(limits)?;
+    for app in &bundle.apps {
+        render::check_renders_somewhere(app)?;
+    }
     Ok(bundle)
 }
 
-/// The manifests of one file: every non-empty document, `kind: List` documents expanded into their items,
-/// each checked to be a Kubernetes object.
 /// The kind of a document kubectl would expand into its items: `kind: List` and every `*List`
 /// (`ConfigMapList`, `RoleBindingList`, ...), as the API returns them from a list call.
 fn list_kind(object: &Value) -> Option<&str> {
@@ -145,6 +147,8 @@ fn list_kind(object: &Value) -> Option<&str> {
     kind.ends_with("List").then_some(kind)
 }
 
+/// The manifests of one file: every non-empty document, `kind: List` documents expanded into their items,
+/// each checked to be a Kubernetes object.
 fn manifests_of(file: &str, text: &str) -> Result<Vec<Manifest>> {
     let documents = if file.ends_with(".json") {
         vec![(0, yaml::json_to_value(text, file)?)]

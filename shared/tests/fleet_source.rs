@@ -423,3 +423,34 @@ fn app_namespace_is_read_and_checked() {
     let message = tree.error().to_string();
     assert!(message.contains("needs a namespace"), "{message}");
 }
+
+#[test]
+fn a_variable_nothing_defines_is_a_build_error() {
+    let fleet = "fleet: acme\napps:\n  - name: web\n    path: apps/web\n    values: {a: 1}\n    \
+                 customizations:\n      - selector: {matchLabels: {env: prod}}\n        values: {b: 2}\n";
+    let tree = Tree::new(fleet);
+    // Defined by the app's values, by one customization, or a label some cluster may carry: fine here.
+    tree.write(
+        "apps/web/cm.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: 'cm-${cluster.labels.tier}'}\n\
+         data: {a: '${values.a}', b: '${values.b}', grafana: '${datasource}'}\n",
+    );
+    tree.load().expect("every variable is defined somewhere");
+    tree.write(
+        "apps/web/more.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: more}\ndata: {c: '${values.c}'}\n",
+    );
+    let error = tree.error();
+    assert_eq!(error.reason(), "render");
+    let message = error.to_string();
+    for part in [
+        "app web",
+        "apps/web/more.yaml",
+        "ConfigMap more",
+        "/data/c",
+        "${values.c}",
+        "any customization",
+    ] {
+        assert!(message.contains(part), "{part:?} missing in: {message}");
+    }
+}
