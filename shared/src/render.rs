@@ -24,7 +24,9 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
-use crate::bundle::{App, Bundle, Manifest, ObjectRef, Policy, check_manifest_object};
+use crate::bundle::{
+    App, Bundle, Customization, Manifest, ObjectRef, Policy, check_manifest_object,
+};
 use crate::selector::Labels;
 use crate::{Error, Result};
 
@@ -78,11 +80,16 @@ pub fn selected_apps<'b>(bundle: &'b Bundle, cluster: &ClusterIdentity) -> Vec<&
 /// The app's values for this cluster: `app.values`, then each customization whose selector matches, in order,
 /// deep-merged over them (mappings merge key by key, recursively; anything else replaces).
 pub fn effective_values(app: &App, cluster: &ClusterIdentity) -> Map<String, Value> {
+    values_with(app, |customization| {
+        customization.selector.matches(&cluster.labels)
+    })
+}
+
+/// The app's values with those of the customizations `applies` picks merged over them, in order.
+fn values_with(app: &App, applies: impl Fn(&Customization) -> bool) -> Map<String, Value> {
     let mut values = app.values.clone();
-    for customization in &app.customizations {
-        if customization.selector.matches(&cluster.labels) {
-            merge(&mut values, &customization.values);
-        }
+    for customization in app.customizations.iter().filter(|c| applies(c)) {
+        merge(&mut values, &customization.values);
     }
     values
 }
@@ -120,10 +127,7 @@ pub fn render_app(app: &App, cluster: &ClusterIdentity) -> Result<RenderedApp> {
 /// customizations define passes: whether every cluster that gets the app matches one of them is the
 /// release engineer's to know, and the agent reports such a cluster's failure by name.
 pub fn check_renders_somewhere(app: &App) -> Result<()> {
-    let mut values = app.values.clone();
-    for customization in &app.customizations {
-        merge(&mut values, &customization.values);
-    }
+    let values = values_with(app, |_| true);
     let cluster = ClusterIdentity {
         name: "build-check".to_owned(),
         labels: Labels::new(),
