@@ -20,6 +20,8 @@ use windvane_shared::selector::{Labels, parse_label_assignment};
 use windvane_shared::{source, yaml_out};
 use windvane_store::{self as store, PublishRequest, StoreLocation};
 
+use crate::engines::EngineArgs;
+
 #[derive(Debug, Args)]
 pub struct BuildArgs {
     /// The fleet source tree (the directory holding fleet.yaml).
@@ -28,6 +30,8 @@ pub struct BuildArgs {
     /// Where to write the bundle; `-` for standard output.
     #[arg(short, long, value_name = "FILE")]
     output: PathBuf,
+    #[command(flatten)]
+    engines: EngineArgs,
 }
 
 #[derive(Debug, Args)]
@@ -58,6 +62,8 @@ pub struct PublishArgs {
         env = "WINDVANE_TRUSTED_KEYS"
     )]
     trusted_keys: Vec<PathBuf>,
+    #[command(flatten)]
+    engines: EngineArgs,
 }
 
 /// Where a release comes from, verified, for `verify` and `render --root`.
@@ -105,9 +111,11 @@ pub struct RenderArgs {
     /// A cluster label `key=value`; repeat for more. Selects apps and fills `${cluster.labels.KEY}`.
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label_arg)]
     labels: Vec<(String, String)>,
+    #[command(flatten)]
+    engines: EngineArgs,
 }
 
-fn parse_duration_arg(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration_arg(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| e.to_string())
 }
 
@@ -116,7 +124,8 @@ fn parse_label_arg(text: &str) -> Result<(String, String), String> {
 }
 
 pub fn build(args: BuildArgs) -> anyhow::Result<()> {
-    let bundle = source::load_fleet_dir(&args.source, BundleLimits::default())?;
+    let engines = args.engines.engines()?;
+    let bundle = source::load_fleet_dir_with(&args.source, BundleLimits::default(), &engines)?;
     let bytes = bundle.to_json_bytes();
     let summary = summary_line(&bundle, &bytes);
     if args.output.as_os_str() == "-" {
@@ -132,7 +141,7 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
 }
 
 pub fn publish(args: PublishArgs) -> anyhow::Result<()> {
-    let bundle = load_bundle_source(&args.source)?;
+    let bundle = load_bundle_source(&args.source, &args.engines)?;
     let key_pem = super::read_text(&args.key)?;
     warn_if_readable_by_others(&args.key);
     let key = keys::signing_key_from_pem(&key_pem, &args.key.display().to_string())?;
@@ -209,7 +218,7 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<()> {
         println!(
             "  {:<24} {:>5} objects  selector: {selector}",
             app.name,
-            app.manifests.len()
+            app.object_count()
         );
     }
     Ok(())
@@ -217,7 +226,7 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<()> {
 
 pub fn render(args: RenderArgs) -> anyhow::Result<()> {
     let bundle = match &args.source {
-        Some(path) => load_bundle_source(path)?,
+        Some(path) => load_bundle_source(path, &args.engines)?,
         None => runtime()?.block_on(fetch_verified(&args.store))?.1,
     };
     let labels: Labels = args.labels.into_iter().collect();
@@ -240,6 +249,15 @@ pub fn render(args: RenderArgs) -> anyhow::Result<()> {
             "---\n# app: {} ({} document {})",
             object.app, object.file, object.document
         )?;
+        // Only the agent knows (from discovery) whether a kind is namespaced; say where it would go.
+        if let Some(namespace) = &object.default_namespace
+            && object.body.pointer("/metadata/namespace").is_none()
+        {
+            writeln!(
+                out,
+                "# namespace: {namespace} (the app's, if the kind is namespaced)"
+            )?;
+        }
         out.write_all(yaml_out::to_yaml_string(&object.body).as_bytes())?;
     }
     Ok(())
@@ -301,9 +319,14 @@ fn load_trusted_keys(paths: &[PathBuf], required: bool) -> anyhow::Result<Truste
 }
 
 /// A fleet tree (directory) is built; a file is read as a bundle built earlier.
-fn load_bundle_source(path: &Path) -> anyhow::Result<Bundle> {
+fn load_bundle_source(path: &Path, engines: &EngineArgs) -> anyhow::Result<Bundle> {
     if path.is_dir() {
-        return Ok(source::load_fleet_dir(path, BundleLimits::default())?);
+        let engines = engines.engines()?;
+        return Ok(source::load_fleet_dir_with(
+            path,
+            BundleLimits::default(),
+            &engines,
+        )?);
     }
     let bytes = store::read_capped_file(path, release::DEFAULT_MAX_BUNDLE_BYTES, "bundle")?;
     Bundle::from_json_slice(&bytes, BundleLimits::default()).with_context(|| {
@@ -315,7 +338,7 @@ fn load_bundle_source(path: &Path) -> anyhow::Result<Bundle> {
 }
 
 fn summary_line(bundle: &Bundle, bytes: &[u8]) -> String {
-    let objects: usize = bundle.apps.iter().map(|a| a.manifests.len()).sum();
+    let objects: usize = bundle.apps.iter().map(|a| a.object_count()).sum();
     format!(
         "fleet {}, {} apps, {objects} objects, {} bytes, sha256 {}",
         bundle.fleet,

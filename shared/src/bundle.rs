@@ -66,8 +66,42 @@ pub struct App {
     /// app's manifests exactly as written (left out of the bundle when true, so existing digests hold).
     #[serde(default = "default_true", skip_serializing_if = "is_true")]
     pub substitute: bool,
+    /// The manifests of an app read from files; empty for an app that an engine rendered (`rendered`).
+    pub manifests: Vec<Manifest>,
+    /// For a Helm chart or kustomization: what the engine wrote at build time, once per combination of the
+    /// customizations that change its input. Left out for plain apps, so their digests hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendered: Option<Rendered>,
+}
+
+/// An app rendered by an engine (Helm, kustomize) at build time. A cluster gets the [`Variant`] whose
+/// combinations hold the set of `customizations` its labels match; every other customization only changes
+/// `${values.…}`, as for a plain app.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Rendered {
+    /// `helm` or `kustomize`.
+    pub engine: String,
+    /// What was rendered, pinned: chart name, version and digest, or the kustomization's directory.
+    pub source: BTreeMap<String, String>,
+    /// Indices into the app's customizations of those that change the engine's input (Helm values, another
+    /// kustomize directory), ascending.
+    pub customizations: Vec<usize>,
+    /// Distinct outputs; together their combinations are every subset of `customizations`, each once.
+    pub variants: Vec<Variant>,
+}
+
+/// One distinct output of an engine, and which clusters get it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Variant {
+    /// The sets of render-changing customizations (ascending indices) a cluster may match to get this one.
+    pub combinations: Vec<Vec<usize>>,
     pub manifests: Vec<Manifest>,
 }
+
+/// Most customizations of one app that may change an engine's input: each doubles what must be rendered.
+pub const MAX_RENDER_CUSTOMIZATIONS: usize = 10;
 
 /// Values that override an app's values for the clusters matching `selector`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -301,7 +335,7 @@ impl Bundle {
                 limit: limits.max_apps,
             });
         }
-        let objects: usize = self.apps.iter().map(|a| a.manifests.len()).sum();
+        let objects: usize = self.apps.iter().map(App::object_count).sum();
         if objects > limits.max_objects {
             return Err(Error::TooMany {
                 what: "objects",
@@ -330,6 +364,53 @@ impl Bundle {
 }
 
 impl App {
+    /// Every manifest the app carries: its own, plus every variant's for an engine-rendered app.
+    pub fn object_count(&self) -> usize {
+        let variants = self.rendered.as_ref().map_or(0, |rendered| {
+            rendered.variants.iter().map(|v| v.manifests.len()).sum()
+        });
+        self.manifests.len() + variants
+    }
+
+    /// The manifests a cluster with these labels gets: the app's own, or the variant for the render-changing
+    /// customizations the labels match.
+    pub fn manifests_for(&self, labels: &crate::selector::Labels) -> Result<&[Manifest]> {
+        let Some(rendered) = &self.rendered else {
+            return Ok(&self.manifests);
+        };
+        let matched: Vec<usize> = rendered
+            .customizations
+            .iter()
+            .copied()
+            .filter(|&i| {
+                self.customizations
+                    .get(i)
+                    .is_some_and(|c| c.selector.matches(labels))
+            })
+            .collect();
+        rendered
+            .variants
+            .iter()
+            .find(|variant| variant.combinations.contains(&matched))
+            .map(|variant| variant.manifests.as_slice())
+            .ok_or_else(|| Error::NoVariant {
+                app: self.name.clone(),
+                customizations: matched,
+            })
+    }
+
+    /// Every set of manifests a cluster may get: the app's own, or each variant's.
+    pub fn manifest_sets(&self) -> Vec<&[Manifest]> {
+        match &self.rendered {
+            None => vec![&self.manifests],
+            Some(rendered) => rendered
+                .variants
+                .iter()
+                .map(|v| v.manifests.as_slice())
+                .collect(),
+        }
+    }
+
     /// Checks selectors, pointers and manifests, and that no object is defined twice.
     pub fn validate(&self) -> Result<()> {
         let context = format!("app {}", self.name);
@@ -359,8 +440,61 @@ impl App {
                 })?;
             }
         }
+        if let Some(rendered) = &self.rendered {
+            self.check_rendered(rendered)?;
+        }
+        for manifests in self.manifest_sets() {
+            self.check_manifests(manifests)?;
+        }
+        Ok(())
+    }
+
+    /// An engine-rendered app: no manifests of its own, and every subset of its render-changing
+    /// customizations leads to exactly one variant, so that every cluster finds its rendering.
+    fn check_rendered(&self, rendered: &Rendered) -> Result<()> {
+        let malformed = |detail: String| Error::Malformed {
+            what: "bundle",
+            detail: format!("app {}: {detail}", self.name),
+        };
+        if !self.manifests.is_empty() {
+            return Err(malformed(
+                "an engine-rendered app carries manifests of its own".to_owned(),
+            ));
+        }
+        let indices = &rendered.customizations;
+        if indices.len() > MAX_RENDER_CUSTOMIZATIONS
+            || indices.windows(2).any(|w| w[0] >= w[1])
+            || indices.iter().any(|&i| i >= self.customizations.len())
+        {
+            return Err(malformed(format!(
+                "render customizations {indices:?} must be ascending indices of its customizations, at most {MAX_RENDER_CUSTOMIZATIONS}"
+            )));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for combination in rendered.variants.iter().flat_map(|v| &v.combinations) {
+            let subset = combination.windows(2).all(|w| w[0] < w[1])
+                && combination.iter().all(|i| indices.contains(i));
+            if !subset || !seen.insert(combination) {
+                return Err(malformed(format!(
+                    "combination {combination:?} is not a distinct subset of {indices:?}"
+                )));
+            }
+        }
+        if seen.len() != 1 << indices.len() {
+            return Err(malformed(format!(
+                "{} combinations of {} customizations, expected {}",
+                seen.len(),
+                indices.len(),
+                1usize << indices.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// One cluster's manifests: each a Kubernetes object, none defined twice.
+    fn check_manifests(&self, manifests: &[Manifest]) -> Result<()> {
         let mut seen: BTreeMap<(String, String, Option<String>, String), String> = BTreeMap::new();
-        for manifest in &self.manifests {
+        for manifest in manifests {
             let object =
                 check_manifest_object(&manifest.file, manifest.document, &manifest.object)?;
             let location = format!("{} document {}", manifest.file, manifest.document);

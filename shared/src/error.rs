@@ -152,6 +152,24 @@ pub enum Error {
     #[error("invalid duration {value:?}: {detail}")]
     InvalidDuration { value: String, detail: String },
 
+    // ---- rendering engines (Helm, kustomize) at build time ----
+    /// A rendering engine could not be run, failed, or wrote what Windvane cannot take.
+    #[error("app {app}: {step}: {detail}")]
+    Engine {
+        app: String,
+        step: String,
+        detail: String,
+    },
+    /// A bundle's engine-rendered app has no variant for the customizations a cluster matches (the bundle was
+    /// not written by `windvane build`).
+    #[error(
+        "app {app}: the bundle holds no rendering for customizations {customizations:?}; rebuild it with windvane build"
+    )]
+    NoVariant {
+        app: String,
+        customizations: Vec<usize>,
+    },
+
     // ---- rendering ----
     /// A `${...}` names a variable that is not defined for this cluster.
     #[error(
@@ -235,7 +253,9 @@ impl Error {
             | Error::InvalidNamespace { .. }
             | Error::InvalidSelector { .. }
             | Error::TooMany { .. }
-            | Error::InvalidDuration { .. } => "invalid",
+            | Error::InvalidDuration { .. }
+            | Error::NoVariant { .. } => "invalid",
+            Error::Engine { .. } => "engine",
             Error::UndefinedVariable { .. }
             | Error::NeverDefined { .. }
             | Error::Template { .. } => "render",

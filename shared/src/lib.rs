@@ -17,6 +17,7 @@ pub mod error;
 pub mod fleet_api;
 pub mod heartbeat;
 pub mod keys;
+pub mod prerender;
 pub mod release;
 pub mod render;
 pub mod selector;

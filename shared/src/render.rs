@@ -117,7 +117,7 @@ pub fn render_app(app: &App, cluster: &ClusterIdentity) -> Result<RenderedApp> {
         values: &values,
         any_label: false,
     };
-    render_with(app, &context)
+    render_with(app, app.manifests_for(&cluster.labels)?, &context)
 }
 
 /// The build-time check behind `windvane build`/`publish`: renders `app` once with its values merged with
@@ -137,7 +137,12 @@ pub fn check_renders_somewhere(app: &App) -> Result<()> {
         values: &values,
         any_label: true,
     };
-    match render_with(app, &context) {
+    // An engine-rendered app is checked in every variant: each is some cluster's.
+    let result = app
+        .manifest_sets()
+        .into_iter()
+        .try_for_each(|manifests| render_with(app, manifests, &context).map(drop));
+    match result {
         Err(Error::UndefinedVariable {
             app,
             file,
@@ -153,14 +158,14 @@ pub fn check_renders_somewhere(app: &App) -> Result<()> {
             pointer,
             variable,
         }),
-        other => other.map(drop),
+        other => other,
     }
 }
 
-fn render_with(app: &App, context: &Variables) -> Result<RenderedApp> {
-    let mut objects = Vec::with_capacity(app.manifests.len());
+fn render_with(app: &App, manifests: &[Manifest], context: &Variables) -> Result<RenderedApp> {
+    let mut objects = Vec::with_capacity(manifests.len());
     let mut seen: HashMap<(String, String, Option<String>, String), String> = HashMap::new();
-    for manifest in &app.manifests {
+    for manifest in manifests {
         let site = Site::new(app, manifest);
         let object = if substitutes(app, manifest, &site)? {
             render_value(&manifest.object, context, &site, &mut String::new())?
@@ -549,6 +554,7 @@ mod tests {
             namespace: None,
             create_namespace: false,
             substitute: true,
+            rendered: None,
             manifests: objects
                 .into_iter()
                 .enumerate()

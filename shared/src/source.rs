@@ -25,12 +25,31 @@
 //!       driftGracePeriod: 30s      # wait before reverting drift; absent = at once
 //!       ignoreDifferences:         # fields owned by someone else, never sent
 //!         - {group: apps, kind: Deployment, name: api, jsonPointers: [/spec/replicas]}
+//!   - name: web                    # a Helm chart: path is a chart directory or .tgz in the tree
+//!     path: charts/web
+//!     namespace: web
+//!     helm:                        # or repo: https://… | oci://…, chart:, version:, digest: sha256:…
+//!       releaseName: web           # default: the app's name
+//!       kubeVersion: "1.34.0"      # .Capabilities.KubeVersion; default prerender::DEFAULT_KUBE_VERSION
+//!       valuesFiles: [values/web.yaml]         # relative to the fleet root
+//!       values: {image: {tag: "1.2"}}
+//!     customizations:
+//!       - selector: {matchLabels: {env: prod}}
+//!         helm: {values: {replicas: 3}}     # layered over the app's values, in order
+//!   - name: shop                   # a folder holding a kustomization.yaml is built by kustomize
+//!     path: apps/shop/base
+//!     customizations:
+//!       - selector: {matchLabels: {env: prod}}
+//!         kustomize: apps/shop/overlays/prod   # another kustomization; the last matching one wins
 //! ```
+//!
+//! Helm charts and kustomizations are rendered at build time ([`crate::prerender`]) by the engines that
+//! [`load_fleet_dir_with`] is given, once per combination of the customizations that change their input.
 //!
 //! Every `*.yaml`, `*.yml` and `*.json` file under an app's path is part of the app, recursively, in sorted
 //! path order, so that the same tree always gives the same bundle (and the same digest). Hidden files and
-//! directories (`.git`) are skipped; other files (`README.md`) are ignored; a `kustomization.yaml` is refused,
-//! because the bundle would silently lack what kustomize would have generated. YAML files may hold several
+//! directories (`.git`) are skipped; other files (`README.md`) are ignored; a `kustomization.yaml` below a plain
+//! app's folder is refused, because the bundle would silently lack what kustomize would have generated. YAML files may hold several
 //! documents; empty ones are skipped; a `kind: List` document is expanded into its items. Both `fleet.yaml` and
 //! the manifests are read by [`crate::yaml`], so YAML that kubectl would read differently is refused.
 //!
@@ -55,6 +74,9 @@ use crate::bundle::{
     Policy, check_manifest_object,
 };
 use crate::duration::parse_duration;
+use crate::prerender::{
+    self, ChartSource, EngineSpec, Engines, HelmSpec, NoEngines, RenderChange, ValuesLayer,
+};
 use crate::render;
 use crate::selector::{LabelSelector, Operator, Requirement};
 use crate::yaml::{self, YamlLimits};
@@ -72,7 +94,19 @@ pub const MAX_TREE_BYTES: u64 = 256 << 20;
 /// Reads the fleet source tree at `root` into a validated [`Bundle`]: `fleet.yaml`, then every manifest of
 /// every app. Errors name the file (relative to the root) and, for `fleet.yaml`, the field
 /// (`apps[1].policy.driftGracePeriod`).
+///
+/// Helm and kustomize apps are refused here (this reads plain folders only); [`load_fleet_dir_with`] renders
+/// them with the engines it is given.
 pub fn load_fleet_dir(root: &Path, limits: BundleLimits) -> Result<Bundle> {
+    load_fleet_dir_with(root, limits, &NoEngines)
+}
+
+/// [`load_fleet_dir`], rendering Helm charts and kustomizations with `engines` ([`crate::prerender`]).
+pub fn load_fleet_dir_with(
+    root: &Path,
+    limits: BundleLimits,
+    engines: &dyn Engines,
+) -> Result<Bundle> {
     let canonical_root = fs::canonicalize(root).map_err(|e| Error::io(root, e))?;
     let mut reader = TreeReader {
         root: canonical_root,
@@ -110,8 +144,23 @@ pub fn load_fleet_dir(root: &Path, limits: BundleLimits) -> Result<Bundle> {
         // Selectors and pointers are checked before any manifest is read, so that a typo there is the first
         // thing reported.
         app.app.validate()?;
+        if let Some((spec, changes)) = engine_spec(&reader, root, &app, index)? {
+            let rendered = prerender::render(&app.app.name, &spec, &changes, engines)?;
+            app.app.rendered = Some(rendered);
+            objects += app.app.object_count();
+            if objects > limits.max_objects {
+                return Err(Error::TooMany {
+                    what: "objects",
+                    found: objects,
+                    limit: limits.max_objects,
+                });
+            }
+            apps.push(app.app);
+            continue;
+        }
         let field = format!("apps[{index}].path");
-        let files = reader.app_files(root, &app.path, &field)?;
+        let path = app.path.as_deref().unwrap_or_default();
+        let files = reader.app_files(root, path, &field)?;
         for (relative, absolute) in files {
             let text = reader.read(&absolute, &relative)?;
             for manifest in manifests_of(&relative, &text)? {
@@ -140,6 +189,147 @@ pub fn load_fleet_dir(root: &Path, limits: BundleLimits) -> Result<Bundle> {
     Ok(bundle)
 }
 
+/// How an app is rendered by an engine, with its render-changing customizations; `None` for a plain folder
+/// of manifests (whose customizations must then change values only).
+fn engine_spec(
+    reader: &TreeReader,
+    root: &Path,
+    app: &AppConfig,
+    index: usize,
+) -> Result<Option<(EngineSpec, Vec<(usize, RenderChange)>)>> {
+    let at = format!("apps[{index}]");
+    let spec = match (&app.helm, app.path.as_deref()) {
+        (Some(helm), path) => EngineSpec::Helm(helm_spec(reader, root, &app.app, helm, path, &at)?),
+        (None, Some(path)) => {
+            let (directory, shown) =
+                reader.resolve(root, path, &format!("{at}.path"), Want::Directory)?;
+            if !has_kustomization(&directory) {
+                if let Some((_, change)) = app.changes.first() {
+                    return Err(config_error(
+                        change.at(),
+                        "this app is a plain folder of manifests (no helm: and no kustomization.yaml), so a \
+                         customization can change its values only",
+                    ));
+                }
+                return Ok(None);
+            }
+            EngineSpec::Kustomize { directory, shown }
+        }
+        (None, None) => unreachable!("an app without helm.repo has a path"),
+    };
+    let mut changes = Vec::with_capacity(app.changes.len());
+    for (index, change) in &app.changes {
+        let change = match (&spec, change) {
+            (EngineSpec::Helm(_), ChangeConfig::Helm(values)) => {
+                RenderChange::HelmValues(values_layers(reader, root, values)?)
+            }
+            (EngineSpec::Kustomize { .. }, ChangeConfig::Kustomize { at, path }) => {
+                let (directory, shown) = reader.resolve(root, path, at, Want::Directory)?;
+                if !has_kustomization(&directory) {
+                    return Err(config_error(
+                        at,
+                        format!("{path:?} holds no kustomization.yaml"),
+                    ));
+                }
+                RenderChange::KustomizeDirectory { directory, shown }
+            }
+            (EngineSpec::Helm(_), other @ ChangeConfig::Kustomize { .. }) => {
+                return Err(config_error(
+                    other.at(),
+                    "this app is a Helm chart; customize it with helm: values",
+                ));
+            }
+            (EngineSpec::Kustomize { .. }, other @ ChangeConfig::Helm(_)) => {
+                return Err(config_error(
+                    other.at(),
+                    "this app is a kustomization; a customization may name another kustomize: directory",
+                ));
+            }
+        };
+        changes.push((*index, change));
+    }
+    Ok(Some((spec, changes)))
+}
+
+fn helm_spec(
+    reader: &TreeReader,
+    root: &Path,
+    app: &App,
+    helm: &HelmConfig,
+    path: Option<&str>,
+    at: &str,
+) -> Result<HelmSpec> {
+    let chart = match (&helm.repo, &helm.chart, &helm.version, path) {
+        (Some(repo), Some(chart), Some(version), None) => ChartSource::Repository {
+            repo: repo.clone(),
+            chart: chart.clone(),
+            version: version.clone(),
+            digest: helm.digest.clone(),
+        },
+        (Some(_), _, _, Some(_)) => {
+            return Err(config_error(
+                &format!("{at}.path"),
+                "a chart from helm.repo has no path in the fleet tree; remove path: or helm.repo",
+            ));
+        }
+        (None, _, _, Some(named)) => {
+            let (path, shown) = reader.resolve(root, named, &format!("{at}.path"), Want::Either)?;
+            ChartSource::Path { path, shown }
+        }
+        _ => unreachable!("read_helm and read_app check repo, chart, version and path together"),
+    };
+    Ok(HelmSpec {
+        chart,
+        release_name: helm
+            .release_name
+            .clone()
+            .unwrap_or_else(|| app.name.clone()),
+        namespace: app
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned()),
+        kube_version: helm
+            .kube_version
+            .clone()
+            .unwrap_or_else(|| prerender::DEFAULT_KUBE_VERSION.to_owned()),
+        api_versions: helm.api_versions.clone(),
+        values: values_layers(reader, root, &helm.values)?,
+    })
+}
+
+/// Helm values files (checked to be files inside the root), then the inline values.
+fn values_layers(
+    reader: &TreeReader,
+    root: &Path,
+    values: &ValuesConfig,
+) -> Result<Vec<ValuesLayer>> {
+    let mut layers = Vec::new();
+    for (index, file) in values.files.iter().enumerate() {
+        let field = format!("{}.valuesFiles[{index}]", values.at);
+        let (path, _) = reader.resolve(root, file, &field, Want::File)?;
+        layers.push(ValuesLayer::File(path));
+    }
+    if !values.inline.is_empty() {
+        layers.push(ValuesLayer::Inline(values.inline.clone()));
+    }
+    Ok(layers)
+}
+
+impl ChangeConfig {
+    fn at(&self) -> &str {
+        match self {
+            ChangeConfig::Helm(values) => &values.at,
+            ChangeConfig::Kustomize { at, .. } => at,
+        }
+    }
+}
+
+fn has_kustomization(directory: &Path) -> bool {
+    ["kustomization.yaml", "kustomization.yml", "Kustomization"]
+        .iter()
+        .any(|name| directory.join(name).is_file())
+}
+
 /// The kind of a document kubectl would expand into its items: `kind: List` and every `*List`
 /// (`ConfigMapList`, `RoleBindingList`, ...), as the API returns them from a list call.
 fn list_kind(object: &Value) -> Option<&str> {
@@ -149,7 +339,7 @@ fn list_kind(object: &Value) -> Option<&str> {
 
 /// The manifests of one file: every non-empty document, `kind: List` documents expanded into their items,
 /// each checked to be a Kubernetes object.
-fn manifests_of(file: &str, text: &str) -> Result<Vec<Manifest>> {
+pub(crate) fn manifests_of(file: &str, text: &str) -> Result<Vec<Manifest>> {
     let documents = if file.ends_with(".json") {
         vec![(0, yaml::json_to_value(text, file)?)]
     } else {
@@ -257,8 +447,27 @@ impl TreeReader {
         app_path: &str,
         field: &str,
     ) -> Result<Vec<(String, PathBuf)>> {
+        let (directory, relative) = self.resolve(root, app_path, field, Want::Directory)?;
+        let resolved = fs::canonicalize(&directory).map_err(|e| Error::io(&directory, e))?;
+        let mut files = Vec::new();
+        let mut visited = HashSet::new();
+        visited.insert(resolved);
+        self.walk(&directory, &relative, field, &mut visited, &mut files)?;
+        files.sort();
+        Ok(files)
+    }
+
+    /// A path that `fleet.yaml` names (relative to the root, no `..`, no link out of the root), as (path to
+    /// open, path as shown with `/`); it must exist and be what `want` says. `field` names it for errors.
+    fn resolve(
+        &self,
+        root: &Path,
+        named: &str,
+        field: &str,
+        want: Want,
+    ) -> Result<(PathBuf, String)> {
         let mut relative = Vec::new();
-        for component in Path::new(app_path).components() {
+        for component in Path::new(named).components() {
             match component {
                 Component::Normal(part) => match part.to_str() {
                     Some(part) => relative.push(part.to_owned()),
@@ -269,55 +478,49 @@ impl TreeReader {
                     return Err(config_error(
                         field,
                         format!(
-                            "{app_path:?} must not contain '..'; it must stay inside the fleet root"
+                            "{named:?} must not contain '..'; it must stay inside the fleet root"
                         ),
                     ));
                 }
                 Component::RootDir | Component::Prefix(_) => {
                     return Err(config_error(
                         field,
-                        format!("{app_path:?} must be relative to the fleet root, not absolute"),
+                        format!("{named:?} must be relative to the fleet root, not absolute"),
                     ));
                 }
             }
         }
-        let directory = relative
+        let path = relative
             .iter()
             .fold(root.to_path_buf(), |path, part| path.join(part));
-        let resolved = match fs::canonicalize(&directory) {
+        let resolved = match fs::canonicalize(&path) {
             Ok(resolved) => resolved,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(config_error(
                     field,
-                    format!("{app_path:?}: no such directory in the fleet root"),
+                    format!("{named:?}: no such {} in the fleet root", want.noun()),
                 ));
             }
-            Err(e) => return Err(Error::io(directory, e)),
+            Err(e) => return Err(Error::io(path, e)),
         };
         if !resolved.starts_with(&self.root) {
             return Err(config_error(
                 field,
-                format!("{app_path:?} leads outside the fleet root (through a symbolic link)"),
+                format!("{named:?} leads outside the fleet root (through a symbolic link)"),
             ));
         }
-        if !resolved.is_dir() {
+        let fits = match want {
+            Want::Directory => resolved.is_dir(),
+            Want::File => resolved.is_file(),
+            Want::Either => true,
+        };
+        if !fits {
             return Err(config_error(
                 field,
-                format!("{app_path:?} is not a directory"),
+                format!("{named:?} is not a {}", want.noun()),
             ));
         }
-        let mut files = Vec::new();
-        let mut visited = HashSet::new();
-        visited.insert(resolved);
-        self.walk(
-            &directory,
-            &relative.join("/"),
-            field,
-            &mut visited,
-            &mut files,
-        )?;
-        files.sort();
-        Ok(files)
+        Ok((path, relative.join("/")))
     }
 
     fn walk(
@@ -375,8 +578,9 @@ impl TreeReader {
                     return Err(config_error(
                         field,
                         format!(
-                            "{shown}: kustomize is not supported; render it first (kustomize build DIR > \
-                             DIR/rendered.yaml) and keep the kustomization out of the app's directory"
+                            "{shown}: a kustomization below the app's folder; point the app's path: at \
+                             its directory (the app is then built by kustomize), or name it in a \
+                             customization's kustomize:"
                         ),
                     ));
                 }
@@ -389,6 +593,25 @@ impl TreeReader {
             }
         }
         Ok(())
+    }
+}
+
+/// What a path named in `fleet.yaml` must be.
+#[derive(Debug, Clone, Copy)]
+enum Want {
+    Directory,
+    File,
+    /// A Helm chart: a directory or a `.tgz`.
+    Either,
+}
+
+impl Want {
+    fn noun(self) -> &'static str {
+        match self {
+            Want::Directory => "directory",
+            Want::File => "file",
+            Want::Either => "file or directory",
+        }
     }
 }
 
@@ -415,7 +638,37 @@ struct FleetConfig {
 
 struct AppConfig {
     app: App,
-    path: String,
+    /// The app's folder (or Helm chart); absent only for a chart pulled from a repository.
+    path: Option<String>,
+    /// `helm:`, read.
+    helm: Option<HelmConfig>,
+    /// Customizations that change an engine's input, as (index, change), ascending.
+    changes: Vec<(usize, ChangeConfig)>,
+}
+
+/// An app's `helm:` field, with paths still as `fleet.yaml` names them.
+struct HelmConfig {
+    repo: Option<String>,
+    chart: Option<String>,
+    version: Option<String>,
+    digest: Option<String>,
+    release_name: Option<String>,
+    kube_version: Option<String>,
+    api_versions: Vec<String>,
+    values: ValuesConfig,
+}
+
+/// Helm values as `fleet.yaml` gives them: `valuesFiles` (relative to the fleet root), then `values`.
+struct ValuesConfig {
+    at: String,
+    files: Vec<String>,
+    inline: Map<String, Value>,
+}
+
+/// A customization's `helm:` or `kustomize:` field.
+enum ChangeConfig {
+    Helm(ValuesConfig),
+    Kustomize { at: String, path: String },
 }
 
 fn read_fleet_config(value: &Value, limits: BundleLimits) -> Result<FleetConfig> {
@@ -459,11 +712,19 @@ fn read_app(value: &Value, at: &str) -> Result<AppConfig> {
         "substitute",
         "namespace",
         "createNamespace",
+        "helm",
     ])?;
     let name = fields.required_str("name")?;
     check_name(&name).map_err(|detail| config_error(&fields.path("name"), detail))?;
-    let path = fields.required_str("path")?;
-    if path.is_empty() {
+    let helm = fields
+        .get("helm")
+        .map(|v| read_helm(v, &fields.path("helm")))
+        .transpose()?;
+    let path = match helm.as_ref().and_then(|h| h.repo.as_ref()) {
+        Some(_) => fields.optional_str("path")?,
+        None => Some(fields.required_str("path")?),
+    };
+    if path.as_deref() == Some("") {
         return Err(config_error(
             &fields.path("path"),
             "empty; name a directory such as apps/monitoring",
@@ -475,9 +736,10 @@ fn read_app(value: &Value, at: &str) -> Result<AppConfig> {
     };
     let values = fields.optional_map("values")?;
     let mut customizations = Vec::new();
+    let mut changes = Vec::new();
     for (index, item) in fields.optional_list("customizations")?.iter().enumerate() {
         let custom = Object::new(item, &format!("{}[{index}]", fields.path("customizations")))?;
-        custom.only(&["selector", "values"])?;
+        custom.only(&["selector", "values", "helm", "kustomize"])?;
         let selector = match custom.get("selector") {
             Some(v) => read_selector(v, &custom.path("selector"))?,
             None => LabelSelector::default(),
@@ -486,6 +748,9 @@ fn read_app(value: &Value, at: &str) -> Result<AppConfig> {
             selector,
             values: custom.optional_map("values")?,
         });
+        if let Some(change) = read_change(&custom)? {
+            changes.push((index, change));
+        }
     }
     let policy = match fields.get("policy") {
         Some(v) => read_policy(v, &fields.path("policy"))?,
@@ -501,8 +766,100 @@ fn read_app(value: &Value, at: &str) -> Result<AppConfig> {
         create_namespace: fields.optional_bool("createNamespace")?.unwrap_or(false),
         substitute: fields.optional_bool("substitute")?.unwrap_or(true),
         manifests: Vec::new(),
+        rendered: None,
     };
-    Ok(AppConfig { app, path })
+    Ok(AppConfig {
+        app,
+        path,
+        helm,
+        changes,
+    })
+}
+
+fn read_helm(value: &Value, at: &str) -> Result<HelmConfig> {
+    let fields = Object::new(value, at)?;
+    fields.only(&[
+        "repo",
+        "chart",
+        "version",
+        "digest",
+        "releaseName",
+        "kubeVersion",
+        "apiVersions",
+        "valuesFiles",
+        "values",
+    ])?;
+    let repo = fields.optional_str("repo")?;
+    let chart = fields.optional_str("chart")?;
+    let version = fields.optional_str("version")?;
+    if repo.is_some() && (chart.is_none() || version.is_none()) {
+        return Err(config_error(
+            &fields.path("repo"),
+            "a chart from a repository needs chart: and version: (an exact version, so the bundle is pinned)",
+        ));
+    }
+    if repo.is_none() && (chart.is_some() || version.is_some()) {
+        return Err(config_error(
+            &fields.path("chart"),
+            "chart: and version: name a chart in a repository; give repo: too, or use the app's path: for a \
+             chart in the fleet tree",
+        ));
+    }
+    let digest = fields.optional_str("digest")?;
+    if let Some(digest) = &digest
+        && !is_sha256_digest(digest)
+    {
+        return Err(config_error(
+            &fields.path("digest"),
+            format!("{digest:?} is not a digest; write sha256: and 64 lower-case hex digits"),
+        ));
+    }
+    Ok(HelmConfig {
+        repo,
+        chart,
+        version,
+        digest,
+        release_name: fields.optional_str("releaseName")?,
+        kube_version: fields.optional_str("kubeVersion")?,
+        api_versions: fields.optional_strings("apiVersions")?,
+        values: read_values(&fields)?,
+    })
+}
+
+fn is_sha256_digest(text: &str) -> bool {
+    text.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .chars()
+                .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+    })
+}
+
+fn read_values(fields: &Object) -> Result<ValuesConfig> {
+    Ok(ValuesConfig {
+        at: fields.at.clone(),
+        files: fields.optional_strings("valuesFiles")?,
+        inline: fields.optional_map("values")?,
+    })
+}
+
+fn read_change(custom: &Object) -> Result<Option<ChangeConfig>> {
+    match (custom.get("helm"), custom.get("kustomize")) {
+        (Some(_), Some(_)) => Err(config_error(
+            &custom.path("kustomize"),
+            "a customization changes either Helm values or the kustomize directory, not both",
+        )),
+        (Some(helm), None) => {
+            let fields = Object::new(helm, &custom.path("helm"))?;
+            fields.only(&["valuesFiles", "values"])?;
+            Ok(Some(ChangeConfig::Helm(read_values(&fields)?)))
+        }
+        (None, Some(_)) => Ok(Some(ChangeConfig::Kustomize {
+            at: custom.path("kustomize"),
+            path: custom.required_str("kustomize")?,
+        })),
+        (None, None) => Ok(None),
+    }
 }
 
 fn read_selector(value: &Value, at: &str) -> Result<LabelSelector> {
@@ -812,7 +1169,7 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.fleet, "acme");
         let app = &c.apps[0].app;
-        assert_eq!(c.apps[0].path, "apps/mon");
+        assert_eq!(c.apps[0].path.as_deref(), Some("apps/mon"));
         assert_eq!(app.selector.to_string(), "env=prod,region!=cn,gpu");
         assert_eq!(
             json!(app.values),

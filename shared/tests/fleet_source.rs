@@ -170,6 +170,21 @@ fn an_object_defined_twice_in_an_app_is_refused() {
 }
 
 #[test]
+fn a_kustomization_app_needs_engines_that_this_loader_does_not_have() {
+    let tree = Tree::new(ONE_APP);
+    tree.write("apps/web/kustomization.yaml", "resources: [a.yaml]\n")
+        .write("apps/web/a.yaml", &config_map("a"));
+    match tree.error() {
+        Error::Engine { app, step, detail } => {
+            assert_eq!(app, "web");
+            assert_eq!(step, "kustomize build apps/web");
+            assert!(detail.contains("windvane build"), "{detail}");
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
 fn an_invalid_json_pointer_is_refused() {
     let tree = Tree::new(&format!(
         "{ONE_APP}    policy:\n      ignoreDifferences: [{{kind: Deployment, jsonPointers: [spec/replicas]}}]\n"
@@ -325,7 +340,7 @@ fn symbolic_links_out_of_the_root_are_refused() {
 }
 
 #[test]
-fn kustomization_is_refused() {
+fn kustomization_below_a_plain_app_is_refused() {
     let tree = Tree::new(ONE_APP);
     tree.write("apps/web/a.yaml", &config_map("a")).write(
         "apps/web/overlay/kustomization.yaml",
@@ -339,7 +354,7 @@ fn kustomization_is_refused() {
                 "{detail}"
             );
             assert!(
-                detail.contains("kustomize is not supported") && detail.contains("kustomize build"),
+                detail.contains("point the app's path: at its directory"),
                 "{detail}"
             );
         }

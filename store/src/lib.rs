@@ -87,7 +87,7 @@ pub fn publish(root: &Path, request: &PublishRequest<'_>) -> Result<Published> {
             detail: "--expires-in must be longer than zero".to_owned(),
         }));
     }
-    let object_count: usize = request.bundle.apps.iter().map(|a| a.manifests.len()).sum();
+    let object_count: usize = request.bundle.apps.iter().map(|a| a.object_count()).sum();
     if object_count == 0 && !request.allow_empty {
         return Err(Error::EmptyWithoutAllow);
     }
