@@ -7,4 +7,5 @@ pub mod fleet;
 pub mod localkube;
 pub mod process;
 pub mod proxy;
+pub mod server_support;
 pub mod store_server;

@@ -3,15 +3,14 @@
 //! admin actions (authorised by the admin token only; refused by a server without one, which also refuses to
 //! start with an admin token that is the registration token or too short).
 
-mod server_support;
 
 use std::process::{Command, Output};
 
-use server_support::{Agent, Options, ServerProcess, client};
+use windvane_tests::server_support::{Agent, Options, ServerProcess, client};
 use windvane_shared::status::SyncState;
 
 fn windvane(args: &[&str]) -> Output {
-    Command::new(server_support::windvane_cli())
+    Command::new(windvane_tests::server_support::windvane_cli())
         .args(args)
         .output()
         .expect("run windvane")
@@ -269,11 +268,11 @@ fn serve_refused(admin_token: &str) -> String {
     std::fs::create_dir_all(dir.path().join("root")).expect("root");
     std::fs::write(
         dir.path().join("token"),
-        format!("{}\n", server_support::TOKEN),
+        format!("{}\n", windvane_tests::server_support::TOKEN),
     )
     .expect("token");
     std::fs::write(dir.path().join("admin-token"), admin_token).expect("admin token");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_windvane-server"))
+    let mut child = Command::new(windvane_tests::process::binary("windvane-server").expect("windvane-server binary"))
         .arg("serve")
         .arg("--root")
         .arg(dir.path().join("root"))
@@ -308,7 +307,7 @@ fn serve_refused(admin_token: &str) -> String {
 
 #[test]
 fn the_server_refuses_an_admin_token_that_is_the_registration_token_or_too_short() {
-    let same = serve_refused(&format!("  {}\n", server_support::TOKEN));
+    let same = serve_refused(&format!("  {}\n", windvane_tests::server_support::TOKEN));
     assert!(
         same.contains("the admin token (--admin-token-file) is the registration token"),
         "{same}"

@@ -5,7 +5,6 @@
 //! same release serial and alert episode are deduplicated — but a cluster that recovers and goes Unknown
 //! again alerts again, once per episode, across restarts.
 
-mod server_support;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -19,7 +18,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use jiff::Timestamp;
 use serde_json::Value;
-use server_support::{Agent, Options, ServerProcess, client, eventually};
+use windvane_tests::server_support::{Agent, Options, ServerProcess, client, eventually};
 use windvane_shared::heartbeat::{DriftAction, DriftRecord};
 use windvane_shared::status::SyncState;
 

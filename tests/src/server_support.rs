@@ -161,11 +161,11 @@ impl ServerProcess {
     }
 
     fn spawn(&mut self) {
-        let server = env!("CARGO_BIN_EXE_windvane-server");
+        let server = crate::process::binary("windvane-server").expect("windvane-server binary");
         let mut command = match self.options.wrapper.split_first() {
             Some((program, args)) => {
                 let mut command = Command::new(program);
-                command.args(args).arg(server);
+                command.args(args).arg(&server);
                 command
             }
             None => Command::new(server),

@@ -3,12 +3,11 @@
 //! ingest with sequence and key checks inside the transaction, summaries, drift log, rekey/forget,
 //! notification claims per alert episode, and pruning.
 
-mod server_support;
 
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use server_support::{Agent, Postgres};
+use windvane_tests::server_support::{Agent, Postgres};
 use windvane_shared::heartbeat::{DriftAction, DriftRecord};
 use windvane_shared::keys::{keyid, verifying_key_to_pem};
 use windvane_shared::status::SyncState;

@@ -3,13 +3,12 @@
 //! cluster, unknown cluster) answered with a 4xx and a JSON reason while nothing is stored; Unknown after a
 //! tiny `--unknown-after`; the read token; metrics and health.
 
-mod server_support;
 
 use std::time::Duration;
 
 use jiff::Timestamp;
 use serde_json::Value;
-use server_support::{
+use windvane_tests::server_support::{
     ADMIN_TOKEN, Agent, Options, READ_TOKEN, ServerProcess, TOKEN, client, eventually, get_json,
     json_body, json_of,
 };

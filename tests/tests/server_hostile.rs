@@ -6,14 +6,13 @@
 //! refusals `server_heartbeats.rs` already walks through one by one are not repeated here. A cluster can act
 //! only as itself: the registration token every cluster holds enrols a free name and nothing more.
 
-mod server_support;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use serde_json::Value;
-use server_support::{
+use windvane_tests::server_support::{
     ADMIN_TOKEN, Agent, FLEET, Options, ServerProcess, TOKEN, assert_refused, client, client_from,
     eventually, get_json, json_body,
 };

@@ -2,12 +2,11 @@
 //! with SIGKILL mid-stream, and after a restart every acknowledged heartbeat is in the SQLite file and the
 //! server refuses to take its sequence again.
 
-mod server_support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use server_support::{Agent, Options, ServerProcess, client, eventually};
+use windvane_tests::server_support::{Agent, Options, ServerProcess, client, eventually};
 use windvane_shared::status::SyncState;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

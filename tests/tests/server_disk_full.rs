@@ -10,13 +10,12 @@
 //! - The server answers heartbeats and enrolments 503 while its SQLite database cannot grow, logs why, never
 //!   answers 2xx for what it did not store, keeps the database intact, and recovers by itself.
 
-mod server_support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use server_support::{Agent, Options, ServerProcess, assert_refused, client, eventually};
+use windvane_tests::server_support::{Agent, Options, ServerProcess, assert_refused, client, eventually};
 use windvane_shared::status::SyncState;
 
 const EXAMPLE_FLEET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples/fleet");
@@ -34,7 +33,7 @@ fn windvane(file_size_limit: Option<u64>, args: &[&str]) -> Output {
             .arg("--");
     }
     command
-        .arg(server_support::windvane_cli())
+        .arg(windvane_tests::server_support::windvane_cli())
         .args(args)
         .output()
         .expect("run windvane through sh and prlimit (util-linux)")
@@ -237,7 +236,7 @@ async fn a_full_disk_under_the_database_is_answered_503_and_nothing_acknowledged
     .await;
     // Reads still work meanwhile.
     let detail =
-        server_support::get_json(&http, &format!("{}/api/v1/clusters/c1", server.url)).await;
+        windvane_tests::server_support::get_json(&http, &format!("{}/api/v1/clusters/c1", server.url)).await;
     assert_eq!(detail["cluster"]["sequence"], 3);
     assert_eq!(detail["cluster"]["state"], "Synced");
 
@@ -282,7 +281,7 @@ async fn a_full_disk_under_the_database_is_answered_503_and_nothing_acknowledged
     drop(conn);
     server.restart();
     let detail =
-        server_support::get_json(&http, &format!("{}/api/v1/clusters/c1", server.url)).await;
+        windvane_tests::server_support::get_json(&http, &format!("{}/api/v1/clusters/c1", server.url)).await;
     assert_eq!(
         detail["cluster"]["sequence"],
         *acknowledged.last().expect("some")

@@ -3,14 +3,13 @@
 //! apart from Synced), the cluster page shows apps, problems and the drift log, the console has no errors,
 //! and screenshots are kept under `target/artifacts/` for people to look at.
 
-mod server_support;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
-use server_support::{Agent, Options, ServerProcess, client, eventually, get_json};
+use windvane_tests::server_support::{Agent, Options, ServerProcess, client, eventually, get_json};
 use windvane_shared::heartbeat::{DriftAction, DriftRecord};
 use windvane_shared::status::SyncState;
 
