@@ -13,9 +13,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
-use windvane_tests::fleet::{free_port, tail};
-use windvane_tests::localkube::wait_for;
-use windvane_tests::process::ChildProcess;
+use windvane_tests::poll::wait_for;
+use windvane_tests::process::{ChildProcess, free_port, tail};
 
 use crate::agent::{Memory, newest_file, read_memory, workspace};
 use crate::cpu;
