@@ -8,6 +8,8 @@
 //!   restarted as a crash would.
 //! - [`SourceServer`], for the fleet end-to-end tests and the demo: async, `anyhow`, serving a publisher's
 //!   store, waiting until `/readyz` answers; stopped cleanly (SIGTERM) and restarted as an outage would.
+//!
+//! The benchmark (`src/bin/bench/server.rs`) starts its servers through [`Launch`] too.
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
@@ -57,9 +59,16 @@ pub struct Launch {
 }
 
 impl Launch {
-    /// `program serve --root ROOT --listen LISTEN --data DIR/data --registration-token-file TOKEN_FILE`,
-    /// logging to `DIR/server.log`.
-    pub fn serve(program: &Path, root: &Path, dir: &Path, listen: &str, token_file: &Path) -> Self {
+    /// `program serve --root ROOT --listen LISTEN --data DATA --registration-token-file TOKEN_FILE`, logging
+    /// to `log`.
+    pub fn serve(
+        program: &Path,
+        root: &Path,
+        listen: &str,
+        data: &Path,
+        token_file: &Path,
+        log: &Path,
+    ) -> Self {
         let args = [
             "serve",
             "--root",
@@ -67,7 +76,7 @@ impl Launch {
             "--listen",
             listen,
             "--data",
-            &dir.join("data").display().to_string(),
+            &data.display().to_string(),
             "--registration-token-file",
             &token_file.display().to_string(),
         ]
@@ -78,7 +87,7 @@ impl Launch {
             wrapper: Vec::new(),
             args,
             envs: Vec::new(),
-            log: dir.join("server.log"),
+            log: log.to_path_buf(),
             stderr_through_pipe: false,
         }
     }
@@ -254,9 +263,10 @@ impl ServerProcess {
         let mut launch = Launch::serve(
             &program,
             &dir.join("root"),
-            &dir,
             "127.0.0.1:0",
+            &dir.join("data"),
             &dir.join("token"),
+            &dir.join("server.log"),
         );
         server_options(&mut launch, &options, &dir);
         let mut server = ServerProcess {
@@ -418,7 +428,14 @@ impl SourceServer {
         if !admin_token_file.exists() {
             std::fs::write(&admin_token_file, "fleet-admin-token-for-tests\n")?;
         }
-        let mut launch = Launch::serve(program, root, dir, listen, &token_file);
+        let mut launch = Launch::serve(
+            program,
+            root,
+            listen,
+            &dir.join("data"),
+            &token_file,
+            &dir.join("server.log"),
+        );
         launch.arg("--admin-token-file").arg(&admin_token_file);
         launch.args.extend(extra.iter().map(|a| (*a).to_owned()));
         let (process, url) = start_ready(&mut launch).await?;
