@@ -1,10 +1,10 @@
 //! Fleet fixtures for end-to-end tests: a fleet source tree written from strings, a publisher that signs
 //! releases into a store directory (through the same library `windvane publish` uses), and the real
-//! `windvane-agent` binary run against a localkube, with its admin endpoints read over HTTP; the real
-//! `windvane-server` (stoppable and restartable on the same address and database); and a [`Cluster`] — a
-//! localkube with its agent — for tests and the demo that run a whole fleet.
+//! `windvane-agent` binary run against a localkube, with its admin endpoints read over HTTP; and a
+//! [`Cluster`] — a localkube with its agent — for tests and the demo that run a whole fleet. The server
+//! they report to is [`crate::server::SourceServer`].
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -17,8 +17,9 @@ use windvane_shared::keys::{TrustedKeys, signing_key_from_seed, verifying_key_to
 use windvane_shared::release::ReleasePointer;
 use windvane_store::{self as store, PublishRequest};
 
-use crate::localkube::{LocalKube, wait_for};
-use crate::process::{ChildProcess, binary};
+use crate::localkube::LocalKube;
+use crate::poll::wait_for;
+use crate::process::{ChildProcess, STOP_GRACE, binary, free_port, tail};
 
 /// A fleet source tree in a temporary directory.
 #[derive(Debug)]
@@ -119,11 +120,6 @@ impl Publisher {
 
 /// The namespace the agent keeps its state and Lease in (the agent's default).
 pub const AGENT_NAMESPACE: &str = "windvane-system";
-
-/// A free loopback port (bound and released; good enough for tests on one machine).
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
 
 /// How to start an agent.
 #[derive(Debug, Clone)]
@@ -316,268 +312,6 @@ impl Agent {
     }
 }
 
-/// The last `lines` lines of a log.
-pub fn tail(log: &str, lines: usize) -> String {
-    let all: Vec<&str> = log.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// A running `windvane-server serve`, serving `root` and ingesting heartbeats; it can be stopped and started
-/// again on the same address and database, as an outage would.
-#[derive(Debug)]
-pub struct SourceServer {
-    pub process: ChildProcess,
-    /// `http://ADDR`, the address it bound.
-    pub url: String,
-    pub token_file: PathBuf,
-    /// The admin token (`--admin-token-file`), for `windvane cluster rekey|forget`.
-    pub admin_token_file: PathBuf,
-    program: PathBuf,
-    /// The arguments of `serve`, with the bound address in `--listen` once known (for restarts).
-    args: Vec<String>,
-    log: PathBuf,
-    dir: PathBuf,
-    _temp: Option<TempDir>,
-}
-
-/// How long the server may take to say it listens and to answer `/readyz`.
-const SERVER_READY: Duration = Duration::from_secs(60);
-/// How long a stopped process may take to exit after SIGTERM before it is killed.
-pub const STOP_GRACE: Duration = Duration::from_secs(20);
-
-impl SourceServer {
-    /// Starts the server (from the test's target directory) on a free port, with a registration token file
-    /// and a fresh data directory.
-    pub async fn start(root: &Path, extra: &[&str]) -> anyhow::Result<Self> {
-        let temp = TempDir::new()?;
-        let listen = format!("127.0.0.1:{}", free_port()?);
-        let mut server = Self::start_in(
-            &binary("windvane-server")?,
-            root,
-            temp.path(),
-            &listen,
-            extra,
-        )
-        .await?;
-        server._temp = Some(temp);
-        Ok(server)
-    }
-
-    /// Starts `program serve` with its database (`data/`), registration and admin tokens (`registration-token`,
-    /// `admin-token`, each written with a fixed test token unless the file exists) and log (`server.log`)
-    /// under `dir`, listening on
-    /// `listen` (port 0: any free port, read back from the line the server prints).
-    pub async fn start_in(
-        program: &Path,
-        root: &Path,
-        dir: &Path,
-        listen: &str,
-        extra: &[&str],
-    ) -> anyhow::Result<Self> {
-        let token_file = dir.join("registration-token");
-        if !token_file.exists() {
-            std::fs::write(&token_file, "fleet-registration-token-for-tests\n")?;
-        }
-        let admin_token_file = dir.join("admin-token");
-        if !admin_token_file.exists() {
-            std::fs::write(&admin_token_file, "fleet-admin-token-for-tests\n")?;
-        }
-        let mut args = vec![
-            "serve".to_owned(),
-            "--root".to_owned(),
-            root.display().to_string(),
-            "--listen".to_owned(),
-            listen.to_owned(),
-            "--data".to_owned(),
-            dir.join("data").display().to_string(),
-            "--registration-token-file".to_owned(),
-            token_file.display().to_string(),
-            "--admin-token-file".to_owned(),
-            admin_token_file.display().to_string(),
-        ];
-        args.extend(extra.iter().map(|a| (*a).to_owned()));
-        let log = dir.join("server.log");
-        let (process, addr) = spawn_server(program, &args, &log).await?;
-        if let Some(listen) = args.iter().position(|a| a == "--listen") {
-            args[listen + 1] = addr.clone();
-        }
-        Ok(Self {
-            process,
-            url: format!("http://{addr}"),
-            token_file,
-            admin_token_file,
-            program: program.to_path_buf(),
-            args,
-            log,
-            dir: dir.to_path_buf(),
-            _temp: None,
-        })
-    }
-
-    /// The directory holding its database, token and log.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// Stops the server with SIGTERM (a clean shutdown), killing it if it takes longer than [`STOP_GRACE`].
-    /// Returns whether it exited on its own.
-    pub async fn stop(&mut self) -> bool {
-        stop_process(&mut self.process, STOP_GRACE).await
-    }
-
-    /// Starts the server again on the same address, store and database (stopping it first if it runs).
-    pub async fn restart(&mut self) -> anyhow::Result<()> {
-        self.stop().await;
-        let (process, _) = spawn_server(&self.program, &self.args, &self.log).await?;
-        self.process = process;
-        Ok(())
-    }
-
-    /// GETs a path; the status code and body.
-    pub async fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
-        let response = reqwest::get(format!("{}{path}", self.url))
-            .await
-            .with_context(|| format!("GET {}{path}", self.url))?;
-        Ok((response.status().as_u16(), response.text().await?))
-    }
-
-    /// GETs a JSON API path.
-    pub async fn api(&self, path: &str) -> anyhow::Result<Value> {
-        let (status, body) = self.get(path).await?;
-        anyhow::ensure!((200..300).contains(&status), "GET {path}: {status}: {body}");
-        Ok(serde_json::from_str(&body)?)
-    }
-
-    /// `/api/v1/fleet`, optionally filtered by a label selector.
-    pub async fn fleet(&self, selector: Option<&str>) -> anyhow::Result<Value> {
-        match selector {
-            Some(selector) => {
-                self.api(&format!(
-                    "/api/v1/fleet?selector={}",
-                    query_escape(selector)
-                ))
-                .await
-            }
-            None => self.api("/api/v1/fleet").await,
-        }
-    }
-
-    /// Polls `/api/v1/clusters/<name>` until `check` holds; on timeout the error carries the last answer and
-    /// the server's log tail.
-    pub async fn wait_cluster(
-        &self,
-        name: &str,
-        what: &str,
-        timeout: Duration,
-        check: impl Fn(&Value) -> bool,
-    ) -> anyhow::Result<Value> {
-        let last = std::sync::Mutex::new(Value::Null);
-        let path = format!("/api/v1/clusters/{name}");
-        let result = wait_for(what, timeout, || async {
-            let view = self.api(&path).await?;
-            *last.lock().expect("lock") = view.clone();
-            Ok(check(&view).then_some(view))
-        })
-        .await;
-        result.with_context(|| {
-            format!(
-                "last answer for {name}: {}\nserver log:\n{}",
-                last.lock().expect("lock"),
-                tail(&self.process.log(), 30)
-            )
-        })
-    }
-}
-
-/// Starts `windvane-server` and waits until it said where it listens (the line is looked for only in what
-/// this start appends to the log) and answers `/readyz`.
-async fn spawn_server(
-    program: &Path,
-    args: &[String],
-    log: &Path,
-) -> anyhow::Result<(ChildProcess, String)> {
-    let offset = std::fs::metadata(log).map_or(0, |m| m.len() as usize);
-    let mut process = ChildProcess::start("windvane-server", program, args, &[], log)?;
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()?;
-    let started = std::time::Instant::now();
-    let addr = loop {
-        let text = std::fs::read(log).unwrap_or_default();
-        let new = String::from_utf8_lossy(text.get(offset..).unwrap_or_default()).into_owned();
-        if let Some(addr) = new
-            .lines()
-            .find_map(|l| l.strip_prefix("listening on http://"))
-        {
-            break addr.trim().to_owned();
-        }
-        if !process.is_running() || started.elapsed() > SERVER_READY {
-            anyhow::bail!(
-                "windvane-server did not start listening:\n{}",
-                tail(&new, 40)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let ready = wait_for("windvane-server ready", SERVER_READY, || async {
-        Ok(http
-            .get(format!("http://{addr}/readyz"))
-            .send()
-            .await
-            .ok()
-            .filter(|r| r.status().is_success())
-            .map(|_| ()))
-    })
-    .await;
-    if let Err(error) = ready {
-        process.kill();
-        return Err(error.context(tail(&process.log(), 40)));
-    }
-    Ok((process, addr))
-}
-
-/// Percent-encodes a query parameter value (everything but RFC 3986 unreserved characters).
-pub fn query_escape(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
-/// Asks a child process to stop (SIGTERM) and waits for it to exit, at most `timeout`; then kills it.
-/// Returns whether it exited on its own (true also when it was not running).
-pub async fn stop_process(process: &mut ChildProcess, timeout: Duration) -> bool {
-    let Some(pid) = process.pid() else {
-        return true;
-    };
-    if process.is_running() {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status();
-    }
-    let deadline = std::time::Instant::now() + timeout;
-    let exited = loop {
-        if !process.is_running() {
-            break true;
-        }
-        if std::time::Instant::now() >= deadline {
-            break false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    // Reaps it (and kills it when it did not exit in time).
-    process.kill();
-    exited
-}
-
 /// One member of a test fleet: a localkube and the real agent on it, which can be stopped and started
 /// again (its identity key stays in the cluster, so it resumes heartbeating as the same cluster).
 #[derive(Debug)]
@@ -648,7 +382,7 @@ impl Cluster {
     /// Stops the agent (SIGTERM; killed after [`STOP_GRACE`]). Returns whether it exited on its own.
     pub async fn stop_agent(&mut self) -> bool {
         match self.agent.take() {
-            Some(mut agent) => stop_process(&mut agent.process, STOP_GRACE).await,
+            Some(mut agent) => agent.process.stop(STOP_GRACE).await,
             None => true,
         }
     }

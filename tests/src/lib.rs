@@ -1,10 +1,17 @@
-//! Test harness for Windvane's end-to-end tests and benchmarks: real Kubernetes control planes
-//! (`localkube`), fleet fixtures and the real agent (`fleet`), a static store server that can be broken on
-//! purpose (`store_server`), a TCP proxy that can blackhole traffic (`proxy`), and Windvane's own
-//! binaries as child processes (`process`).
+//! Test harness for Windvane's integration and end-to-end tests and benchmarks: real Kubernetes control
+//! planes (`localkube`); the real `windvane-server` under test, started one way for the server tests and
+//! the fleet tests (`server`), with a simulated signing agent (`heartbeat_agent`), HTTP helpers (`http`)
+//! and a throwaway PostgreSQL (`postgres`); fleet fixtures and the real agent (`fleet`); a static store
+//! server that can be broken on purpose (`store_server`); a TCP proxy that can blackhole traffic (`proxy`);
+//! Windvane's own binaries as child processes (`process`); and polling with deadlines (`poll`).
 
 pub mod fleet;
+pub mod heartbeat_agent;
+pub mod http;
 pub mod localkube;
+pub mod poll;
+pub mod postgres;
 pub mod process;
 pub mod proxy;
+pub mod server;
 pub mod store_server;

@@ -26,8 +26,8 @@
 //!
 //! The bundled, version-matched kubectl is [`LocalKube::kubectl`].
 
-use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::fs::OpenOptions;
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -37,6 +37,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
+
+use crate::process::tail_file;
 
 /// Environment variable naming the `localkube` binary to use.
 pub const BINARY_ENV: &str = "WINDVANE_LOCALKUBE";
@@ -53,7 +55,8 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 const READY_PREFIX: &str = "LOCALKUBE_READY ";
 const LOG_FILE: &str = "localkube.log";
-const LOG_TAIL_BYTES: u64 = 6000;
+/// How much of the log start and stop errors carry.
+const LOG_TAIL_LINES: usize = 40;
 
 /// The JSON document of the ready line.
 #[derive(Debug, Clone, Deserialize)]
@@ -207,14 +210,14 @@ impl LocalKube {
                 }
                 bail!(
                     "localkube exited with {status} after SIGTERM; log tail:\n{}",
-                    log_tail(&self.log_path())
+                    tail_file(&self.log_path(), LOG_TAIL_LINES)
                 );
             }
             if Instant::now() >= deadline {
                 kill_group(&mut child);
                 bail!(
                     "localkube did not exit within {STOP_TIMEOUT:?} of SIGTERM (killed it); log tail:\n{}",
-                    log_tail(&self.log_path())
+                    tail_file(&self.log_path(), LOG_TAIL_LINES)
                 );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -254,33 +257,6 @@ impl LocalKube {
 impl Drop for LocalKube {
     fn drop(&mut self) {
         self.kill();
-    }
-}
-
-/// Polls `check` until it returns `Some`, failing after `timeout`. `check` runs
-/// right away and then every 100 ms; an `Err` from it is remembered (the
-/// condition may not hold yet, e.g. an object not created yet) and reported
-/// if the deadline passes.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<T>>>,
-{
-    let deadline = Instant::now() + timeout;
-    let mut last_err = None;
-    loop {
-        match check().await {
-            Ok(Some(value)) => return Ok(value),
-            Ok(None) => {}
-            Err(e) => last_err = Some(e),
-        }
-        if Instant::now() >= deadline {
-            return Err(match last_err {
-                Some(e) => e.context(format!("timed out after {timeout:?} waiting for {what}")),
-                None => anyhow!("timed out after {timeout:?} waiting for {what}"),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -362,7 +338,7 @@ async fn spawn_and_wait(
         "starting localkube on {} ({}); log tail:\n{}",
         data_dir.display(),
         describe_exit(status),
-        log_tail(&log_path)
+        tail_file(&log_path, LOG_TAIL_LINES)
     )))
 }
 
@@ -438,16 +414,4 @@ fn kill_group(child: &mut Child) {
     let _ = signal(child.id(), "KILL", true);
     let _ = child.kill();
     let _ = child.wait();
-}
-
-/// The last few KB of the log, for error messages.
-fn log_tail(path: &Path) -> String {
-    let Ok(mut file) = File::open(path) else {
-        return format!("(no log at {})", path.display());
-    };
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let _ = file.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES)));
-    let mut buf = Vec::new();
-    let _ = file.read_to_end(&mut buf);
-    String::from_utf8_lossy(&buf).into_owned()
 }

@@ -1,8 +1,15 @@
-//! Windvane's own binaries as child processes of a test: found next to the test executable (cargo builds
-//! them for `cargo test --workspace`), started with arguments, logs captured to a file, killed on drop.
+//! Windvane's own binaries as child processes of a test: found next to the test executable (`cargo build
+//! --workspace --bins` puts them there; `tests/run` builds them first), started with arguments, logs
+//! captured to a file, stopped (SIGTERM, with a grace period) or killed, and killed on drop; with the small
+//! things every harness of this crate shares: a free loopback port and the tail of a log.
 
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a stopped process may take to exit after SIGTERM before it is killed.
+pub const STOP_GRACE: Duration = Duration::from_secs(20);
 
 /// Path of a workspace binary (`windvane`, `windvane-agent`, `windvane-server`) in the same target directory
 /// as the running test.
@@ -39,23 +46,41 @@ impl ChildProcess {
         envs: &[(&str, &str)],
         log: &Path,
     ) -> anyhow::Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)?;
-        let child = Command::new(program)
+        let file = open_log(log)?;
+        let mut command = Command::new(program);
+        command
             .args(args)
             .envs(envs.iter().copied())
-            .stdin(Stdio::null())
             .stdout(file.try_clone()?)
-            .stderr(file)
+            .stderr(file);
+        Self::spawn(name, &mut command, log)
+    }
+
+    /// Starts `command` as configured (stdout and stderr as its caller set them up, stdin closed); `log` is
+    /// the file [`ChildProcess::log`] reads.
+    pub fn spawn(name: &str, command: &mut Command, log: &Path) -> anyhow::Result<Self> {
+        let child = command
+            .stdin(Stdio::null())
             .spawn()
-            .map_err(|e| anyhow::anyhow!("starting {}: {e}", program.display()))?;
+            .map_err(|e| anyhow::anyhow!("starting {name} ({:?}): {e}", command.get_program()))?;
         Ok(Self {
             child: Some(child),
             log: log.to_path_buf(),
             name: name.to_owned(),
         })
+    }
+
+    /// The child's piped stdout or stderr, for a caller that reads it itself.
+    pub fn take_output(
+        &mut self,
+    ) -> (
+        Option<std::process::ChildStdout>,
+        Option<std::process::ChildStderr>,
+    ) {
+        match self.child.as_mut() {
+            Some(child) => (child.stdout.take(), child.stderr.take()),
+            None => (None, None),
+        }
     }
 
     /// The process id, while running.
@@ -88,16 +113,75 @@ impl ChildProcess {
         }
     }
 
-    /// SIGTERM, then wait for the exit; returns the exit status.
+    /// SIGTERM, then wait for the exit however long it takes; returns the exit status.
     pub fn terminate(&mut self) -> anyhow::Result<std::process::ExitStatus> {
         let mut child = self
             .child
             .take()
             .ok_or_else(|| anyhow::anyhow!("{} is not running", self.name))?;
-        Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()?;
+        sigterm(child.id());
         Ok(child.wait()?)
+    }
+
+    /// Asks the process to stop (SIGTERM) and waits for it to exit, at most `grace`; then kills it. Returns
+    /// whether it exited on its own (true also when it was not running).
+    pub async fn stop(&mut self, grace: Duration) -> bool {
+        let Some(pid) = self.pid() else {
+            return true;
+        };
+        if self.is_running() {
+            sigterm(pid);
+        }
+        let deadline = Instant::now() + grace;
+        let exited = loop {
+            if !self.is_running() {
+                break true;
+            }
+            if Instant::now() >= deadline {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // Reaps it (and kills it when it did not exit in time).
+        self.kill();
+        exited
+    }
+}
+
+/// `kill -TERM pid`; errors are ignored (the process may be gone already).
+fn sigterm(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Opens `log` for appending, creating it.
+pub fn open_log(log: &Path) -> anyhow::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| anyhow::anyhow!("opening {}: {e}", log.display()))
+}
+
+/// A free loopback port (bound and released; good enough for tests on one machine).
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The last `lines` lines of a log.
+pub fn tail(log: &str, lines: usize) -> String {
+    let all: Vec<&str> = log.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The last `lines` lines of the log file at `path`, or a note that there is none.
+pub fn tail_file(path: &Path, lines: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => tail(&String::from_utf8_lossy(&bytes), lines),
+        Err(_) => format!("(no log at {})", path.display()),
     }
 }
 

@@ -12,7 +12,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher, metric, object_state};
-use windvane_tests::localkube::{LocalKube, wait_for};
+use windvane_tests::localkube::LocalKube;
+use windvane_tests::poll::wait_for;
 use windvane_tests::store_server::StoreServer;
 
 const WAIT: Duration = Duration::from_secs(60);

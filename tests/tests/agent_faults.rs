@@ -32,8 +32,10 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::watcher::{self, Event};
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
-use windvane_tests::fleet::{AGENT_NAMESPACE, Agent, AgentOptions, FleetTree, Publisher, tail};
-use windvane_tests::localkube::{LocalKube, wait_for};
+use windvane_tests::fleet::{AGENT_NAMESPACE, Agent, AgentOptions, FleetTree, Publisher};
+use windvane_tests::localkube::LocalKube;
+use windvane_tests::poll::wait_for;
+use windvane_tests::process::tail;
 use windvane_tests::store_server::StoreServer;
 
 /// Deadline for convergence after a crash: the control plane restarts, the agent restarts and re-applies

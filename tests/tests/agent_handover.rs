@@ -16,7 +16,8 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher};
-use windvane_tests::localkube::{CONTROLLERS_WITH_HPA, LocalKube, wait_for};
+use windvane_tests::localkube::{CONTROLLERS_WITH_HPA, LocalKube};
+use windvane_tests::poll::wait_for;
 use windvane_tests::store_server::StoreServer;
 
 const WAIT: Duration = Duration::from_secs(90);

@@ -11,9 +11,11 @@ use anyhow::Context as _;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher, SourceServer, tail};
-use windvane_tests::localkube::{LocalKube, wait_for};
-use windvane_tests::process::binary;
+use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher};
+use windvane_tests::localkube::LocalKube;
+use windvane_tests::poll::wait_for;
+use windvane_tests::process::{binary, tail};
+use windvane_tests::server::SourceServer;
 
 const WAIT: Duration = Duration::from_secs(60);
 

@@ -16,7 +16,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher, object_state};
-use windvane_tests::localkube::{LocalKube, wait_for};
+use windvane_tests::localkube::LocalKube;
+use windvane_tests::poll::wait_for;
 use windvane_tests::process::binary;
 use windvane_tests::store_server::StoreServer;
 

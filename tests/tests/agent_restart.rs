@@ -9,7 +9,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher};
-use windvane_tests::localkube::{LocalKube, wait_for};
+use windvane_tests::localkube::LocalKube;
+use windvane_tests::poll::wait_for;
 use windvane_tests::store_server::StoreServer;
 
 /// Generous: the machine running the tests may be loaded, and a failover waits out a 15 s Lease.

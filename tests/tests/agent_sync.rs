@@ -15,7 +15,8 @@ use kube::api::{Api, DeleteParams, DynamicObject};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::Value;
 use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher, object_state};
-use windvane_tests::localkube::{LocalKube, wait_for};
+use windvane_tests::localkube::LocalKube;
+use windvane_tests::poll::wait_for;
 use windvane_tests::store_server::StoreServer;
 
 const FLEET_YAML: &str = "\

@@ -18,7 +18,8 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher};
-use windvane_tests::localkube::{LocalKube, wait_for};
+use windvane_tests::localkube::LocalKube;
+use windvane_tests::poll::wait_for;
 use windvane_tests::store_server::{Mode, StoreServer, Target, etag_of};
 
 const FLEET: &str = "fleet: acme\napps:\n  - name: app\n    path: app\n    values: {v: one}\n";

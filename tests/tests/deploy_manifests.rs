@@ -31,10 +31,12 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use windvane_shared::yaml::{YamlLimits, documents_to_json};
 use windvane_tests::fleet::{
-    AGENT_NAMESPACE, Agent, AgentOptions, FleetTree, Publisher, SourceServer, object_state, tail,
+    AGENT_NAMESPACE, Agent, AgentOptions, FleetTree, Publisher, object_state,
 };
-use windvane_tests::localkube::{LocalKube, binary_path, wait_for};
-use windvane_tests::process::{ChildProcess, binary};
+use windvane_tests::localkube::{LocalKube, binary_path};
+use windvane_tests::poll::wait_for;
+use windvane_tests::process::{ChildProcess, binary, tail};
+use windvane_tests::server::SourceServer;
 
 /// Deadline for a sync, a heal or a pod to appear, on a loaded machine.
 const WAIT: Duration = Duration::from_secs(60);

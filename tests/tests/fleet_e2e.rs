@@ -27,9 +27,11 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
-use windvane_tests::fleet::{AgentOptions, Cluster, FleetTree, Publisher, SourceServer};
-use windvane_tests::localkube::{LocalKube, wait_for};
+use windvane_tests::fleet::{AgentOptions, Cluster, FleetTree, Publisher};
+use windvane_tests::localkube::LocalKube;
+use windvane_tests::poll::wait_for;
 use windvane_tests::process::binary;
+use windvane_tests::server::SourceServer;
 
 /// Deadline of every wait: generous, for a loaded 2-core machine.
 const WAIT: Duration = Duration::from_secs(120);
@@ -101,7 +103,7 @@ fn agent_log_tail(fleet: &Fleet, name: &str) -> String {
     fleet.clusters.get(name).map_or_else(String::new, |c| {
         format!(
             "agent log of {name}:\n{}",
-            windvane_tests::fleet::tail(&c.agent_log(), 40)
+            windvane_tests::process::tail(&c.agent_log(), 40)
         )
     })
 }
@@ -430,7 +432,7 @@ async fn new_prod_cluster(fleet: &Fleet) -> anyhow::Result<Cluster> {
             v["cluster"]["state"] == "Synced" && v["cluster"]["appliedSerial"] == 1
         })
         .await
-        .with_context(|| windvane_tests::fleet::tail(&joined.agent_log(), 40))?;
+        .with_context(|| windvane_tests::process::tail(&joined.agent_log(), 40))?;
     let apps: Vec<&str> = view["report"]["apps"]
         .as_array()
         .map(Vec::as_slice)
@@ -564,7 +566,7 @@ async fn source_down(fleet: &mut Fleet) -> anyhow::Result<()> {
         Ok((eu.agent()?.readyz().await? == 200).then_some(()))
     })
     .await
-    .with_context(|| windvane_tests::fleet::tail(&eu.agent_log(), 40))?;
+    .with_context(|| windvane_tests::process::tail(&eu.agent_log(), 40))?;
     eu.agent()?
         .wait_status("prod-eu sees the source down", WAIT, |s| {
             !s["source"]["staleSince"].is_null() && s["source"]["appliedSerial"] == 1
@@ -586,7 +588,7 @@ async fn source_down(fleet: &mut Fleet) -> anyhow::Result<()> {
         Ok((replicas(&eu.kube, "monitoring", "prometheus").await? == 1).then_some(()))
     })
     .await
-    .with_context(|| windvane_tests::fleet::tail(&eu.agent_log(), 40))?;
+    .with_context(|| windvane_tests::process::tail(&eu.agent_log(), 40))?;
     let status = eu.agent()?.status().await?;
     assert!(
         !status["source"]["staleSince"].is_null(),

@@ -12,9 +12,11 @@ use anyhow::Context;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use windvane_tests::fleet::{AgentOptions, Cluster, FleetTree, Publisher, SourceServer, tail};
-use windvane_tests::localkube::wait_for;
+use windvane_tests::fleet::{AgentOptions, Cluster, FleetTree, Publisher};
+use windvane_tests::poll::wait_for;
+use windvane_tests::process::tail;
 use windvane_tests::proxy::Proxy;
+use windvane_tests::server::SourceServer;
 
 const WAIT: Duration = Duration::from_secs(120);
 /// The server's silence grace period and the agent's heartbeat interval: short, so the test is quick.

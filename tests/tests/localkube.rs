@@ -19,7 +19,8 @@ use kube::api::{
 };
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use windvane_tests::localkube::{LocalKube, wait_for};
+use windvane_tests::localkube::LocalKube;
+use windvane_tests::poll::wait_for;
 
 /// Deadline for one condition (a rollout, a deletion, ...).
 const WAIT: Duration = Duration::from_secs(90);

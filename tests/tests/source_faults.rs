@@ -23,9 +23,10 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use windvane_shared::dsse::Envelope;
 use windvane_shared::keys::keyid;
-use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher, tail};
-use windvane_tests::localkube::{LocalKube, wait_for};
-use windvane_tests::process::binary;
+use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher};
+use windvane_tests::localkube::LocalKube;
+use windvane_tests::poll::wait_for;
+use windvane_tests::process::{binary, tail};
 use windvane_tests::store_server::{Mode, StoreServer, Target};
 
 const FLEET: &str = "fleet: acme\napps:\n  - name: app\n    path: app\n    policy: {prune: true}\n    values: {v: one}\n";

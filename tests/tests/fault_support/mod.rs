@@ -19,7 +19,7 @@ use windvane_shared::bundle::{Bundle, BundleLimits};
 use windvane_shared::keys::signing_key_from_seed;
 use windvane_shared::release::{BundleRef, ReleasePointer};
 use windvane_tests::fleet::{AGENT_NAMESPACE, FleetTree};
-use windvane_tests::localkube::{LocalKube, wait_for};
+use windvane_tests::localkube::LocalKube;
 
 /// A namespaced custom resource definition, `widgets.example.com`, for releases that carry a CRD.
 pub const WIDGET_CRD: &str = "\
@@ -95,6 +95,7 @@ pub fn refusal(status: &serde_json::Value) -> Option<&str> {
 
 #[allow(unused_imports)]
 pub use windvane_tests::fleet::metric;
+use windvane_tests::poll::wait_for;
 
 /// The names (`Kind ns/name`) in the inventory the agent persisted in its state Secrets, read with the agent's
 /// own state code.

@@ -11,9 +11,8 @@ use anyhow::Context;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
-use windvane_tests::fleet::{free_port, tail};
 use windvane_tests::localkube::LocalKube;
-use windvane_tests::process::ChildProcess;
+use windvane_tests::process::{ChildProcess, free_port, tail};
 
 use crate::prom::{self, Sample};
 

@@ -20,7 +20,8 @@ use k8s_openapi::api::flowcontrol::v1::FlowSchema;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use windvane_tests::localkube::{LocalKube, wait_for};
+use windvane_tests::localkube::LocalKube;
+use windvane_tests::poll::wait_for;
 
 use crate::prom::{self, Sample};
 

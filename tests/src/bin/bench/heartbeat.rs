@@ -33,8 +33,7 @@ use windvane_shared::keys::{signing_key_from_seed, verifying_key_to_pem};
 use windvane_shared::status::SyncState;
 use windvane_source_server::server::db::Database as _;
 use windvane_source_server::server::db::sqlite::SqliteDb;
-use windvane_tests::fleet::free_port;
-use windvane_tests::process::ChildProcess;
+use windvane_tests::process::{ChildProcess, free_port};
 
 use crate::drift::quantile;
 use crate::report::{Goal, Row, Unit};

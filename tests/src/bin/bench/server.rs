@@ -13,9 +13,9 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
-use windvane_tests::fleet::{free_port, tail};
-use windvane_tests::localkube::wait_for;
-use windvane_tests::process::ChildProcess;
+use windvane_tests::poll::wait_for;
+use windvane_tests::process::{ChildProcess, free_port, tail};
+use windvane_tests::server::Launch;
 
 use crate::agent::{Memory, newest_file, read_memory, workspace};
 use crate::cpu;
@@ -76,28 +76,19 @@ impl ServerProcess {
         std::fs::write(&token_file, TOKEN)?;
         let data = work.join(format!("{name}-data"));
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let mut args: Vec<String> = [
-            "serve",
-            "--root",
-            &root.display().to_string(),
-            "--listen",
-            &addr.to_string(),
-            "--data",
-            &data.display().to_string(),
-            "--registration-token-file",
-            &token_file.display().to_string(),
-        ]
-        .map(str::to_owned)
-        .to_vec();
-        args.extend(extra.iter().map(|a| (*a).to_owned()));
-        let log = work.join(format!("{name}.log"));
-        let process = ChildProcess::start(
-            "windvane-server",
+        let mut launch = Launch::serve(
             binary,
-            &args,
-            &[("WINDVANE_LOG", "warn")],
-            &log,
-        )?;
+            root,
+            &addr.to_string(),
+            &data,
+            &token_file,
+            &work.join(format!("{name}.log")),
+        );
+        launch.args.extend(extra.iter().map(|a| (*a).to_owned()));
+        launch
+            .envs
+            .push(("WINDVANE_LOG".to_owned(), "warn".to_owned()));
+        let (process, _) = launch.start().await?;
         let server = Self {
             process,
             addr,

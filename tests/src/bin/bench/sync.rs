@@ -27,7 +27,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::Value;
-use windvane_tests::localkube::{self, LocalKube, wait_for};
+use windvane_tests::localkube::{self, LocalKube};
+use windvane_tests::poll::wait_for;
 
 use crate::agent::{AgentLaunch, AgentProcess};
 use crate::apiserver::{Identity, RequestCounts, scrape};

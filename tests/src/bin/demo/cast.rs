@@ -11,8 +11,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use base64::Engine as _;
 use tempfile::TempDir;
-use windvane_tests::fleet::{AgentOptions, Cluster, SourceServer};
+use windvane_tests::fleet::{AgentOptions, Cluster};
 use windvane_tests::localkube::LocalKube;
+use windvane_tests::server::SourceServer;
 
 use crate::narrate::Narrator;
 

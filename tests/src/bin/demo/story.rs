@@ -12,8 +12,10 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::Api;
 use serde_json::Value;
-use windvane_tests::fleet::{SourceServer, query_escape, tail};
-use windvane_tests::localkube::{LocalKube, wait_for};
+use windvane_tests::localkube::LocalKube;
+use windvane_tests::poll::wait_for;
+use windvane_tests::process::tail;
+use windvane_tests::server::{SourceServer, query_escape};
 
 use crate::cast::{CHANNEL, Demo, Member, PROD_AP, PROD_EU, PROD_US, STAGING_EU};
 use crate::narrate::seconds;

@@ -5,8 +5,6 @@
 //! same release serial and alert episode are deduplicated — but a cluster that recovers and goes Unknown
 //! again alerts again, once per episode, across restarts.
 
-mod server_support;
-
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -19,9 +17,12 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use jiff::Timestamp;
 use serde_json::Value;
-use server_support::{Agent, Options, ServerProcess, client, eventually};
 use windvane_shared::heartbeat::{DriftAction, DriftRecord};
 use windvane_shared::status::SyncState;
+use windvane_tests::heartbeat_agent::SimulatedAgent;
+use windvane_tests::http::client;
+use windvane_tests::poll::eventually;
+use windvane_tests::server::{Options, ServerProcess};
 
 #[derive(Debug, Default)]
 struct Received {
@@ -188,7 +189,7 @@ async fn each_notification_is_delivered_exactly_once() {
         ..Options::default()
     });
     let http = client();
-    let mut agent = Agent::new("prod-eu", 1, &[("env", "prod")]);
+    let mut agent = SimulatedAgent::new("prod-eu", 1, &[("env", "prod")]);
     assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
     agent.beat(&http, &server.url, SyncState::Synced).await;
 
@@ -325,7 +326,7 @@ async fn a_cluster_that_goes_unknown_again_after_recovering_alerts_again_once_pe
         ..Options::default()
     });
     let http = client();
-    let mut agent = Agent::new("prod-eu", 1, &[("env", "prod")]);
+    let mut agent = SimulatedAgent::new("prod-eu", 1, &[("env", "prod")]);
     assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
 
     // Every heartbeat reports release serial 3: one release throughout.

@@ -6,22 +6,20 @@
 //! refusals `server_heartbeats.rs` already walks through one by one are not repeated here. A cluster can act
 //! only as itself: the registration token every cluster holds enrols a free name and nothing more.
 
-mod server_support;
-
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use serde_json::Value;
-use server_support::{
-    ADMIN_TOKEN, Agent, FLEET, Options, ServerProcess, TOKEN, assert_refused, client, client_from,
-    eventually, get_json, json_body,
-};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use windvane_shared::dsse;
 use windvane_shared::heartbeat::{HEARTBEAT_PAYLOAD_TYPE, MAX_HEARTBEAT_BYTES};
 use windvane_shared::status::SyncState;
+use windvane_tests::heartbeat_agent::SimulatedAgent;
+use windvane_tests::http::{assert_refused, client, client_from, get_json, json_body};
+use windvane_tests::poll::eventually;
+use windvane_tests::server::{ADMIN_TOKEN, FLEET, Options, ServerProcess, TOKEN};
 
 /// The enrolment and admin endpoints' body cap (the server's `MAX_SMALL_BODY`).
 const SMALL_BODY_CAP: u64 = 64 * 1024;
@@ -207,8 +205,8 @@ async fn stream_body(
 async fn spoofed_keys_and_borrowed_names_are_refused_and_nothing_is_stored() {
     let server = ServerProcess::start(Options::default());
     let http = client();
-    let mut c1 = Agent::new("c1", 1, &[("env", "prod")]);
-    let mut c2 = Agent::new("c2", 2, &[("env", "staging")]);
+    let mut c1 = SimulatedAgent::new("c1", 1, &[("env", "prod")]);
+    let mut c2 = SimulatedAgent::new("c2", 2, &[("env", "staging")]);
     for agent in [&c1, &c2] {
         assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
     }
@@ -218,7 +216,7 @@ async fn spoofed_keys_and_borrowed_names_are_refused_and_nothing_is_stored() {
 
     // c1's key signs a heartbeat that claims to be c2, sent to c2's URL: the signature is checked against the
     // key c2 enrolled with, so a compromised cluster cannot report for another.
-    let mut as_c2 = Agent::new("c2", 1, &[]);
+    let mut as_c2 = SimulatedAgent::new("c2", 1, &[]);
     as_c2.sequence = 100;
     let hb = as_c2.next(SyncState::Failed);
     let message = assert_refused(
@@ -234,7 +232,9 @@ async fn spoofed_keys_and_borrowed_names_are_refused_and_nothing_is_stored() {
 
     // Claiming c2's name at enrolment, with another key or for another fleet, is refused.
     assert_refused(
-        Agent::new("c2", 7, &[]).enroll(&http, &server.url).await,
+        SimulatedAgent::new("c2", 7, &[])
+            .enroll(&http, &server.url)
+            .await,
         409,
         "key_conflict",
     )
@@ -282,7 +282,7 @@ async fn replays_are_refused_even_many_at_once_or_delivered_late() {
         ..Options::default()
     });
     let http = client();
-    let mut agent = Agent::new("c1", 1, &[]);
+    let mut agent = SimulatedAgent::new("c1", 1, &[]);
     assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
 
     // The same signed bytes twice: stored once.
@@ -365,7 +365,7 @@ async fn replays_are_refused_even_many_at_once_or_delivered_late() {
 async fn clock_skew_inside_the_window_is_accepted_and_beyond_it_refused_with_the_reason() {
     let server = ServerProcess::start(Options::default()); // the default window: 5 minutes
     let http = client();
-    let mut agent = Agent::new("c1", 1, &[]);
+    let mut agent = SimulatedAgent::new("c1", 1, &[]);
     assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
     let at =
         |offset: i64| Timestamp::from_second(Timestamp::now().as_second() + offset).expect("time");
@@ -408,8 +408,8 @@ async fn clock_skew_inside_the_window_is_accepted_and_beyond_it_refused_with_the
 async fn a_cluster_can_act_only_as_itself() {
     let server = ServerProcess::start(Options::default());
     let http = client();
-    let mut victim = Agent::new("victim", 1, &[]);
-    let mut attacker = Agent::new("attacker", 2, &[]);
+    let mut victim = SimulatedAgent::new("victim", 1, &[]);
+    let mut attacker = SimulatedAgent::new("attacker", 2, &[]);
     assert_eq!(victim.enroll(&http, &server.url).await.status(), 201);
     assert_eq!(attacker.enroll(&http, &server.url).await.status(), 201);
     victim.beat(&http, &server.url, SyncState::Degraded).await;
@@ -419,7 +419,7 @@ async fn a_cluster_can_act_only_as_itself() {
         .clone();
 
     // Enrolment with the registration token binds only a free name: the victim's is taken.
-    let mut squatter = Agent::new("victim", 2, &[]);
+    let mut squatter = SimulatedAgent::new("victim", 2, &[]);
     assert_refused(
         squatter.enroll(&http, &server.url).await,
         409,
@@ -487,12 +487,12 @@ async fn token_guessing_is_limited_per_address_while_agents_and_other_addresses_
     let server = ServerProcess::start(Options::default());
     let here = client_from(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)));
     let elsewhere = client_from(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
-    let mut c1 = Agent::new("c1", 1, &[]);
+    let mut c1 = SimulatedAgent::new("c1", 1, &[]);
     assert_eq!(c1.enroll(&here, &server.url).await.status(), 201);
     c1.beat(&here, &server.url, SyncState::Synced).await;
 
     // Ten wrong guesses from 127.0.0.1, at enrolment and at the admin endpoints (they count together).
-    let guesser = Agent::new("c2", 2, &[]);
+    let guesser = SimulatedAgent::new("c2", 2, &[]);
     for i in 0..10 {
         let response = if i % 2 == 0 {
             here.post(format!("{}/api/v1/clusters/c2/enroll", server.url))
@@ -528,7 +528,7 @@ async fn token_guessing_is_limited_per_address_while_agents_and_other_addresses_
     }
 
     // Another address enrols with the right token at once.
-    let c2 = Agent::new("c2", 2, &[]);
+    let c2 = SimulatedAgent::new("c2", 2, &[]);
     assert_eq!(c2.enroll(&elsewhere, &server.url).await.status(), 201);
     // Heartbeats carry no token: a cluster behind the guessing address keeps reporting, and was not forgotten.
     c1.beat(&here, &server.url, SyncState::Degraded).await;
@@ -541,7 +541,7 @@ async fn token_guessing_is_limited_per_address_while_agents_and_other_addresses_
 async fn oversized_bodies_are_refused_on_every_post_endpoint_without_being_read() {
     let server = ServerProcess::start(Options::default());
     let http = client();
-    let mut agent = Agent::new("c1", 1, &[]);
+    let mut agent = SimulatedAgent::new("c1", 1, &[]);
     assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
     agent.beat(&http, &server.url, SyncState::Synced).await;
     let addr = server.addr();
@@ -603,7 +603,7 @@ async fn oversized_bodies_are_refused_on_every_post_endpoint_without_being_read(
 async fn lying_lengths_and_malformed_bodies_are_refused_and_nothing_is_stored() {
     let server = ServerProcess::start(Options::default());
     let http = client();
-    let mut agent = Agent::new("c1", 1, &[]);
+    let mut agent = SimulatedAgent::new("c1", 1, &[]);
     assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
     agent.beat(&http, &server.url, SyncState::Synced).await;
     let addr = server.addr();
@@ -611,7 +611,7 @@ async fn lying_lengths_and_malformed_bodies_are_refused_and_nothing_is_stored() 
     let enroll_path = "/api/v1/clusters/c9/enroll";
     let hb = agent.next(SyncState::Failed);
     let good_heartbeat = agent.sign(&hb);
-    let good_enrolment = json_body(&Agent::new("c9", 9, &[]).enroll_request(TOKEN));
+    let good_enrolment = json_body(&SimulatedAgent::new("c9", 9, &[]).enroll_request(TOKEN));
 
     for (path, good) in [
         (heartbeat_path, &good_heartbeat),
@@ -765,7 +765,7 @@ async fn hold_open(
 async fn slow_clients_are_timed_out_while_everyone_else_is_served() {
     let server = ServerProcess::start(Options::default());
     let http = client();
-    let mut agent = Agent::new("c1", 1, &[]);
+    let mut agent = SimulatedAgent::new("c1", 1, &[]);
     assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
     let addr = server.addr();
     // hyper's header timeout and the handlers' body timeout are both 30 s.
@@ -834,7 +834,7 @@ async fn a_flood_of_idle_connections_stays_bounded_and_other_clients_are_served(
     });
     let addr = server.addr();
     let http = client_from(IpAddr::V4(Ipv4Addr::LOCALHOST));
-    let mut agent = Agent::new("c1", 1, &[]);
+    let mut agent = SimulatedAgent::new("c1", 1, &[]);
     assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
 
     let flood_started = Instant::now();

@@ -2,13 +2,14 @@
 //! with SIGKILL mid-stream, and after a restart every acknowledged heartbeat is in the SQLite file and the
 //! server refuses to take its sequence again.
 
-mod server_support;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use server_support::{Agent, Options, ServerProcess, client, eventually};
 use windvane_shared::status::SyncState;
+use windvane_tests::heartbeat_agent::SimulatedAgent;
+use windvane_tests::http::client;
+use windvane_tests::poll::eventually;
+use windvane_tests::server::{Options, ServerProcess};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_heartbeats_survive_kill_9() {
@@ -16,7 +17,7 @@ async fn acknowledged_heartbeats_survive_kill_9() {
     let http = client();
     let agents = 16;
     for i in 0..agents {
-        let agent = Agent::new(&format!("c{i}"), i as u8 + 1, &[]);
+        let agent = SimulatedAgent::new(&format!("c{i}"), i as u8 + 1, &[]);
         assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
     }
 
@@ -25,7 +26,7 @@ async fn acknowledged_heartbeats_survive_kill_9() {
     for i in 0..agents {
         let (http, url, acked) = (http.clone(), server.url.clone(), Arc::clone(&acked));
         senders.push(tokio::spawn(async move {
-            let mut agent = Agent::new(&format!("c{i}"), i as u8 + 1, &[]);
+            let mut agent = SimulatedAgent::new(&format!("c{i}"), i as u8 + 1, &[]);
             loop {
                 let hb = agent.next(SyncState::Synced);
                 let sent = http
@@ -89,7 +90,7 @@ async fn acknowledged_heartbeats_survive_kill_9() {
     // The restarted server knows the last sequence of each cluster and refuses a replay of it.
     let (cluster, sequence) = acked.last().expect("some").clone();
     let index: u8 = cluster[1..].parse().expect("index");
-    let mut agent = Agent::new(&cluster, index + 1, &[]);
+    let mut agent = SimulatedAgent::new(&cluster, index + 1, &[]);
     agent.sequence = sequence - 1;
     let replay = agent.next(SyncState::Synced);
     assert_eq!(

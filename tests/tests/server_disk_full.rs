@@ -10,14 +10,16 @@
 //! - The server answers heartbeats and enrolments 503 while its SQLite database cannot grow, logs why, never
 //!   answers 2xx for what it did not store, keeps the database intact, and recovers by itself.
 
-mod server_support;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use server_support::{Agent, Options, ServerProcess, assert_refused, client, eventually};
 use windvane_shared::status::SyncState;
+use windvane_tests::heartbeat_agent::SimulatedAgent;
+use windvane_tests::http::{assert_refused, client, get_json};
+use windvane_tests::poll::eventually;
+use windvane_tests::process::binary;
+use windvane_tests::server::{Options, ServerProcess};
 
 const EXAMPLE_FLEET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples/fleet");
 /// Runs `"$@"` with SIGXFSZ ignored, so that a write past the file-size limit fails instead of killing.
@@ -34,7 +36,7 @@ fn windvane(file_size_limit: Option<u64>, args: &[&str]) -> Output {
             .arg("--");
     }
     command
-        .arg(server_support::windvane_cli())
+        .arg(binary("windvane").expect("the windvane binary"))
         .args(args)
         .output()
         .expect("run windvane through sh and prlimit (util-linux)")
@@ -189,7 +191,7 @@ async fn a_full_disk_under_the_database_is_answered_503_and_nothing_acknowledged
         ..Options::default()
     });
     let http = client();
-    let mut c1 = Agent::new("c1", 1, &[]);
+    let mut c1 = SimulatedAgent::new("c1", 1, &[]);
     assert_eq!(c1.enroll(&http, &server.url).await.status(), 201);
     let mut acknowledged = Vec::new();
     for _ in 0..3 {
@@ -216,7 +218,9 @@ async fn a_full_disk_under_the_database_is_answered_503_and_nothing_acknowledged
         refused_bodies.push(body);
     }
     let message = assert_refused(
-        Agent::new("c2", 2, &[]).enroll(&http, &server.url).await,
+        SimulatedAgent::new("c2", 2, &[])
+            .enroll(&http, &server.url)
+            .await,
         503,
         "unavailable",
     )
@@ -236,8 +240,7 @@ async fn a_full_disk_under_the_database_is_answered_503_and_nothing_acknowledged
     )
     .await;
     // Reads still work meanwhile.
-    let detail =
-        server_support::get_json(&http, &format!("{}/api/v1/clusters/c1", server.url)).await;
+    let detail = get_json(&http, &format!("{}/api/v1/clusters/c1", server.url)).await;
     assert_eq!(detail["cluster"]["sequence"], 3);
     assert_eq!(detail["cluster"]["state"], "Synced");
 
@@ -256,7 +259,7 @@ async fn a_full_disk_under_the_database_is_answered_503_and_nothing_acknowledged
     c1.beat(&http, &server.url, SyncState::Synced).await;
     acknowledged.push(c1.sequence);
     assert_eq!(
-        Agent::new("c2", 2, &[])
+        SimulatedAgent::new("c2", 2, &[])
             .enroll(&http, &server.url)
             .await
             .status(),
@@ -281,8 +284,7 @@ async fn a_full_disk_under_the_database_is_answered_503_and_nothing_acknowledged
     assert_eq!(stored, acknowledged);
     drop(conn);
     server.restart();
-    let detail =
-        server_support::get_json(&http, &format!("{}/api/v1/clusters/c1", server.url)).await;
+    let detail = get_json(&http, &format!("{}/api/v1/clusters/c1", server.url)).await;
     assert_eq!(
         detail["cluster"]["sequence"],
         *acknowledged.last().expect("some")

@@ -3,12 +3,9 @@
 //! ingest with sequence and key checks inside the transaction, summaries, drift log, rekey/forget,
 //! notification claims per alert episode, and pruning.
 
-mod server_support;
-
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use server_support::{Agent, Postgres};
 use windvane_shared::heartbeat::{DriftAction, DriftRecord};
 use windvane_shared::keys::{keyid, verifying_key_to_pem};
 use windvane_shared::status::SyncState;
@@ -18,8 +15,10 @@ use windvane_source_server::server::db::sqlite::SqliteDb;
 use windvane_source_server::server::db::{
     Database, EnrollOutcome, Enrollment, IngestOutcome, VerifiedHeartbeat,
 };
+use windvane_tests::heartbeat_agent::SimulatedAgent;
+use windvane_tests::postgres::Postgres;
 
-fn enrollment(agent: &Agent, fleet: &str) -> Enrollment {
+fn enrollment(agent: &SimulatedAgent, fleet: &str) -> Enrollment {
     Enrollment {
         cluster: agent.name.clone(),
         fleet: fleet.into(),
@@ -30,7 +29,7 @@ fn enrollment(agent: &Agent, fleet: &str) -> Enrollment {
     }
 }
 
-fn verified(agent: &mut Agent, state: SyncState) -> VerifiedHeartbeat {
+fn verified(agent: &mut SimulatedAgent, state: SyncState) -> VerifiedHeartbeat {
     let heartbeat = agent.next(state);
     VerifiedHeartbeat {
         keyid: keyid(&agent.key.verifying_key()),
@@ -42,9 +41,9 @@ fn verified(agent: &mut Agent, state: SyncState) -> VerifiedHeartbeat {
 
 async fn contract(db: &impl Database) {
     db.ping().await.expect("ping");
-    let mut a = Agent::new("alpha", 1, &[("env", "prod")]);
-    let mut b = Agent::new("beta", 2, &[("env", "staging")]);
-    let impostor = Agent::new("alpha", 3, &[]);
+    let mut a = SimulatedAgent::new("alpha", 1, &[("env", "prod")]);
+    let mut b = SimulatedAgent::new("beta", 2, &[("env", "staging")]);
+    let impostor = SimulatedAgent::new("alpha", 3, &[]);
 
     // Enrolment.
     assert_eq!(
@@ -109,7 +108,7 @@ async fn contract(db: &impl Database) {
         reverted_at: None,
         action: DriftAction::Reported,
     }];
-    let mut ghost = Agent::new("ghost", 4, &[]);
+    let mut ghost = SimulatedAgent::new("ghost", 4, &[]);
     let g1 = verified(&mut ghost, SyncState::Synced);
     let mut stale = verified(&mut b, SyncState::Synced);
     stale.keyid = "0".repeat(64);
@@ -215,7 +214,7 @@ async fn contract(db: &impl Database) {
             .expect("enroll"),
         EnrollOutcome::Rekeyed
     );
-    let mut new_alpha = Agent::new("alpha", 3, &[]);
+    let mut new_alpha = SimulatedAgent::new("alpha", 3, &[]);
     let old = verified(&mut a, SyncState::Synced);
     let fresh = verified(&mut new_alpha, SyncState::Degraded);
     assert_eq!(

@@ -3,19 +3,17 @@
 //! cluster, unknown cluster) answered with a 4xx and a JSON reason while nothing is stored; Unknown after a
 //! tiny `--unknown-after`; the read token; metrics and health.
 
-mod server_support;
-
 use std::time::Duration;
 
 use jiff::Timestamp;
 use serde_json::Value;
-use server_support::{
-    ADMIN_TOKEN, Agent, Options, READ_TOKEN, ServerProcess, TOKEN, client, eventually, get_json,
-    json_body, json_of,
-};
 use windvane_shared::heartbeat::{DriftAction, DriftRecord, MAX_HEARTBEAT_BYTES};
 use windvane_shared::keys::signing_key_from_seed;
 use windvane_shared::status::SyncState;
+use windvane_tests::heartbeat_agent::SimulatedAgent;
+use windvane_tests::http::{client, get_json, json_body, json_of};
+use windvane_tests::poll::eventually;
+use windvane_tests::server::{ADMIN_TOKEN, Options, READ_TOKEN, ServerProcess, TOKEN};
 
 async fn refused(response: reqwest::Response, status: u16, reason: &str) {
     assert_eq!(response.status(), status);
@@ -31,7 +29,7 @@ async fn refused(response: reqwest::Response, status: u16, reason: &str) {
 async fn enrolment_binds_one_key_until_an_admin_allows_another() {
     let server = ServerProcess::start(Options::default());
     let http = client();
-    let agent = Agent::new("prod-eu", 1, &[("env", "prod")]);
+    let agent = SimulatedAgent::new("prod-eu", 1, &[("env", "prod")]);
 
     let bad = http
         .post(format!("{}/api/v1/clusters/prod-eu/enroll", server.url))
@@ -53,7 +51,7 @@ async fn enrolment_binds_one_key_until_an_admin_allows_another() {
         "same key again is fine"
     );
 
-    let impostor = Agent::new("prod-eu", 2, &[]);
+    let impostor = SimulatedAgent::new("prod-eu", 2, &[]);
     refused(
         impostor.enroll(&http, &server.url).await,
         409,
@@ -131,7 +129,7 @@ async fn enrolment_binds_one_key_until_an_admin_allows_another() {
 async fn failed_token_attempts_are_rate_limited_per_address() {
     let server = ServerProcess::start(Options::default());
     let http = client();
-    let agent = Agent::new("c1", 1, &[]);
+    let agent = SimulatedAgent::new("c1", 1, &[]);
     let url = format!("{}/api/v1/clusters/c1/enroll", server.url);
     let mut statuses = Vec::new();
     for _ in 0..12 {
@@ -159,9 +157,9 @@ async fn failed_token_attempts_are_rate_limited_per_address() {
 async fn heartbeats_are_refused_for_every_reason_and_nothing_is_stored() {
     let server = ServerProcess::start(Options::default());
     let http = client();
-    let mut agent = Agent::new("c1", 1, &[("env", "prod")]);
+    let mut agent = SimulatedAgent::new("c1", 1, &[("env", "prod")]);
     assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
-    let mut other = Agent::new("c2", 3, &[]);
+    let mut other = SimulatedAgent::new("c2", 3, &[]);
     assert_eq!(other.enroll(&http, &server.url).await.status(), 201);
 
     // One good heartbeat first.
@@ -258,7 +256,7 @@ async fn heartbeats_are_refused_for_every_reason_and_nothing_is_stored() {
     .await;
 
     // Unknown cluster.
-    let mut stranger = Agent::new("nobody", 5, &[]);
+    let mut stranger = SimulatedAgent::new("nobody", 5, &[]);
     let hb = stranger.next(SyncState::Synced);
     refused(
         stranger.post(&http, &server.url, stranger.sign(&hb)).await,
@@ -340,9 +338,9 @@ async fn a_silent_cluster_becomes_unknown_with_its_last_state_and_the_api_filter
         ..Options::default()
     });
     let http = client();
-    let mut prod = Agent::new("prod-1", 1, &[("env", "prod")]);
-    let mut staging = Agent::new("staging-1", 2, &[("env", "staging")]);
-    let silent = Agent::new("never-1", 3, &[("env", "prod")]);
+    let mut prod = SimulatedAgent::new("prod-1", 1, &[("env", "prod")]);
+    let mut staging = SimulatedAgent::new("staging-1", 2, &[("env", "staging")]);
+    let silent = SimulatedAgent::new("never-1", 3, &[("env", "prod")]);
     for agent in [&prod, &staging, &silent] {
         assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
     }
@@ -403,7 +401,7 @@ async fn a_silent_cluster_becomes_unknown_with_its_last_state_and_the_api_filter
 async fn drift_is_logged_and_queried() {
     let server = ServerProcess::start(Options::default());
     let http = client();
-    let mut agent = Agent::new("c1", 1, &[]);
+    let mut agent = SimulatedAgent::new("c1", 1, &[]);
     assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
     let mut hb = agent.next(SyncState::OutOfSync);
     let detected = Timestamp::now();

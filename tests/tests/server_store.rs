@@ -2,11 +2,11 @@
 //! 304 for the same ETag), HEAD, gzip, cache headers, a new ETag after a publish, and every path-traversal
 //! and odd-method attempt refused with a 4xx.
 
-mod server_support;
-
 use std::io::Read as _;
 
-use server_support::{CHANNEL, Options, ServerProcess, client, eventually, write_store};
+use windvane_tests::http::client;
+use windvane_tests::poll::eventually;
+use windvane_tests::server::{CHANNEL, Options, ServerProcess, write_store};
 
 #[tokio::test]
 async fn pointers_answer_304_to_their_etag_and_change_after_a_publish() {

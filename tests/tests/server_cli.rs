@@ -3,15 +3,16 @@
 //! admin actions (authorised by the admin token only; refused by a server without one, which also refuses to
 //! start with an admin token that is the registration token or too short).
 
-mod server_support;
-
 use std::process::{Command, Output};
 
-use server_support::{Agent, Options, ServerProcess, client};
 use windvane_shared::status::SyncState;
+use windvane_tests::heartbeat_agent::SimulatedAgent;
+use windvane_tests::http::client;
+use windvane_tests::process::binary;
+use windvane_tests::server::{Options, ServerProcess, TOKEN};
 
 fn windvane(args: &[&str]) -> Output {
-    Command::new(server_support::windvane_cli())
+    Command::new(binary("windvane").expect("the windvane binary"))
         .args(args)
         .output()
         .expect("run windvane")
@@ -28,9 +29,9 @@ async fn status_exits_zero_only_when_every_selected_cluster_is_synced() {
         ..Options::default()
     });
     let http = client();
-    let mut eu = Agent::new("prod-eu", 1, &[("env", "prod"), ("region", "eu")]);
-    let mut us = Agent::new("prod-us", 2, &[("env", "prod"), ("region", "us")]);
-    let mut stg = Agent::new("staging", 3, &[("env", "staging")]);
+    let mut eu = SimulatedAgent::new("prod-eu", 1, &[("env", "prod"), ("region", "eu")]);
+    let mut us = SimulatedAgent::new("prod-us", 2, &[("env", "prod"), ("region", "us")]);
+    let mut stg = SimulatedAgent::new("staging", 3, &[("env", "staging")]);
     for agent in [&eu, &us, &stg] {
         assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
     }
@@ -122,8 +123,8 @@ async fn status_exits_zero_only_when_every_selected_cluster_is_synced() {
 async fn cluster_rekey_and_forget() {
     let server = ServerProcess::start(Options::default());
     let http = client();
-    let old = Agent::new("edge-7", 1, &[]);
-    let new = Agent::new("edge-7", 2, &[]);
+    let old = SimulatedAgent::new("edge-7", 1, &[]);
+    let new = SimulatedAgent::new("edge-7", 2, &[]);
     assert_eq!(old.enroll(&http, &server.url).await.status(), 201);
     assert_eq!(new.enroll(&http, &server.url).await.status(), 409);
     let token = server.dir.join("admin-token");
@@ -227,7 +228,7 @@ async fn admin_actions_are_refused_by_a_server_without_an_admin_token() {
     });
     let http = client();
     assert_eq!(
-        Agent::new("edge-7", 1, &[])
+        SimulatedAgent::new("edge-7", 1, &[])
             .enroll(&http, &server.url)
             .await
             .status(),
@@ -267,13 +268,9 @@ async fn admin_actions_are_refused_by_a_server_without_an_admin_token() {
 fn serve_refused(admin_token: &str) -> String {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir_all(dir.path().join("root")).expect("root");
-    std::fs::write(
-        dir.path().join("token"),
-        format!("{}\n", server_support::TOKEN),
-    )
-    .expect("token");
+    std::fs::write(dir.path().join("token"), format!("{}\n", TOKEN)).expect("token");
     std::fs::write(dir.path().join("admin-token"), admin_token).expect("admin token");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_windvane-server"))
+    let mut child = Command::new(binary("windvane-server").expect("windvane-server binary"))
         .arg("serve")
         .arg("--root")
         .arg(dir.path().join("root"))
@@ -308,7 +305,7 @@ fn serve_refused(admin_token: &str) -> String {
 
 #[test]
 fn the_server_refuses_an_admin_token_that_is_the_registration_token_or_too_short() {
-    let same = serve_refused(&format!("  {}\n", server_support::TOKEN));
+    let same = serve_refused(&format!("  {}\n", TOKEN));
     assert!(
         same.contains("the admin token (--admin-token-file) is the registration token"),
         "{same}"

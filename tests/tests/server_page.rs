@@ -3,16 +3,17 @@
 //! apart from Synced), the cluster page shows apps, problems and the drift log, the console has no errors,
 //! and screenshots are kept under `target/artifacts/` for people to look at.
 
-mod server_support;
-
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
-use server_support::{Agent, Options, ServerProcess, client, eventually, get_json};
 use windvane_shared::heartbeat::{DriftAction, DriftRecord};
 use windvane_shared::status::SyncState;
+use windvane_tests::heartbeat_agent::SimulatedAgent;
+use windvane_tests::http::{client, get_json};
+use windvane_tests::poll::eventually;
+use windvane_tests::server::{Options, ServerProcess};
 
 fn artifacts() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -95,30 +96,30 @@ async fn the_fleet_page_renders_in_chromium_with_counts_and_no_console_errors() 
     let http = client();
     let mut fleet = vec![
         (
-            Agent::new("prod-eu-1", 1, &[("env", "prod"), ("region", "eu")]),
+            SimulatedAgent::new("prod-eu-1", 1, &[("env", "prod"), ("region", "eu")]),
             Some(SyncState::Synced),
         ),
         (
-            Agent::new("prod-eu-2", 2, &[("env", "prod"), ("region", "eu")]),
+            SimulatedAgent::new("prod-eu-2", 2, &[("env", "prod"), ("region", "eu")]),
             Some(SyncState::Synced),
         ),
         (
-            Agent::new("prod-us-1", 3, &[("env", "prod"), ("region", "us")]),
+            SimulatedAgent::new("prod-us-1", 3, &[("env", "prod"), ("region", "us")]),
             Some(SyncState::Degraded),
         ),
         (
-            Agent::new("prod-us-2", 4, &[("env", "prod"), ("region", "us")]),
+            SimulatedAgent::new("prod-us-2", 4, &[("env", "prod"), ("region", "us")]),
             Some(SyncState::OutOfSync),
         ),
         (
-            Agent::new("staging-1", 5, &[("env", "staging")]),
+            SimulatedAgent::new("staging-1", 5, &[("env", "staging")]),
             Some(SyncState::Progressing),
         ),
         (
-            Agent::new("edge-lost", 6, &[("env", "edge")]),
+            SimulatedAgent::new("edge-lost", 6, &[("env", "edge")]),
             Some(SyncState::Synced),
         ),
-        (Agent::new("edge-new", 7, &[("env", "edge")]), None),
+        (SimulatedAgent::new("edge-new", 7, &[("env", "edge")]), None),
     ];
     for (agent, state) in &mut fleet {
         assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
