@@ -20,7 +20,8 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use windvane_shared::yaml::{YamlLimits, documents_to_json};
 use windvane_tests::fleet::{Agent, AgentOptions, FleetTree};
-use windvane_tests::localkube::{LocalKube, wait_for};
+use windvane_tests::localkube::LocalKube;
+use windvane_tests::poll::wait_for;
 use windvane_tests::process::binary;
 use windvane_tests::store_server::StoreServer;
 
@@ -398,7 +399,9 @@ fn live_object(kube: &LocalKube, namespace: &str, object: &Value) -> anyhow::Res
         Some((group, version)) => format!("{kind}.{version}.{group}"),
         None => kind.to_owned(),
     };
-    let namespace = object["metadata"]["namespace"].as_str().unwrap_or(namespace);
+    let namespace = object["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or(namespace);
     let name = object["metadata"]["name"].as_str().context("name")?;
     let output = kube
         .kubectl(["get", &resource, name, "-n", namespace, "-o", "json"])
@@ -435,7 +438,8 @@ fn metric_sum(text: &str, name: &str) -> f64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn charts_and_overlays_reach_each_cluster_as_rendered_and_stay_healed() -> anyhow::Result<()> {
+async fn charts_and_overlays_reach_each_cluster_as_rendered_and_stay_healed() -> anyhow::Result<()>
+{
     let tree = tree()?;
     let release = Release::publish(&tree)?;
     let server = StoreServer::start(release.store()).await?;
@@ -458,8 +462,14 @@ async fn charts_and_overlays_reach_each_cluster_as_rendered_and_stay_healed() ->
     // values filled in by the agent, another overlay per env; hooks have their meaning.
     let settings = config_map(&prod.kube, "web", "web-settings").await?;
     assert_eq!(data(settings.as_ref(), "tier"), Some("gold"));
-    assert_eq!(data(settings.as_ref(), "greeting"), Some("hello from prod-eu"));
-    assert_eq!(data(settings.as_ref(), "admission"), Some("validating-admission-policy"));
+    assert_eq!(
+        data(settings.as_ref(), "greeting"),
+        Some("hello from prod-eu")
+    );
+    assert_eq!(
+        data(settings.as_ref(), "admission"),
+        Some("validating-admission-policy")
+    );
     let staging_settings = config_map(&staging.kube, "web", "web-settings").await?;
     assert_eq!(data(staging_settings.as_ref(), "tier"), Some("bronze"));
     assert_eq!(
@@ -475,11 +485,24 @@ async fn charts_and_overlays_reach_each_cluster_as_rendered_and_stay_healed() ->
         .iter()
         .filter_map(|(_, o)| o["metadata"]["name"].as_str())
         .collect();
-    assert!(names.contains(&"web-migrator") && names.contains(&"web-cache"), "{names:?}");
-    assert!(!names.contains(&"web-smoke-test"), "test hooks are dropped: {names:?}");
+    assert!(
+        names.contains(&"web-migrator") && names.contains(&"web-cache"),
+        "{names:?}"
+    );
+    assert!(
+        !names.contains(&"web-smoke-test"),
+        "test hooks are dropped: {names:?}"
+    );
 
     // Idle: a minute with no apply and no drift on either cluster.
     let before: Vec<String> = vec![prod.agent.metrics().await?, staging.agent.metrics().await?];
+    for (cluster, before) in [&prod, &staging].into_iter().zip(&before) {
+        assert!(
+            metric_sum(before, "windvane_apply_total") >= rendered(&tree, cluster)?.len() as f64,
+            "cluster {}: every object's apply is counted before the idle minute",
+            cluster.name
+        );
+    }
     let idle = Duration::from_secs(60);
     let start = Instant::now();
     while start.elapsed() < idle {
@@ -536,10 +559,17 @@ fn same_inputs_give_the_same_bundle() -> anyhow::Result<()> {
     let bytes = std::fs::read(&first)?;
     assert_eq!(bytes, std::fs::read(&second)?);
     let bundle: Value = serde_json::from_slice(&bytes)?;
-    let variants = |app: usize| bundle["apps"][app]["rendered"]["variants"].as_array().map(Vec::len);
+    let variants = |app: usize| {
+        bundle["apps"][app]["rendered"]["variants"]
+            .as_array()
+            .map(Vec::len)
+    };
     assert_eq!(variants(0), Some(3));
     assert_eq!(variants(1), Some(2));
-    assert_eq!(bundle["apps"][1]["rendered"]["source"]["chart"], "charts/web");
+    assert_eq!(
+        bundle["apps"][1]["rendered"]["source"]["chart"],
+        "charts/web"
+    );
     Ok(())
 }
 
@@ -557,7 +587,9 @@ fn a_missing_engine_is_a_clear_error() -> anyhow::Result<()> {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("app web") && stderr.contains("helm is needed") && stderr.contains("--helm"),
+        stderr.contains("app web")
+            && stderr.contains("helm is needed")
+            && stderr.contains("--helm"),
         "{stderr}"
     );
     assert!(output.stdout.is_empty(), "nothing written on failure");
