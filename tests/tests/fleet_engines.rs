@@ -595,3 +595,87 @@ fn a_missing_engine_is_a_clear_error() -> anyhow::Result<()> {
     assert!(output.stdout.is_empty(), "nothing written on failure");
     Ok(())
 }
+
+/// A chart from a chart repository (served over real HTTP) is pulled at build time and pinned by the
+/// archive's digest in the bundle; a pin that the pulled chart does not match is refused, nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chart_from_a_repository_is_pinned_by_digest() -> anyhow::Result<()> {
+    let tree = tree()?;
+    let repo = tempfile::TempDir::new()?;
+    let helm = engine("helm")?;
+    let run = |args: Vec<String>| -> anyhow::Result<()> {
+        let output = Command::new(&helm).args(&args).output()?;
+        ensure!(
+            output.status.success(),
+            "helm {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(())
+    };
+    // The test's static server serves one level below bundles/ and channels/: the repository lives there.
+    let repo_dir = repo.path().join("bundles");
+    std::fs::create_dir(&repo_dir)?;
+    let chart_dir = tree.path().join("charts/web").display().to_string();
+    let shown_dir = repo_dir.display().to_string();
+    run(vec![
+        "package".into(),
+        chart_dir,
+        "-d".into(),
+        shown_dir.clone(),
+    ])?;
+    let server = StoreServer::start(repo.path().to_path_buf()).await?;
+    let url = format!("{}/bundles", server.url());
+    run(vec![
+        "repo".into(),
+        "index".into(),
+        shown_dir,
+        "--url".into(),
+        url.clone(),
+    ])?;
+    let archive = std::fs::read(repo_dir.join("web-1.4.0.tgz"))?;
+    let digest = format!("sha256:{}", windvane_shared::digest::sha256_hex(&archive));
+
+    let fleet = |pin: &str| {
+        format!(
+            "fleet: acme\napps:\n  - name: web\n    namespace: web\n    helm:\n      repo: {}\n      \
+             chart: web\n      version: 1.4.0\n{pin}",
+            url
+        )
+    };
+    tree.write("fleet.yaml", &fleet(&format!("      digest: {digest}\n")))?;
+    let source = tree.path().display().to_string();
+    let build = {
+        let source = source.clone();
+        move || windvane(&["build", &source, "-o", "-"])
+    };
+    let bundle: Value = serde_json::from_str(&tokio::task::spawn_blocking(build.clone()).await??)?;
+    let rendered = &bundle["apps"][0]["rendered"];
+    assert_eq!(rendered["source"]["digest"], digest.as_str());
+    assert_eq!(rendered["source"]["repo"], url.as_str());
+    assert_eq!(rendered["source"]["version"], "1.4.0");
+    let files: Vec<&str> = rendered["variants"][0]["manifests"]
+        .as_array()
+        .context("manifests")?
+        .iter()
+        .filter_map(|m| m["file"].as_str())
+        .collect();
+    assert!(
+        files.contains(&"web (helm): web/templates/config.yaml"),
+        "{files:?}"
+    );
+
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    tree.write("fleet.yaml", &fleet(&format!("      digest: {wrong}\n")))?;
+    let error = tokio::task::spawn_blocking(build)
+        .await?
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("app web")
+            && error.contains(&digest)
+            && error.contains("update helm.digest"),
+        "{error}"
+    );
+    Ok(())
+}
