@@ -516,3 +516,124 @@ impl App {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::selector::Labels;
+    use serde_json::json;
+
+    fn config_map(name: &str) -> Manifest {
+        Manifest {
+            file: "charts/web (helm): web/templates/cm.yaml".to_owned(),
+            document: 0,
+            object: json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}}),
+        }
+    }
+
+    fn customization(env: &str) -> Customization {
+        let mut selector = LabelSelector::default();
+        selector
+            .match_labels
+            .insert("env".to_owned(), env.to_owned());
+        Customization {
+            selector,
+            values: Map::new(),
+        }
+    }
+
+    /// An app with customizations for prod (0), a values-only one (1) and eu (2); 0 and 2 change the render.
+    fn rendered_app(variants: Vec<Variant>) -> App {
+        App {
+            name: "web".to_owned(),
+            selector: LabelSelector::default(),
+            values: Map::new(),
+            customizations: vec![
+                customization("prod"),
+                customization("dev"),
+                customization("eu"),
+            ],
+            policy: Policy::default(),
+            namespace: None,
+            create_namespace: false,
+            substitute: true,
+            manifests: Vec::new(),
+            rendered: Some(Rendered {
+                engine: "helm".to_owned(),
+                source: BTreeMap::new(),
+                customizations: vec![0, 2],
+                variants,
+            }),
+        }
+    }
+
+    fn variant(combinations: Vec<Vec<usize>>, name: &str) -> Variant {
+        Variant {
+            combinations,
+            manifests: vec![config_map(name)],
+        }
+    }
+
+    fn labels(env: &str) -> Labels {
+        [("env".to_owned(), env.to_owned())].into_iter().collect()
+    }
+
+    #[test]
+    fn a_cluster_gets_the_variant_of_the_render_customizations_it_matches() {
+        let app = rendered_app(vec![
+            variant(vec![vec![], vec![2]], "plain"),
+            variant(vec![vec![0], vec![0, 2]], "prod"),
+        ]);
+        app.validate().unwrap();
+        let name = |env: &str| {
+            app.manifests_for(&labels(env)).unwrap()[0].object["metadata"]["name"].clone()
+        };
+        assert_eq!(name("prod"), "prod");
+        assert_eq!(
+            name("dev"),
+            "plain",
+            "a values-only customization picks no variant"
+        );
+        assert_eq!(app.object_count(), 2);
+    }
+
+    #[test]
+    fn a_rendered_app_must_cover_every_combination_once() {
+        let missing = rendered_app(vec![variant(vec![vec![], vec![0], vec![2]], "a")]);
+        let error = missing.validate().unwrap_err().to_string();
+        assert!(
+            error.contains("3 combinations of 2 customizations, expected 4"),
+            "{error}"
+        );
+        let twice = rendered_app(vec![
+            variant(vec![vec![], vec![0]], "a"),
+            variant(vec![vec![0], vec![2], vec![0, 2]], "b"),
+        ]);
+        let error = twice.validate().unwrap_err().to_string();
+        assert!(
+            error.contains("combination [0] is not a distinct subset"),
+            "{error}"
+        );
+        let mut stray = rendered_app(vec![variant(
+            vec![vec![], vec![0], vec![2], vec![0, 2]],
+            "a",
+        )]);
+        stray.rendered.as_mut().unwrap().customizations = vec![0, 7];
+        let error = stray.validate().unwrap_err().to_string();
+        assert!(error.contains("ascending indices"), "{error}");
+        let mut own = rendered_app(vec![variant(
+            vec![vec![], vec![0], vec![2], vec![0, 2]],
+            "a",
+        )]);
+        own.manifests.push(config_map("extra"));
+        assert!(own.validate().is_err());
+    }
+
+    #[test]
+    fn an_object_twice_in_one_variant_is_refused() {
+        let mut twice = variant(vec![vec![], vec![0], vec![2], vec![0, 2]], "a");
+        twice.manifests.push(config_map("a"));
+        let error = rendered_app(vec![twice]).validate().unwrap_err();
+        assert!(matches!(error, Error::DuplicateObject { .. }), "{error}");
+    }
+}

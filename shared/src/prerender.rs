@@ -89,6 +89,9 @@ pub enum RenderChange {
     KustomizeDirectory { directory: PathBuf, shown: String },
 }
 
+/// The render-changing customizations of an app: (index into its customizations, what it changes), ascending.
+pub type RenderChanges = Vec<(usize, RenderChange)>;
+
 /// One run of an engine: its input and every combination of customizations that leads to it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RenderJob {

@@ -75,7 +75,8 @@ use crate::bundle::{
 };
 use crate::duration::parse_duration;
 use crate::prerender::{
-    self, ChartSource, EngineSpec, Engines, HelmSpec, NoEngines, RenderChange, ValuesLayer,
+    self, ChartSource, EngineSpec, Engines, HelmSpec, NoEngines, RenderChange, RenderChanges,
+    ValuesLayer,
 };
 use crate::render;
 use crate::selector::{LabelSelector, Operator, Requirement};
@@ -196,7 +197,7 @@ fn engine_spec(
     root: &Path,
     app: &AppConfig,
     index: usize,
-) -> Result<Option<(EngineSpec, Vec<(usize, RenderChange)>)>> {
+) -> Result<Option<(EngineSpec, RenderChanges)>> {
     let at = format!("apps[{index}]");
     let spec = match (&app.helm, app.path.as_deref()) {
         (Some(helm), path) => EngineSpec::Helm(helm_spec(reader, root, &app.app, helm, path, &at)?),

@@ -469,3 +469,61 @@ fn a_variable_nothing_defines_is_a_build_error() {
         assert!(message.contains(part), "{part:?} missing in: {message}");
     }
 }
+
+/// `helm:` and `kustomize:` fields that cannot work are refused with the field that is wrong, before any
+/// engine would run.
+#[test]
+fn engine_fields_that_cannot_work_name_their_field() {
+    let cases = [
+        (
+            "fleet: acme\napps:\n  - name: web\n    helm: {repo: https://charts.example.com, chart: web}\n",
+            "apps[0].helm.repo",
+            "exact version",
+        ),
+        (
+            "fleet: acme\napps:\n  - name: web\n    path: charts/web\n    helm: {chart: web}\n",
+            "apps[0].helm.chart",
+            "give repo: too",
+        ),
+        (
+            "fleet: acme\napps:\n  - name: web\n    path: charts/web\n    helm: {digest: md5:abc}\n",
+            "apps[0].helm.digest",
+            "sha256:",
+        ),
+        (
+            "fleet: acme\napps:\n  - name: web\n    path: charts/web\n    helm: {valuesFiles: [missing.yaml]}\n",
+            "apps[0].helm.valuesFiles[0]",
+            "no such file",
+        ),
+        (
+            "fleet: acme\napps:\n  - name: web\n    path: apps/web\n    customizations:\n      - kustomize: apps/web\n",
+            "apps[0].customizations[0].kustomize",
+            "plain folder of manifests",
+        ),
+        (
+            "fleet: acme\napps:\n  - name: web\n    path: charts/web\n    helm: {}\n    customizations:\n      - kustomize: apps/web\n",
+            "apps[0].customizations[0].kustomize",
+            "is a Helm chart",
+        ),
+        (
+            "fleet: acme\napps:\n  - name: web\n    path: charts/web\n    helm: {}\n    customizations:\n      - {helm: {values: {a: 1}}, kustomize: x}\n",
+            "apps[0].customizations[0].kustomize",
+            "not both",
+        ),
+    ];
+    for (fleet_yaml, expected_field, expected_detail) in cases {
+        let tree = Tree::new(fleet_yaml);
+        tree.write(
+            "charts/web/Chart.yaml",
+            "apiVersion: v2\nname: web\nversion: 1.0.0\n",
+        )
+        .write("apps/web/a.yaml", &config_map("a"));
+        match tree.error() {
+            Error::FleetConfig { field, detail, .. } => {
+                assert_eq!(field, expected_field, "{fleet_yaml}");
+                assert!(detail.contains(expected_detail), "{fleet_yaml}: {detail}");
+            }
+            other => panic!("{fleet_yaml}: {other}"),
+        }
+    }
+}
