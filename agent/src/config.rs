@@ -87,6 +87,10 @@ pub struct RunArgs {
     /// How often to poll the channel pointer (±20 % jitter). [default: 30s]
     #[arg(long, value_name = "DURATION", env = "WINDVANE_POLL_INTERVAL")]
     pub poll_interval: Option<String>,
+    /// How long a source that holds polls (windvane-server) may hold one until the pointer changes, so a
+    /// publish arrives in about a second; static hosts ignore it. 0s turns it off. [default: 60s]
+    #[arg(long, value_name = "DURATION", env = "WINDVANE_LONG_POLL_WAIT")]
+    pub long_poll_wait: Option<String>,
     /// Address of the admin server (/livez, /readyz, /metrics). [default: 0.0.0.0:8481]
     #[arg(long, value_name = "ADDR", env = "WINDVANE_ADMIN_LISTEN")]
     pub admin_listen: Option<SocketAddr>,
@@ -172,6 +176,7 @@ struct FileConfig {
     #[serde(default)]
     allow_namespaces: Vec<String>,
     poll_interval: Option<String>,
+    long_poll_wait: Option<String>,
     admin_listen: Option<SocketAddr>,
     prune_budget: Option<f64>,
     log_format: Option<String>,
@@ -330,6 +335,24 @@ fn http_url(url: String, flag: &str) -> Result<String> {
 }
 
 /// A duration setting from the flag, else the config file, else `default`; at least `minimum`.
+/// `--long-poll-wait`: zero (off) up to the longest wait a server grants.
+fn long_poll_wait(flag_value: &Option<String>, file_value: &Option<String>) -> Result<Duration> {
+    let wait = duration_setting(
+        flag_value,
+        file_value,
+        "60s",
+        "--long-poll-wait",
+        Duration::ZERO,
+    )?;
+    if wait > Duration::from_secs(120) {
+        return Err(Error::Config(format!(
+            "--long-poll-wait {}s is above the maximum of 120s (a server holds no poll longer)",
+            wait.as_secs()
+        )));
+    }
+    Ok(wait)
+}
+
 fn duration_setting(
     flag_value: &Option<String>,
     file_value: &Option<String>,
@@ -417,7 +440,10 @@ impl RunArgs {
                 namespace: agent.namespace,
                 prune_budget,
                 apply: ApplyOptions::default(),
-                source_limits: SourceLimits::default(),
+                source_limits: SourceLimits {
+                    long_poll_wait: long_poll_wait(&self.long_poll_wait, &file.long_poll_wait)?,
+                    ..SourceLimits::default()
+                },
                 identity_name: identity_name.clone(),
             },
             kubeconfig: self.agent.kubeconfig.clone(),

@@ -20,6 +20,15 @@ use crate::backoff::{after_busy, full_jitter, jittered, random_unit};
 use crate::source::{Poll, SourceClient};
 use crate::{Error, Result, clamp};
 
+/// The least time between the starts of two polls of a store that holds polls, so that one which claims to
+/// but answers at once is still asked at most once a second.
+pub const MIN_LONG_POLL_SPACING: Duration = Duration::from_secs(1);
+
+/// How long to wait before the next poll of a store that holds polls, after one that took `took`. Pure.
+pub fn long_poll_gap(took: Duration) -> Duration {
+    MIN_LONG_POLL_SPACING.saturating_sub(took)
+}
+
 /// What the fetcher checks a release against.
 #[derive(Debug, Clone)]
 pub struct FetcherConfig {
@@ -93,8 +102,9 @@ impl Fetcher {
 
     async fn run(mut self, tx: mpsc::Sender<Fetched>) {
         loop {
+            let started = Instant::now();
             let (fetched, taken) = self.poll_once().await;
-            let wait = self.wait_after(&fetched);
+            let wait = self.wait_after(&fetched, started.elapsed());
             let offered = match &fetched {
                 Fetched::Release(release) => Some((
                     release.accepted.pointer.serial,
@@ -121,9 +131,10 @@ impl Fetcher {
         }
     }
 
-    /// When to poll next: the interval (jittered) after an answer, what a busy store asks for (clamped,
-    /// spread), an exponential backoff while the store is unreachable.
-    fn wait_after(&mut self, fetched: &Fetched) -> Duration {
+    /// When to poll next: the interval (jittered) after an answer — or at once when the store holds polls
+    /// ([`long_poll_gap`]) — what a busy store asks for (clamped, spread), an exponential backoff while the
+    /// store is unreachable. `took` is how long the poll took.
+    fn wait_after(&mut self, fetched: &Fetched, took: Duration) -> Duration {
         let interval = self.config.poll_interval;
         match fetched {
             Fetched::Unavailable(Error::SourceBusy { retry_after, .. }) => {
@@ -138,6 +149,10 @@ impl Fetcher {
                     interval.saturating_mul(10),
                     random_unit(),
                 )
+            }
+            _ if self.source.holds_polls() => {
+                self.failures = 0;
+                long_poll_gap(took)
             }
             _ => {
                 self.failures = 0;
@@ -219,5 +234,20 @@ impl Fetcher {
         } else {
             Fetched::Unavailable(error)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_that_holds_polls_is_asked_again_at_once_but_at_most_once_a_second() {
+        assert_eq!(long_poll_gap(Duration::from_secs(60)), Duration::ZERO);
+        assert_eq!(long_poll_gap(Duration::from_secs(1)), Duration::ZERO);
+        assert_eq!(
+            long_poll_gap(Duration::from_millis(20)),
+            Duration::from_millis(980)
+        );
     }
 }

@@ -25,6 +25,9 @@ pub struct SourceLimits {
     pub pointer_deadline: Duration,
     /// Total deadline of one bundle fetch.
     pub bundle_deadline: Duration,
+    /// How long a store that holds polls (`windvane-server`) may hold one while the pointer is unchanged
+    /// (`Prefer: wait=N`); zero asks for no holding.
+    pub long_poll_wait: Duration,
 }
 
 impl Default for SourceLimits {
@@ -36,6 +39,7 @@ impl Default for SourceLimits {
             read_timeout: Duration::from_secs(60),
             pointer_deadline: Duration::from_secs(30),
             bundle_deadline: Duration::from_secs(300),
+            long_poll_wait: Duration::from_secs(60),
         }
     }
 }
@@ -57,14 +61,20 @@ pub struct SourceClient {
     channel: String,
     limits: SourceLimits,
     etag: Option<String>,
+    /// Whether the store's last answer said it holds polls (`Preference-Applied: wait=N`).
+    holds_polls: bool,
 }
 
 impl SourceClient {
     /// A client for `base` (the store's URL) and `channel`.
     pub fn new(base: &str, channel: &str, limits: SourceLimits) -> Result<Self> {
+        // A held poll sends nothing until the pointer changes or the wait ends.
+        let read_timeout = limits
+            .read_timeout
+            .max(limits.long_poll_wait + Duration::from_secs(15));
         let http = reqwest::Client::builder()
             .connect_timeout(limits.connect_timeout)
-            .read_timeout(limits.read_timeout)
+            .read_timeout(read_timeout)
             .user_agent(concat!("windvane-agent/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
@@ -74,7 +84,13 @@ impl SourceClient {
             channel: channel.to_owned(),
             limits,
             etag: None,
+            holds_polls: false,
         })
+    }
+
+    /// Whether the store holds polls until the pointer changes: then the next poll can follow at once.
+    pub fn holds_polls(&self) -> bool {
+        self.holds_polls
     }
 
     /// The pointer's URL.
@@ -91,26 +107,33 @@ impl SourceClient {
     /// read whole.
     pub async fn poll_pointer(&mut self) -> Result<Poll> {
         let url = self.pointer_url();
-        let deadline = self.limits.pointer_deadline;
-        let (poll, etag) = with_deadline(&url, deadline, self.request_pointer(&url)).await?;
+        let deadline = self.limits.pointer_deadline + self.limits.long_poll_wait;
+        self.holds_polls = false;
+        let (poll, etag, holds) = with_deadline(&url, deadline, self.request_pointer(&url)).await?;
+        self.holds_polls = holds;
         if let Poll::Changed(_) = poll {
             self.etag = etag;
         }
         Ok(poll)
     }
 
-    async fn request_pointer(&self, url: &str) -> Result<(Poll, Option<String>)> {
+    async fn request_pointer(&self, url: &str) -> Result<(Poll, Option<String>, bool)> {
         let mut request = self.http.get(url);
         if let Some(etag) = &self.etag {
             request = request.header(IF_NONE_MATCH, etag);
         }
+        let wait = self.limits.long_poll_wait.as_secs();
+        if wait > 0 {
+            request = request.header("prefer", format!("wait={wait}"));
+        }
         let response = request.send().await.map_err(|e| fetch_error(url, &e))?;
+        let holds = holds_polls(response.headers());
         match judge_pointer(url, response.status(), response.headers(), Timestamp::now())? {
-            PointerAnswer::NotModified => Ok((Poll::Unchanged, None)),
+            PointerAnswer::NotModified => Ok((Poll::Unchanged, None, holds)),
             PointerAnswer::Body { etag } => {
                 let cap = self.limits.max_pointer_bytes;
                 let body = read_capped(url, response, cap, "channel pointer").await?;
-                Ok((Poll::Changed(body), etag))
+                Ok((Poll::Changed(body), etag, holds))
             }
         }
     }
@@ -135,6 +158,22 @@ impl SourceClient {
         })
         .await
     }
+}
+
+/// Whether a store's answer says it held (or would hold) the poll: `Preference-Applied: wait=N` (RFC 7240).
+/// Pure.
+pub fn holds_polls(headers: &HeaderMap) -> bool {
+    headers
+        .get_all("preference-applied")
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|preference| {
+            preference
+                .split(['=', ';'])
+                .next()
+                .is_some_and(|name| name.trim().eq_ignore_ascii_case("wait"))
+        })
 }
 
 /// What a reply to a pointer poll means, from its status and headers alone. Pure.
@@ -178,4 +217,31 @@ pub fn judge(url: &str, status: StatusCode, headers: &HeaderMap, now: Timestamp)
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    fn headers(values: &[&str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for value in values {
+            headers.append(
+                "preference-applied",
+                HeaderValue::from_str(value).expect("header"),
+            );
+        }
+        headers
+    }
+
+    #[test]
+    fn only_an_applied_wait_preference_means_the_store_holds_polls() {
+        assert!(holds_polls(&headers(&["wait=60"])));
+        assert!(holds_polls(&headers(&["return=minimal, Wait=5"])));
+        assert!(holds_polls(&headers(&["return=minimal", "wait=5;x=y"])));
+        assert!(!holds_polls(&headers(&[])));
+        assert!(!holds_polls(&headers(&["return=minimal"])));
+        assert!(!holds_polls(&headers(&["waiting=5"])));
+    }
 }

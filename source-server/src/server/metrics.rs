@@ -67,6 +67,8 @@ pub struct Metrics {
     pub notifications_dropped: AtomicU64,
     pub ingest_batches: AtomicU64,
     pub ingest_queue_depth: AtomicU64,
+    /// Pointer polls being held (`Prefer: wait`).
+    pub held_polls: AtomicU64,
     /// How long storing a batch of heartbeats took (one transaction, its fsync included).
     pub ingest_commit_seconds: Histogram<11>,
     /// Signatures per batched check.
@@ -130,6 +132,7 @@ impl Default for Metrics {
             notifications_dropped: AtomicU64::new(0),
             ingest_batches: AtomicU64::new(0),
             ingest_queue_depth: AtomicU64::new(0),
+            held_polls: AtomicU64::new(0),
             ingest_commit_seconds: Histogram::new([
                 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
             ]),
@@ -258,6 +261,11 @@ pub fn render(metrics: &Metrics, fleet: &FleetGauges) -> String {
         "windvane_ingest_queue_depth {}",
         load(&metrics.ingest_queue_depth)
     );
+    out.push_str(
+        "# HELP windvane_held_polls Channel pointer polls held until the pointer changes.\n",
+    );
+    out.push_str("# TYPE windvane_held_polls gauge\n");
+    let _ = writeln!(out, "windvane_held_polls {}", load(&metrics.held_polls));
     metrics.ingest_commit_seconds.render(
         &mut out,
         "windvane_ingest_commit_duration_seconds",

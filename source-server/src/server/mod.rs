@@ -16,6 +16,7 @@ pub mod db;
 mod files;
 mod handlers;
 pub mod ingest;
+mod long_poll;
 pub mod metrics;
 pub mod notify;
 pub mod page;
@@ -84,6 +85,8 @@ pub struct ServeConfig {
 #[derive(Debug)]
 struct App {
     files: FileCache,
+    /// Held polls of channel pointers (`Prefer: wait=N`).
+    pointer_watch: long_poll::PointerWatch,
     db: Arc<Db>,
     metrics: Arc<Metrics>,
     /// Bound cluster keys by cluster name (a cache of the database; the writer re-checks the key id).
@@ -165,6 +168,7 @@ impl Server {
         let verifier = verify::BatchVerifier::start(Some(Arc::clone(&metrics)));
         let app = Arc::new(App {
             files: FileCache::new(config.root, files::REVALIDATE_AFTER),
+            pointer_watch: long_poll::PointerWatch::default(),
             db,
             metrics,
             keys: RwLock::new(HashMap::new()),

@@ -51,7 +51,7 @@ pub(super) async fn handle(
 ) -> Response<Body> {
     let route = route::route(request.method(), request.uri().path());
     match route {
-        Route::Pointer(channel) => store::serve_file(&request, app.files.pointer(&channel)),
+        Route::Pointer(channel) => store::serve_pointer(app, &request, &channel).await,
         Route::Bundle(digest) => store::serve_file(&request, app.files.bundle(&digest)),
         Route::Livez => text(StatusCode::OK, "ok\n"),
         Route::Readyz => read::readyz(app).await,

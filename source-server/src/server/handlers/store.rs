@@ -7,7 +7,9 @@ use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 
+use crate::server::App;
 use crate::server::files::{CachedFile, FileError, FileKind};
+use crate::server::long_poll;
 use crate::server::route::{self};
 
 use super::{Body, JSON, NOSNIFF, json_error};
@@ -16,6 +18,38 @@ static CACHE_POINTER: HeaderValue = HeaderValue::from_static("no-cache");
 static CACHE_BUNDLE: HeaderValue = HeaderValue::from_static("public, max-age=31536000, immutable");
 static GZIP: HeaderValue = HeaderValue::from_static("gzip");
 static VARY: HeaderValue = HeaderValue::from_static("Accept-Encoding");
+
+static PREFERENCE_APPLIED: header::HeaderName =
+    header::HeaderName::from_static("preference-applied");
+
+/// A channel pointer; a `GET` with `If-None-Match` and `Prefer: wait=N` is held while the pointer is
+/// unchanged ([`long_poll`]), and any answer to a `Prefer: wait` says `Preference-Applied: wait=N`.
+pub(super) async fn serve_pointer(
+    app: &Arc<App>,
+    request: &Request<Incoming>,
+    channel: &str,
+) -> Response<Body> {
+    let headers = request.headers();
+    let wait = headers
+        .get(&PREFER)
+        .filter(|_| request.method() == Method::GET)
+        .and_then(|prefer| long_poll::requested_wait(prefer.as_bytes()));
+    let Some(wait) = wait else {
+        return serve_file(request, app.files.pointer(channel));
+    };
+    if let Some(if_none_match) = headers.get(header::IF_NONE_MATCH) {
+        long_poll::hold(app, channel, if_none_match.as_bytes(), wait).await;
+    }
+    let mut response = serve_file(request, app.files.pointer(channel));
+    if let Ok(applied) = HeaderValue::from_str(&format!("wait={}", wait.as_secs())) {
+        response
+            .headers_mut()
+            .insert(PREFERENCE_APPLIED.clone(), applied);
+    }
+    response
+}
+
+static PREFER: header::HeaderName = header::HeaderName::from_static("prefer");
 
 pub(super) fn serve_file(
     request: &Request<Incoming>,
