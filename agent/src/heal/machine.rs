@@ -86,7 +86,8 @@ pub enum Action {
 /// One drift of one object, from detection until it is reverted or goes away.
 #[derive(Debug, Clone)]
 struct Episode {
-    record: usize,
+    /// The sequence number of its drift record (see [`DriftMachine::record_mut`]).
+    record: u64,
     phase: Phase,
     /// When it was detected, for the time to repair.
     detected: Instant,
@@ -142,6 +143,9 @@ pub struct DriftMachine {
     contest: ContestTracker,
     timers: BTreeMap<Instant, BTreeSet<ObjectKey>>,
     records: VecDeque<DriftRecord>,
+    /// The sequence number of `records[0]`: records are numbered as they are made, so an episode whose record
+    /// was evicted finds none instead of a younger one.
+    first_record: u64,
     hold_cap: Duration,
 }
 
@@ -155,6 +159,7 @@ impl DriftMachine {
             contest,
             timers: BTreeMap::new(),
             records: VecDeque::new(),
+            first_record: 0,
             hold_cap,
         }
     }
@@ -486,7 +491,7 @@ impl DriftMachine {
         now: Now,
     ) -> Vec<Action> {
         if let Some(episode) = self.episodes.get(key)
-            && let Some(record) = self.records.get_mut(episode.record)
+            && let Some(record) = record_mut(&mut self.records, self.first_record, episode.record)
         {
             record.reverted_at = Some(now.wall);
             record.action = DriftAction::Reverted;
@@ -531,7 +536,12 @@ impl DriftMachine {
 
     /// The record of the drift open on `key`, if any.
     pub fn open_drift(&self, key: &ObjectKey) -> Option<&DriftRecord> {
-        self.records.get(self.episodes.get(key)?.record)
+        let index = self
+            .episodes
+            .get(key)?
+            .record
+            .checked_sub(self.first_record)?;
+        self.records.get(usize::try_from(index).ok()?)
     }
 
     /// How long the drift open on `key` has been known at `now`.
@@ -574,18 +584,17 @@ impl DriftMachine {
 
     fn set_action(&mut self, key: &ObjectKey, action: DriftAction) {
         if let Some(episode) = self.episodes.get(key)
-            && let Some(record) = self.records.get_mut(episode.record)
+            && let Some(record) = record_mut(&mut self.records, self.first_record, episode.record)
         {
             record.action = action;
         }
     }
 
-    fn record(&mut self, desired: &Desired, drift: &Drift, now: Timestamp) -> usize {
+    /// Adds a drift record (evicting the oldest past [`MAX_DRIFT_RECORDS`]); its sequence number.
+    fn record(&mut self, desired: &Desired, drift: &Drift, now: Timestamp) -> u64 {
         if self.records.len() >= MAX_DRIFT_RECORDS {
             self.records.pop_front();
-            for episode in self.episodes.values_mut() {
-                episode.record = episode.record.saturating_sub(1);
-            }
+            self.first_record += 1;
         }
         let who = drift.who.as_ref();
         self.records.push_back(DriftRecord {
@@ -603,8 +612,17 @@ impl DriftMachine {
             reverted_at: None,
             action: DriftAction::Reported,
         });
-        self.records.len() - 1
+        self.first_record + self.records.len() as u64 - 1
     }
+}
+
+/// The record with sequence number `number`, if it is still kept.
+fn record_mut(
+    records: &mut VecDeque<DriftRecord>,
+    first: u64,
+    number: u64,
+) -> Option<&mut DriftRecord> {
+    records.get_mut(usize::try_from(number.checked_sub(first)?).ok()?)
 }
 
 fn uid(live: &Value) -> Option<String> {

@@ -60,7 +60,11 @@ fn object_ref() -> ObjectRef {
 }
 
 fn desired(self_heal: bool, grace: Option<Duration>) -> Desired {
-    Desired::of(DesiredObject {
+    Desired::of(desired_object(self_heal, grace))
+}
+
+fn desired_object(self_heal: bool, grace: Option<Duration>) -> DesiredObject {
+    DesiredObject {
         app: "shop".into(),
         id: object_ref(),
         body: json!({"apiVersion": "v1", "kind": "ConfigMap",
@@ -73,7 +77,7 @@ fn desired(self_heal: bool, grace: Option<Duration>) -> Desired {
         file: "shop/settings.yaml".into(),
         document: 0,
         default_namespace: None,
-    })
+    }
 }
 
 fn mode_fields() -> Value {
@@ -530,4 +534,52 @@ fn records_are_capped_oldest_first() {
     assert_eq!(records.len(), 1_000);
     assert_eq!(records[0].fields, ["/data/mode"]);
     assert!(records.iter().all(|r| r.action == DriftAction::Reported));
+}
+
+/// The same object under another name, for a second key in one machine.
+fn renamed(object: &Value, name: &str) -> Value {
+    let mut object = object.clone();
+    object["metadata"]["name"] = json!(name);
+    object
+}
+
+#[test]
+fn an_episode_whose_record_was_evicted_points_at_no_younger_record() {
+    let wall: Timestamp = "2026-12-03T10:00:00Z".parse().unwrap();
+    let now = Now {
+        at: Instant::now(),
+        wall,
+    };
+    let other_ref = ObjectRef {
+        name: "other".into(),
+        ..object_ref()
+    };
+    let other_key = ObjectKey::of(&other_ref);
+    let mut machine = machine(desired(false, None));
+    let mut other = desired_object(false, None);
+    other.id = other_ref;
+    other.body = renamed(&other.body, "other");
+    machine.set_desired([desired(false, None), Desired::of(other)]);
+    machine.applied(&other_key, Baseline::of(&renamed(&in_step(1), "other")));
+
+    // The first object's drift stays open (report-only) while the other's come and go past the record cap.
+    machine.on_event(
+        &key(),
+        Some(&taken_by("kubectl-edit", 2)),
+        now,
+        Cause::Watch,
+    );
+    assert!(machine.open_drift(&key()).is_some());
+    for version in 0..1_000u64 {
+        let taken = renamed(&taken_by("helm", 2 * version + 2), "other");
+        machine.on_event(&other_key, Some(&taken), now, Cause::Watch);
+        let back = renamed(&in_step(2 * version + 3), "other");
+        machine.on_event(&other_key, Some(&back), now, Cause::Watch);
+    }
+    assert_eq!(machine.records().len(), 1_000);
+    assert!(
+        machine.open_drift(&key()).is_none(),
+        "the evicted record is gone, not replaced by another object's: {:?}",
+        machine.open_drift(&key()).map(|r| &r.name)
+    );
 }
