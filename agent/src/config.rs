@@ -389,6 +389,13 @@ fn read_token(path: &std::path::Path) -> Result<String> {
             "the registration token file is empty".to_owned(),
         ));
     }
+    if windvane_shared::keys::is_placeholder(&token) {
+        return Err(file_error(
+            "the registration token file still holds the example's REPLACE-ME placeholder; put the fleet's \
+             registration token in it"
+                .to_owned(),
+        ));
+    }
     Ok(token)
 }
 
@@ -518,6 +525,33 @@ impl RunArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_registration_token_file_with_the_examples_placeholder_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "REPLACE-ME-with-the-fleet-registration-token\n").unwrap();
+        let err = read_token(&file).unwrap_err().to_string();
+        assert!(err.contains("REPLACE-ME placeholder"), "{err}");
+        std::fs::write(&file, "a-real-token-0123456789\n").unwrap();
+        assert_eq!(read_token(&file).unwrap(), "a-real-token-0123456789");
+    }
+
+    #[test]
+    fn the_long_poll_wait_is_zero_to_two_minutes() {
+        assert_eq!(
+            long_poll_wait(&None, &None).unwrap(),
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            long_poll_wait(&Some("0s".to_owned()), &None).unwrap(),
+            Duration::ZERO
+        );
+        let err = long_poll_wait(&None, &Some("10m".to_owned()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("above the maximum of 120s"), "{err}");
+    }
 
     #[test]
     fn missing_settings_name_the_flag_env_and_file_key() {

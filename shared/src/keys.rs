@@ -175,6 +175,15 @@ impl TrustedKeys {
     }
 }
 
+/// The mark the deploy examples put where a real secret goes (`REPLACE-ME-with-the-fleet-registration-token`).
+pub const PLACEHOLDER_MARK: &str = "REPLACE-ME";
+
+/// Whether a token or key file still holds a deploy example's placeholder instead of the real secret: such a
+/// file must be refused, or every installation copied from the examples would share one known token.
+pub fn is_placeholder(text: &str) -> bool {
+    text.contains(PLACEHOLDER_MARK)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

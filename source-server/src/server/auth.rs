@@ -55,6 +55,13 @@ impl TokenHash {
         if length == 0 {
             return Err(bad("empty token".to_owned()));
         }
+        if windvane_shared::keys::is_placeholder(&text) {
+            return Err(bad(
+                "still holds the example's REPLACE-ME placeholder; write the real token into it (make one with \
+                 `head -c 32 /dev/urandom | base64`)"
+                    .to_owned(),
+            ));
+        }
         if length < min_len {
             return Err(bad(format!(
                 "token too short ({length} characters, at least {min_len}): make one with `head -c 32 /dev/urandom | base64`"
@@ -174,6 +181,12 @@ mod tests {
         assert!(
             TokenHash::from_file(&file).is_ok(),
             "the plain check only refuses empty tokens"
+        );
+        std::fs::write(&file, "REPLACE-ME-with-an-admin-token-of-its-own\n").expect("write");
+        let placeholder = TokenHash::from_file(&file).expect_err("placeholder");
+        assert!(
+            placeholder.to_string().contains("REPLACE-ME placeholder"),
+            "{placeholder}"
         );
         std::fs::write(&file, "0123456789abcdef\n").expect("write");
         assert!(
