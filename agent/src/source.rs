@@ -107,7 +107,15 @@ impl SourceClient {
     /// read whole.
     pub async fn poll_pointer(&mut self) -> Result<Poll> {
         let url = self.pointer_url();
-        let deadline = self.limits.pointer_deadline + self.limits.long_poll_wait;
+        // Only a store that said it holds polls may take the wait on top of the deadline, and only when it
+        // has an ETag to compare: a static host that stalls is given up on as before.
+        let may_hold = self.holds_polls && self.etag.is_some();
+        let deadline = self.limits.pointer_deadline
+            + if may_hold {
+                self.limits.long_poll_wait
+            } else {
+                Duration::ZERO
+            };
         self.holds_polls = false;
         let (poll, etag, holds) = with_deadline(&url, deadline, self.request_pointer(&url)).await?;
         self.holds_polls = holds;
