@@ -395,6 +395,7 @@ async fn aggregated_group_is_broken(kube: &LocalKube) -> anyhow::Result<String> 
             .map(|c| format!("{}: {}", c.reason.unwrap_or_default(), c.message.unwrap_or_default())))
     })
     .await?;
+    eprintln!("APIService unavailable; discovering its group");
     let discovery = kube::discovery::pinned_group(
         &kube.client(),
         &GroupVersion::gv("metrics.example.com", "v1beta1"),
@@ -520,7 +521,10 @@ async fn a_huge_crd_and_a_broken_aggregated_api_sync_idle_and_heal() -> anyhow::
     );
     pipeline_is_stored(&kube).await?;
     let reason = aggregated_group_is_broken(&kube).await?;
-    eprintln!("the API server reports the group unavailable: {reason}");
+    eprintln!(
+        "{:?}: the API server reports the group unavailable: {reason}",
+        started.elapsed()
+    );
     let status = agent.status().await?;
     eprintln!(
         "{APISERVICE} once unavailable: {}",
@@ -532,6 +536,7 @@ async fn a_huge_crd_and_a_broken_aggregated_api_sync_idle_and_heal() -> anyhow::
     );
 
     idle_minute(&agent).await?;
+    eprintln!("{:?}: idle minute over", started.elapsed());
     drift_is_healed(&kube, &agent).await?;
 
     assert!(agent.process.is_running(), "the agent is still running");
