@@ -8,7 +8,10 @@
 //!   the same release as ConfigMaps, a Deployment and RBAC: discovery of that group fails on the API server,
 //!   and everything else still syncs and heals, with the agent neither hanging nor restarting;
 //! - once Synced, a measured idle minute with no apply and no drift;
-//! - then drift on an ordinary object healed and counted.
+//! - then drift on an ordinary object healed and counted;
+//! - then a release that adds an object of the unavailable group, next to new ordinary objects: only that
+//!   object fails (naming the group), the rest applies and heals at once, and the group is asked again only
+//!   after a pause — not in a tight loop, and not for the minutes the Kubernetes client retries a 503.
 
 mod fault_support;
 
@@ -49,47 +52,156 @@ enum Shape {
 
 /// The properties of every stage section: (name, shape, what it is).
 const FIELDS: &[(&str, Shape, &str)] = &[
-    ("image", Shape::Text, "the container image that runs this stage, as a registry reference with a tag or a digest"),
-    ("imagePullPolicy", Shape::Choice(&["Always", "IfNotPresent", "Never"]), "when the node pulls the image of this stage"),
-    ("command", Shape::Names, "the entrypoint of the stage's container; the image's own entrypoint when empty"),
-    ("args", Shape::Names, "arguments to the entrypoint, with $(VAR) references expanded from the stage's environment"),
-    ("workingDir", Shape::Text, "the directory the stage's commands run in, inside the shared workspace"),
-    ("timeoutSeconds", Shape::Count(1, 86_400), "how long the stage may run before it is stopped and marked failed"),
-    ("parallelism", Shape::Count(1, 64), "how many shards of the stage run at the same time"),
-    ("priority", Shape::Count(0, 1_000), "the scheduling priority of the stage among the stages waiting for a runner"),
-    ("skip", Shape::Flag, "whether the stage is skipped in every run; its dependents then run as if it succeeded"),
-    ("allowFailure", Shape::Flag, "whether a failure of the stage still lets the pipeline succeed"),
-    ("privileged", Shape::Flag, "whether the stage's container runs privileged; refused by clusters that forbid it"),
-    ("cacheKey", Shape::Text, "the key the stage's cache is stored under; files named in it are hashed into the key"),
-    ("cachePaths", Shape::Names, "paths of the workspace saved after the stage and restored before its next run"),
-    ("artifacts", Shape::Names, "paths of the workspace uploaded as the stage's artifacts when it ends"),
-    ("needs", Shape::Names, "the stages that must succeed before this one starts"),
-    ("nodeSelector", Shape::Labels, "labels a node must carry to run the stage"),
-    ("labels", Shape::Labels, "labels added to the pods of the stage"),
-    ("annotations", Shape::Labels, "annotations added to the pods of the stage"),
-    ("env", Shape::Labels, "environment variables of the stage's container, by name"),
-    ("cpu", Shape::Quantity, "the CPU the stage requests, as a Kubernetes quantity"),
-    ("memory", Shape::Quantity, "the memory the stage requests, as a Kubernetes quantity"),
-    ("ephemeralStorage", Shape::Quantity, "the scratch space the stage requests, as a Kubernetes quantity"),
-    ("retry", Shape::Retry, "how the stage is retried after a failure"),
-    ("serviceAccountName", Shape::Text, "the ServiceAccount the stage's pods run as; the pipeline's when empty"),
-    ("when", Shape::Choice(&["OnSuccess", "OnFailure", "Always", "Manual"]), "when the stage runs relative to the outcome of the stages it needs"),
+    (
+        "image",
+        Shape::Text,
+        "the container image that runs this stage, as a registry reference with a tag or a digest",
+    ),
+    (
+        "imagePullPolicy",
+        Shape::Choice(&["Always", "IfNotPresent", "Never"]),
+        "when the node pulls the image of this stage",
+    ),
+    (
+        "command",
+        Shape::Names,
+        "the entrypoint of the stage's container; the image's own entrypoint when empty",
+    ),
+    (
+        "args",
+        Shape::Names,
+        "arguments to the entrypoint, with $(VAR) references expanded from the stage's environment",
+    ),
+    (
+        "workingDir",
+        Shape::Text,
+        "the directory the stage's commands run in, inside the shared workspace",
+    ),
+    (
+        "timeoutSeconds",
+        Shape::Count(1, 86_400),
+        "how long the stage may run before it is stopped and marked failed",
+    ),
+    (
+        "parallelism",
+        Shape::Count(1, 64),
+        "how many shards of the stage run at the same time",
+    ),
+    (
+        "priority",
+        Shape::Count(0, 1_000),
+        "the scheduling priority of the stage among the stages waiting for a runner",
+    ),
+    (
+        "skip",
+        Shape::Flag,
+        "whether the stage is skipped in every run; its dependents then run as if it succeeded",
+    ),
+    (
+        "allowFailure",
+        Shape::Flag,
+        "whether a failure of the stage still lets the pipeline succeed",
+    ),
+    (
+        "privileged",
+        Shape::Flag,
+        "whether the stage's container runs privileged; refused by clusters that forbid it",
+    ),
+    (
+        "cacheKey",
+        Shape::Text,
+        "the key the stage's cache is stored under; files named in it are hashed into the key",
+    ),
+    (
+        "cachePaths",
+        Shape::Names,
+        "paths of the workspace saved after the stage and restored before its next run",
+    ),
+    (
+        "artifacts",
+        Shape::Names,
+        "paths of the workspace uploaded as the stage's artifacts when it ends",
+    ),
+    (
+        "needs",
+        Shape::Names,
+        "the stages that must succeed before this one starts",
+    ),
+    (
+        "nodeSelector",
+        Shape::Labels,
+        "labels a node must carry to run the stage",
+    ),
+    (
+        "labels",
+        Shape::Labels,
+        "labels added to the pods of the stage",
+    ),
+    (
+        "annotations",
+        Shape::Labels,
+        "annotations added to the pods of the stage",
+    ),
+    (
+        "env",
+        Shape::Labels,
+        "environment variables of the stage's container, by name",
+    ),
+    (
+        "cpu",
+        Shape::Quantity,
+        "the CPU the stage requests, as a Kubernetes quantity",
+    ),
+    (
+        "memory",
+        Shape::Quantity,
+        "the memory the stage requests, as a Kubernetes quantity",
+    ),
+    (
+        "ephemeralStorage",
+        Shape::Quantity,
+        "the scratch space the stage requests, as a Kubernetes quantity",
+    ),
+    (
+        "retry",
+        Shape::Retry,
+        "how the stage is retried after a failure",
+    ),
+    (
+        "serviceAccountName",
+        Shape::Text,
+        "the ServiceAccount the stage's pods run as; the pipeline's when empty",
+    ),
+    (
+        "when",
+        Shape::Choice(&["OnSuccess", "OnFailure", "Always", "Manual"]),
+        "when the stage runs relative to the outcome of the stages it needs",
+    ),
 ];
 
 /// The stage sections of a pipeline's spec: (name, what the stage does).
 const SECTIONS: &[(&str, &str)] = &[
     ("checkout", "fetching the sources the pipeline builds"),
     ("lint", "checking the style of the sources"),
-    ("audit", "checking the dependencies of the sources against advisories"),
+    (
+        "audit",
+        "checking the dependencies of the sources against advisories",
+    ),
     ("generate", "generating code from the sources' schemas"),
     ("compile", "compiling the sources"),
     ("unitTest", "running the unit tests"),
-    ("integrationTest", "running the integration tests against throwaway services"),
+    (
+        "integrationTest",
+        "running the integration tests against throwaway services",
+    ),
     ("package", "building the release archives"),
     ("containerize", "building the container images"),
     ("scan", "scanning the images for known vulnerabilities"),
     ("sign", "signing the archives and images"),
-    ("publish", "pushing the images and archives to their registries"),
+    (
+        "publish",
+        "pushing the images and archives to their registries",
+    ),
     ("stage", "deploying the release to the staging environment"),
     ("smokeTest", "probing the staging environment"),
     ("approve", "waiting for a release manager's approval"),
@@ -167,12 +279,28 @@ fn retry(out: &mut String, depth: usize, section: &str) {
     line(out, depth, "type: object");
     line(out, depth, "properties:");
     for (name, kind, what) in [
-        ("attempts", "integer", "how many times a failed run is tried again"),
-        ("backoff", "string", "the wait before the first retry, as a duration such as 10s; it doubles after each"),
-        ("onExitCodes", "array", "the exit codes that are retried; every non-zero code when empty"),
+        (
+            "attempts",
+            "integer",
+            "how many times a failed run is tried again",
+        ),
+        (
+            "backoff",
+            "string",
+            "the wait before the first retry, as a duration such as 10s; it doubles after each",
+        ),
+        (
+            "onExitCodes",
+            "array",
+            "the exit codes that are retried; every non-zero code when empty",
+        ),
     ] {
         line(out, depth + 1, &format!("{name}:"));
-        describe(out, depth + 2, &format!("Retries of the {section} stage: {what}."));
+        describe(
+            out,
+            depth + 2,
+            &format!("Retries of the {section} stage: {what}."),
+        );
         line(out, depth + 2, &format!("type: {kind}"));
         if kind == "array" {
             line(out, depth + 2, "items: {type: integer}");
@@ -191,7 +319,11 @@ fn capitalised(name: &str) -> String {
 /// The spec of a pipeline: one documented section per stage.
 fn spec_schema(out: &mut String, depth: usize) {
     line(out, depth, "spec:");
-    describe(out, depth + 1, "The stages of the pipeline and how each runs.");
+    describe(
+        out,
+        depth + 1,
+        "The stages of the pipeline and how each runs.",
+    );
     line(out, depth + 1, "type: object");
     line(out, depth + 1, "required: [checkout]");
     line(out, depth + 1, "properties:");
@@ -243,11 +375,23 @@ fn version(out: &mut String, name: &str, storage: bool) {
     }
     line(out, 3, "subresources: {status: {}}");
     line(out, 3, "additionalPrinterColumns:");
-    line(out, 4, "- {name: Phase, type: string, jsonPath: .status.phase}");
-    line(out, 4, "- {name: Age, type: date, jsonPath: .metadata.creationTimestamp}");
+    line(
+        out,
+        4,
+        "- {name: Phase, type: string, jsonPath: .status.phase}",
+    );
+    line(
+        out,
+        4,
+        "- {name: Age, type: date, jsonPath: .metadata.creationTimestamp}",
+    );
     line(out, 3, "schema:");
     line(out, 4, "openAPIV3Schema:");
-    describe(out, 5, "Pipeline describes how a project is built, tested and released.");
+    describe(
+        out,
+        5,
+        "Pipeline describes how a project is built, tested and released.",
+    );
     line(out, 5, "type: object");
     line(out, 5, "properties:");
     line(out, 6, "apiVersion: {type: string}");
@@ -355,6 +499,22 @@ spec:
       containers: [{name: dashboard, image: registry.example.com/dashboard:3.1}]
 "#;
 
+/// An object of the aggregated group, for the release that adds one.
+const SCRAPE_TARGET: &str = "\
+apiVersion: metrics.example.com/v1beta1
+kind: ScrapeTarget
+metadata: {name: api, namespace: monitoring}
+spec: {port: 8080, path: /metrics}
+";
+
+/// New ordinary objects of the same release, one in each app.
+const MORE: &str = "\
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: adapter-extra, namespace: monitoring}
+data: {added: 'true'}
+";
+
 /// Objects of the release: 4 + the CRD in `pipelines`, 7 in `metrics`.
 const OBJECTS: u64 = 12;
 
@@ -367,7 +527,7 @@ fn metric_sum(text: &str, name: &str) -> f64 {
         .filter_map(|l| l.rsplit_once(' '))
         .filter(|(sample, _)| *sample == name || sample.starts_with(&format!("{name}{{")))
         .filter_map(|(_, value)| value.parse::<f64>().ok())
-        .sum()
+        .fold(0.0, |sum, value| sum + value)
 }
 
 fn write_tree(tree: &FleetTree, crd: &str) -> anyhow::Result<()> {
@@ -390,18 +550,22 @@ async fn aggregated_group_is_broken(kube: &LocalKube) -> anyhow::Result<String> 
             .unwrap_or_default()
             .into_iter()
             .find(|c| c.type_ == "Available");
-        Ok(available
-            .filter(|c| c.status == "False")
-            .map(|c| format!("{}: {}", c.reason.unwrap_or_default(), c.message.unwrap_or_default())))
+        Ok(available.filter(|c| c.status == "False").map(|c| {
+            format!(
+                "{}: {}",
+                c.reason.unwrap_or_default(),
+                c.message.unwrap_or_default()
+            )
+        }))
     })
     .await?;
-    eprintln!("APIService unavailable; discovering its group");
-    let discovery = kube::discovery::pinned_group(
-        &kube.client(),
-        &GroupVersion::gv("metrics.example.com", "v1beta1"),
-    )
-    .await;
-    match discovery {
+    // A client that does not retry 503s (kube's default client retries them for minutes).
+    let kubeconfig = kube::config::Kubeconfig::read_from(kube.kubeconfig_path())?;
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    config.default_retry = false;
+    let client = kube::Client::try_from(config)?;
+    let group = GroupVersion::gv("metrics.example.com", "v1beta1");
+    match kube::discovery::pinned_group(&client, &group).await {
         Ok(_) => anyhow::bail!("discovery of metrics.example.com/v1beta1 unexpectedly works"),
         Err(error) => Ok(format!("{reason}; discovery: {error}")),
     }
@@ -455,7 +619,9 @@ async fn idle_minute(agent: &Agent) -> anyhow::Result<()> {
         );
         samples += 1;
     }
-    eprintln!("idle minute: {samples} samples, windvane_apply_total stayed {applies}, drift {drifts}");
+    eprintln!(
+        "idle minute: {samples} samples, windvane_apply_total stayed {applies}, drift {drifts}"
+    );
     Ok(())
 }
 
@@ -487,6 +653,82 @@ async fn drift_is_healed(kube: &LocalKube, agent: &Agent) -> anyhow::Result<()> 
         Ok((reverted(&agent.metrics().await?) >= before + 1.0).then_some(()))
     })
     .await
+}
+
+/// The agent's warnings that a group is unavailable.
+fn unavailable_warnings(agent: &Agent) -> usize {
+    plain(&agent.process.log())
+        .lines()
+        .filter(|l| {
+            l.contains("API group unavailable") && l.contains("metrics.example.com/v1beta1")
+        })
+        .count()
+}
+
+/// A release adds an object of the unavailable group and ordinary objects: the ordinary ones apply well
+/// before the Kubernetes client would have given up retrying the group's 503s, the other object fails
+/// naming its group, drift is still healed, and the group is not asked in a loop.
+async fn an_object_of_the_broken_group_holds_back_only_itself(
+    kube: &LocalKube,
+    agent: &Agent,
+    publisher: &Publisher,
+    tree: &FleetTree,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    tree.write("apps/metrics/targets.yaml", SCRAPE_TARGET)?;
+    tree.write("apps/metrics/extra.yaml", MORE)?;
+    tree.write(
+        "apps/pipelines/extra.yaml",
+        &MORE
+            .replace("adapter-extra", "runner-extra")
+            .replace("monitoring", "ci"),
+    )?;
+    publisher.publish(tree, "stable")?;
+    let fast = Duration::from_secs(45);
+    let target = "ScrapeTarget monitoring/api";
+    let status = agent
+        .wait_status(
+            "the new objects Synced, the ScrapeTarget Failed",
+            fast,
+            |s| {
+                s["counts"]["Synced"] == OBJECTS + 2
+                    && s["counts"]["Failed"] == 1
+                    && object_state(s, target) == Some("Failed")
+            },
+        )
+        .await?;
+    let message = status["objects"]
+        .as_array()
+        .and_then(|o| o.iter().find(|x| x["object"] == target))
+        .map(|x| x["message"].to_string())
+        .unwrap_or_default();
+    eprintln!(
+        "{:?}: release 2 applied; {target}: {message}",
+        started.elapsed()
+    );
+    assert!(message.contains("metrics.example.com/v1beta1"), "{message}");
+    for (namespace, name) in [("monitoring", "adapter-extra"), ("ci", "runner-extra")] {
+        let cm = config_map(kube, namespace, name).await?;
+        assert_eq!(
+            data(cm.as_ref(), "added"),
+            Some("true"),
+            "{namespace}/{name}"
+        );
+    }
+    drift_is_healed(kube, agent).await?;
+    let warnings = unavailable_warnings(agent);
+    let bound =
+        started.elapsed().as_secs() / windvane_agent::cluster::UNAVAILABLE_FOR.as_secs() + 2;
+    eprintln!(
+        "{:?}: {warnings} unavailable-group warnings",
+        started.elapsed()
+    );
+    assert!(
+        (1..=bound as usize).contains(&warnings),
+        "{warnings} warnings about the group in {:?}",
+        started.elapsed()
+    );
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -538,6 +780,7 @@ async fn a_huge_crd_and_a_broken_aggregated_api_sync_idle_and_heal() -> anyhow::
     idle_minute(&agent).await?;
     eprintln!("{:?}: idle minute over", started.elapsed());
     drift_is_healed(&kube, &agent).await?;
+    an_object_of_the_broken_group_holds_back_only_itself(&kube, &agent, &publisher, &tree).await?;
 
     assert!(agent.process.is_running(), "the agent is still running");
     assert_eq!(agent.process.pid(), pid, "the agent never restarted");
@@ -549,7 +792,9 @@ async fn a_huge_crd_and_a_broken_aggregated_api_sync_idle_and_heal() -> anyhow::
     );
     eprintln!(
         "agent log lines naming metrics.example.com: {}",
-        log.lines().filter(|l| l.contains("metrics.example.com")).count()
+        log.lines()
+            .filter(|l| l.contains("metrics.example.com"))
+            .count()
     );
     Ok(())
 }
