@@ -2,21 +2,39 @@
 //! apply with field manager `windvane`, deletion, and reads. Thin on purpose: what to apply and what to
 //! delete is decided elsewhere (`plan`, `inventory`); this module only talks to the API server, and names the
 //! object in every error.
+//!
+//! Discovery asks the API server about one group version at a time, so a group that cannot be discovered
+//! (an aggregated API whose backend is down answers 503, which the client would retry for minutes) holds back
+//! only the objects of that group: each request is bounded by [`DISCOVERY_TIMEOUT`], and a group version
+//! found unavailable is not asked again for [`UNAVAILABLE_FOR`], so the rest of a release applies at once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::discovery::{self, Scope as KubeScope};
 use serde_json::Value;
-use tracing::{debug, instrument};
+use tracing::{debug, info, instrument, warn};
 use windvane_shared::bundle::ObjectRef;
 use windvane_shared::desired::FIELD_MANAGER;
 
 use crate::plan::Scope;
 use crate::{Error, Result};
+
+/// How long one discovery request may take before its group version counts as unavailable.
+pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a group version found unavailable is taken as such without asking the API server again.
+pub const UNAVAILABLE_FOR: Duration = Duration::from_secs(30);
+
+/// A group version whose discovery failed on the server's side, until when that answer stands, and why.
+#[derive(Debug, Clone)]
+struct Unavailable {
+    until: Instant,
+    detail: String,
+}
 
 /// A kind the API server serves: how to address it and whether it is namespaced.
 #[derive(Debug, Clone)]
@@ -48,6 +66,8 @@ pub enum Deletion {
 pub struct Cluster {
     client: Client,
     discovered: Arc<Mutex<HashMap<(String, String), Resolved>>>,
+    /// Group versions (`apiVersion`) found unavailable, by when to ask again.
+    unavailable: Arc<Mutex<HashMap<String, Unavailable>>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -62,6 +82,7 @@ impl Cluster {
         Self {
             client,
             discovered: Arc::default(),
+            unavailable: Arc::default(),
         }
     }
 
@@ -70,7 +91,9 @@ impl Cluster {
         &self.client
     }
 
-    /// Resolves a kind through discovery, caching hits (misses are not cached: a CRD may land any moment).
+    /// Resolves a kind through discovery, caching hits (misses are not cached: a CRD may land any moment). A
+    /// group version that does not answer, or answers with a server error, is unavailable for
+    /// [`UNAVAILABLE_FOR`]: its kinds fail at once with [`Error::GroupUnavailable`] meanwhile.
     pub async fn resolve(&self, api_version: &str, kind: &str) -> Result<Resolved> {
         let key = (api_version.to_owned(), kind.to_owned());
         if let Some(hit) = self
@@ -81,26 +104,81 @@ impl Cluster {
         {
             return Ok(hit.clone());
         }
-        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-        let gvk = GroupVersionKind::gvk(group, version, kind);
-        let (resource, capabilities) =
-            discovery::pinned_kind(&self.client, &gvk)
-                .await
-                .map_err(|e| Error::Discovery {
-                    api_version: api_version.to_owned(),
-                    kind: kind.to_owned(),
-                    detail: api_message(&e),
-                })?;
-        let scope = match capabilities.scope {
-            KubeScope::Cluster => Scope::Cluster,
-            KubeScope::Namespaced => Scope::Namespaced,
-        };
-        let resolved = Resolved { resource, scope };
+        if let Some(detail) = self.known_unavailable(api_version, Instant::now()) {
+            return Err(group_unavailable(api_version, kind, detail));
+        }
+        let resolved = self.discover(api_version, kind).await?;
         self.discovered
             .lock()
             .expect("discovery cache lock")
             .insert(key, resolved.clone());
         Ok(resolved)
+    }
+
+    /// One bounded discovery request for the kind's group version.
+    async fn discover(&self, api_version: &str, kind: &str) -> Result<Resolved> {
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let answer = tokio::time::timeout(
+            DISCOVERY_TIMEOUT,
+            discovery::pinned_kind(&self.client, &gvk),
+        )
+        .await;
+        let (resource, capabilities) = match answer {
+            Ok(Ok(found)) => found,
+            Ok(Err(error)) if !marks_unavailable(&error) => {
+                return Err(Error::Discovery {
+                    api_version: api_version.to_owned(),
+                    kind: kind.to_owned(),
+                    detail: api_message(&error),
+                });
+            }
+            Ok(Err(error)) => {
+                return Err(self.mark_unavailable(api_version, kind, api_message(&error)));
+            }
+            Err(_) => {
+                let detail = format!("no answer within {}s", DISCOVERY_TIMEOUT.as_secs());
+                return Err(self.mark_unavailable(api_version, kind, detail));
+            }
+        };
+        self.mark_available(api_version);
+        let scope = match capabilities.scope {
+            KubeScope::Cluster => Scope::Cluster,
+            KubeScope::Namespaced => Scope::Namespaced,
+        };
+        Ok(Resolved { resource, scope })
+    }
+
+    /// Why `api_version` is unavailable, if it was found so recently enough.
+    fn known_unavailable(&self, api_version: &str, now: Instant) -> Option<String> {
+        let unavailable = self.unavailable.lock().expect("unavailable groups lock");
+        still_unavailable(unavailable.get(api_version), now).map(str::to_owned)
+    }
+
+    /// Records `api_version` as unavailable (logged once per [`UNAVAILABLE_FOR`]), and the error for `kind`.
+    fn mark_unavailable(&self, api_version: &str, kind: &str, detail: String) -> Error {
+        warn!(
+            group = api_version,
+            %detail,
+            retry_in_s = UNAVAILABLE_FOR.as_secs(),
+            "API group unavailable: discovery failed; only objects of this group are held back"
+        );
+        let entry = Unavailable {
+            until: Instant::now() + UNAVAILABLE_FOR,
+            detail: detail.clone(),
+        };
+        self.unavailable
+            .lock()
+            .expect("unavailable groups lock")
+            .insert(api_version.to_owned(), entry);
+        group_unavailable(api_version, kind, detail)
+    }
+
+    fn mark_available(&self, api_version: &str) {
+        let mut unavailable = self.unavailable.lock().expect("unavailable groups lock");
+        if unavailable.remove(api_version).is_some() {
+            info!(group = api_version, "API group available again");
+        }
     }
 
     /// Forgets every cached kind, after CRDs changed.
@@ -216,10 +294,72 @@ pub fn api_message(error: &kube::Error) -> String {
     }
 }
 
+/// The error of a kind whose group version is unavailable.
+fn group_unavailable(api_version: &str, kind: &str, detail: String) -> Error {
+    Error::GroupUnavailable {
+        api_version: api_version.to_owned(),
+        kind: kind.to_owned(),
+        detail,
+    }
+}
+
+/// Whether a discovery error is the group's server failing (an aggregated API whose backend is down answers
+/// 503), as opposed to an answer about the kind (404: not served, perhaps not yet) or the connection to the
+/// API server itself.
+fn marks_unavailable(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if (500..=599).contains(&status.code))
+}
+
+/// The reason an unavailable group version stays unavailable at `now`, while its entry stands.
+fn still_unavailable(entry: Option<&Unavailable>, now: Instant) -> Option<&str> {
+    entry
+        .filter(|entry| now < entry.until)
+        .map(|entry| entry.detail.as_str())
+}
+
 fn is_retriable(error: &kube::Error) -> bool {
     match error {
         kube::Error::Api(status) => matches!(status.code, 409 | 429 | 500..=599),
         // Transport errors and timeouts: the object may be fine; the connection was not.
         _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::core::Status;
+
+    use super::*;
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(
+            Status::failure("service unavailable", "ServiceUnavailable").with_code(code),
+        ))
+    }
+
+    #[test]
+    fn server_errors_make_a_group_unavailable_but_a_missing_kind_does_not() {
+        assert!(marks_unavailable(&api_error(503)));
+        assert!(marks_unavailable(&api_error(500)));
+        assert!(!marks_unavailable(&api_error(404)));
+        assert!(!marks_unavailable(&api_error(403)));
+        let missing =
+            kube::Error::Discovery(kube::error::DiscoveryError::MissingKind("Widget".into()));
+        assert!(!marks_unavailable(&missing));
+    }
+
+    #[test]
+    fn an_unavailable_group_is_asked_again_once_its_entry_expires() {
+        let now = Instant::now();
+        let entry = Unavailable {
+            until: now + UNAVAILABLE_FOR,
+            detail: "service unavailable (503)".to_owned(),
+        };
+        assert_eq!(
+            still_unavailable(Some(&entry), now),
+            Some("service unavailable (503)")
+        );
+        assert_eq!(still_unavailable(Some(&entry), now + UNAVAILABLE_FOR), None);
+        assert_eq!(still_unavailable(None, now), None);
     }
 }

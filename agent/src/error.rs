@@ -41,6 +41,14 @@ pub enum Error {
         kind: String,
         detail: String,
     },
+    /// The kind's group version cannot be discovered now (its server fails or does not answer); only objects of
+    /// that group wait for it.
+    #[error("API group {api_version} is unavailable, so {kind} objects wait for it: {detail}")]
+    GroupUnavailable {
+        api_version: String,
+        kind: String,
+        detail: String,
+    },
     /// Applying an object failed.
     #[error("applying {object}: {detail}")]
     Apply { object: String, detail: String },
@@ -77,7 +85,7 @@ impl Error {
             Error::SourceBusy { .. } => "busy",
             Error::ServerRefused { .. } => "refused",
             Error::Release(inner) => inner.reason(),
-            Error::Discovery { .. } => "discovery",
+            Error::Discovery { .. } | Error::GroupUnavailable { .. } => "discovery",
             Error::Apply { .. } => "apply",
             Error::Prune { .. } => "prune",
             Error::State { .. } | Error::StateCorrupt { .. } => "state",
