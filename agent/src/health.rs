@@ -1,6 +1,7 @@
 //! Health of live objects, from their status as the API server reports it (fed by the agent's watches).
 //! Built in: Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, PersistentVolumeClaim,
-//! CustomResourceDefinition, Namespace; any other kind is judged by `status.observedGeneration` and a
+//! CustomResourceDefinition, Namespace, APIService (its `Available` condition: an aggregated API whose backend
+//! is down is Degraded, not Synced); any other kind is judged by `status.observedGeneration` and a
 //! `Ready` condition when it has them, and is healthy when it has neither (a ConfigMap has no rollout).
 
 use serde_json::Value;
@@ -36,6 +37,7 @@ pub fn assess(group: &str, kind: &str, live: &Value) -> Health {
         ("", "PersistentVolumeClaim") => pvc(live),
         ("apiextensions.k8s.io", "CustomResourceDefinition") => crd(live),
         ("", "Namespace") => namespace(live),
+        ("apiregistration.k8s.io", "APIService") => api_service(live),
         _ => generic(live),
     }
 }
@@ -193,6 +195,16 @@ fn namespace(live: &Value) -> Health {
     }
 }
 
+fn api_service(live: &Value) -> Health {
+    match condition(live, "Available") {
+        Some(("True", _, _)) => Health::Healthy,
+        Some(("False", reason, message)) => {
+            Health::Degraded(format!("unavailable ({reason}): {message}"))
+        }
+        _ => Health::Progressing("waiting to become available".to_owned()),
+    }
+}
+
 fn generic(live: &Value) -> Health {
     match condition(live, "Ready") {
         Some(("False", reason, message)) => {
@@ -229,6 +241,24 @@ mod tests {
         assert!(matches!(
             assess("apps", "Deployment", &d),
             Health::Degraded(_)
+        ));
+    }
+
+    #[test]
+    fn an_api_service_is_healthy_only_when_available() {
+        let with = |status: &str| {
+            json!({"status": {"conditions": [{"type": "Available", "status": status,
+                "reason": "MissingEndpoints", "message": "no addresses"}]}})
+        };
+        let group = "apiregistration.k8s.io";
+        assert!(assess(group, "APIService", &with("True")).is_healthy());
+        assert_eq!(
+            assess(group, "APIService", &with("False")),
+            Health::Degraded("unavailable (MissingEndpoints): no addresses".to_owned())
+        );
+        assert!(matches!(
+            assess(group, "APIService", &json!({})),
+            Health::Progressing(_)
         ));
     }
 
