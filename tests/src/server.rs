@@ -357,6 +357,10 @@ fn server_options(launch: &mut Launch, options: &Options, dir: &Path) {
         launch.arg("--unknown-after").arg(after);
     }
     if let Some(url) = &options.database_url {
+        // With PostgreSQL the server needs no data directory: leave `--data` out, as an operator would.
+        if let Some(at) = launch.args.iter().position(|a| a == "--data") {
+            launch.args.drain(at..at + 2);
+        }
         launch.arg("--database-url").arg(url);
     }
     launch.args.extend(options.extra.iter().cloned());

@@ -51,9 +51,14 @@ struct ServeArgs {
         default_value = "127.0.0.1:8080"
     )]
     listen: SocketAddr,
-    /// Directory for the embedded SQLite database (windvane.db), used unless --database-url is given.
-    #[arg(long, env = "WINDVANE_DATA", value_name = "DIR")]
-    data: PathBuf,
+    /// Directory for the embedded SQLite database (windvane.db); not needed with --database-url.
+    #[arg(
+        long,
+        env = "WINDVANE_DATA",
+        value_name = "DIR",
+        required_unless_present = "database_url"
+    )]
+    data: Option<PathBuf>,
     /// PostgreSQL URL (postgres://user:pass@host/db or key=value form), for several replicas.
     #[arg(
         long,

@@ -62,8 +62,8 @@ pub struct ServeConfig {
     pub root: PathBuf,
     /// The address to listen on (port 0 picks a free port).
     pub listen: SocketAddr,
-    /// Directory for the SQLite database (unused with `database_url`).
-    pub data: PathBuf,
+    /// The SQLite database's directory; `None` only with `database_url`.
+    pub data: Option<PathBuf>,
     /// PostgreSQL URL; SQLite under `data` when absent.
     pub database_url: Option<String>,
     /// Hash of the fleet registration token (enrolment only).
@@ -126,7 +126,13 @@ impl Server {
         }
         let db = Arc::new(match &config.database_url {
             Some(url) => Db::Postgres(Box::new(db::postgres::PostgresDb::open(url).await?)),
-            None => Db::Sqlite(db::sqlite::SqliteDb::open(&config.data)?),
+            None => Db::Sqlite(db::sqlite::SqliteDb::open(
+                config.data.as_deref().ok_or(Error::DatabaseOpen {
+                    location: "(none)".to_owned(),
+                    detail: "give --data DIR for the embedded SQLite database, or --database-url"
+                        .to_owned(),
+                })?,
+            )?),
         });
         let listener = TcpListener::bind(config.listen)
             .await
