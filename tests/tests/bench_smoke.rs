@@ -16,7 +16,11 @@ fn the_server_sections_of_the_benchmark_run_and_report() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let json = dir.path().join("bench.json");
     let output = Command::new(env!("CARGO_BIN_EXE_bench"))
-        .args(["--smoke", "--only", "pointer-304,heartbeat,convergence,long-poll"])
+        .args([
+            "--smoke",
+            "--only",
+            "pointer-304,heartbeat,convergence,long-poll",
+        ])
         .args([
             "--agents",
             "40",

@@ -26,7 +26,7 @@
 //!
 //! Figures are noisy on a shared 2-core machine; that is why every baseline runs in the same run (where it
 //! matters interleaved with what it is compared to), and why the sync records where the machine's CPU went.
-//! The full run takes about 15 minutes (the agent's sections 6, the server's about 8), `--quick` about 4. To profile the agent, `--agent-wrapper` runs it
+//! The full run takes about 15 minutes (the agent's sections 6, the server's about 8), long-poll another half minute, `--quick` about 4. To profile the agent, `--agent-wrapper` runs it
 //! under a profiler (`"heaptrack -o FILE"`, `"perf record -g -o FILE"`) and `--agent-env` tries settings
 //! (e.g. `GLIBC_TUNABLES=…`); such runs are marked as profiling runs in the output.
 

@@ -376,11 +376,10 @@ async fn wait_all_held(
             match c.get("/metrics", &[]).await {
                 Ok(answer) if answer.status == 200 => {
                     let text = String::from_utf8_lossy(&answer.body);
-                    held = crate::prom::sum(
-                        &crate::prom::parse(&text),
-                        "windvane_held_polls",
-                        |_| true,
-                    );
+                    held =
+                        crate::prom::sum(&crate::prom::parse(&text), "windvane_held_polls", |_| {
+                            true
+                        });
                     if held >= agents as f64 {
                         return Ok(());
                     }
@@ -401,7 +400,10 @@ async fn wait_all_held(
 fn ensure_open_files(agents: usize) -> anyhow::Result<(u64, Option<u64>)> {
     // The server keeps an eighth in reserve; both processes need a few for themselves.
     let agents = agents as u64;
-    let needed = (agents + 64).saturating_mul(8).div_ceil(7).max(agents + 256);
+    let needed = (agents + 64)
+        .saturating_mul(8)
+        .div_ceil(7)
+        .max(agents + 256);
     let (soft, hard) = open_file_limits()?;
     if soft >= needed {
         return Ok((soft, None));
@@ -552,7 +554,8 @@ impl SimAgent {
                 return;
             }
         }
-        let mut expect = PointerExpectations::new(&shared.trusted, FLEET, CHANNEL, Timestamp::now());
+        let mut expect =
+            PointerExpectations::new(&shared.trusted, FLEET, CHANNEL, Timestamp::now());
         expect.highest_accepted = self
             .accepted
             .as_ref()
@@ -606,7 +609,12 @@ impl SimAgent {
 
 /// The rows: publish → pointer p99 against the goal and plain polling, the last agent, the verified pointer
 /// and bundle, the server's CPU and RSS.
-pub fn report(m: &LongPoll, s: Settings, plain: Option<PlainPolling>, results: &mut crate::Results) {
+pub fn report(
+    m: &LongPoll,
+    s: Settings,
+    plain: Option<PlainPolling>,
+    results: &mut crate::Results,
+) {
     let agents = format_count(m.agents);
     pointer_rows(m, s, plain, &agents, results);
     verified_rows(m, &agents, results);
@@ -633,11 +641,22 @@ fn pointer_rows(
     results: &mut crate::Results,
 ) {
     let w = &m.window;
-    let [polls, changed, not_modified, not_held, bundles, errors, reconnects] = w.during;
+    let [
+        polls,
+        changed,
+        not_modified,
+        not_held,
+        bundles,
+        errors,
+        reconnects,
+    ] = w.during;
     let (p99_base, max_base) = match plain {
         Some(p) => (
             (
-                format!("plain polling every {:.0} s (convergence, same run)", secs(p.interval)),
+                format!(
+                    "plain polling every {:.0} s (convergence, same run)",
+                    secs(p.interval)
+                ),
                 secs(p.saw_p99),
             ),
             (
@@ -740,8 +759,17 @@ fn verified_rows(m: &LongPoll, agents: &str, results: &mut crate::Results) {
 
 fn details(m: &LongPoll, s: Settings, plain: Option<PlainPolling>) -> serde_json::Value {
     let w = &m.window;
-    let [polls, changed, not_modified, not_held, bundles, errors, reconnects] = w.during;
-    let spread = |x: Spread| serde_json::json!({"p50": ms(x.p50), "p99": ms(x.p99), "max": ms(x.max)});
+    let [
+        polls,
+        changed,
+        not_modified,
+        not_held,
+        bundles,
+        errors,
+        reconnects,
+    ] = w.during;
+    let spread =
+        |x: Spread| serde_json::json!({"p50": ms(x.p50), "p99": ms(x.p99), "max": ms(x.max)});
     serde_json::json!({
         "agents": m.agents,
         "waitSeconds": s.wait.as_secs(),
