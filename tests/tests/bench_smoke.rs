@@ -1,7 +1,7 @@
 //! The benchmark's source-server sections, run for a few seconds with a tiny load (`bench --smoke`) against
 //! the debug build of `windvane-server` and Debian's nginx: the benchmark's own logic (servers started, 304s
 //! compared, heartbeats offered and counted after a SIGKILL, simulated agents enrolled and converging on a
-//! publish) keeps working. The figures mean nothing at this size and in a debug build; the full run is
+//! publish, simulated agents holding long polls and woken by a publish) keeps working. The figures mean nothing at this size and in a debug build; the full run is
 //! `cargo run --release -p windvane-tests --bin bench`.
 
 use std::collections::BTreeMap;
@@ -16,7 +16,11 @@ fn the_server_sections_of_the_benchmark_run_and_report() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let json = dir.path().join("bench.json");
     let output = Command::new(env!("CARGO_BIN_EXE_bench"))
-        .args(["--smoke", "--only", "pointer-304,heartbeat,convergence"])
+        .args([
+            "--smoke",
+            "--only",
+            "pointer-304,heartbeat,convergence,long-poll",
+        ])
         .args([
             "--agents",
             "40",
@@ -81,6 +85,26 @@ fn the_server_sections_of_the_benchmark_run_and_report() -> anyhow::Result<()> {
         Some(40)
     );
     assert!(document["details"]["convergence"]["bundles"].as_u64() >= Some(40));
+
+    let long_poll = &document["details"]["long-poll"];
+    assert_eq!(long_poll["agents"].as_u64(), Some(40));
+    assert_eq!(
+        long_poll["notHeld"].as_u64(),
+        Some(0),
+        "windvane-server applies the wait"
+    );
+    assert_eq!(long_poll["errors"].as_u64(), Some(0));
+    assert!(long_poll["bundles"].as_u64() >= Some(40));
+    let pointer_p99 = value("long_poll_pointer_p99_seconds");
+    assert!(
+        pointer_p99 < 10.0,
+        "a publish woke the held polls: p99 {pointer_p99} s, well under the 60 s wait"
+    );
+    assert!(
+        baseline("long_poll_pointer_p99_seconds").is_some(),
+        "plain polling (the convergence section of the same run) is the baseline"
+    );
+    assert!(value("long_poll_bundle_p99_seconds") >= pointer_p99);
     assert!(
         stdout.contains("| metric"),
         "the table is printed:\n{stdout}"

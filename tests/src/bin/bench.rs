@@ -16,7 +16,9 @@
 //! quiet control plane. Then the source server's, each on a fresh release build
 //! of `windvane-server` and no cluster: `pointer-304` (304 throughput vs nginx on the same file),
 //! `heartbeat` (signed heartbeat ingestion at a fixed offered rate vs a trivial handler on the same HTTP
-//! stack) and `convergence` (10,000 simulated agents, publish until all acknowledged).
+//! stack), `convergence` (10,000 simulated agents, publish until all acknowledged) and `long-poll` (10,000
+//! simulated agents holding long polls of the pointer, publish until every one has the new pointer and
+//! bundle; its baseline is the convergence section's plain polling when both run).
 //!
 //! Adding a section: a module under `bench/` that measures and turns its figures into [`report::Row`]s
 //! (with a baseline and goals) and raw `details`, its [`Section`] variant, a call in [`run`]; the table,
@@ -24,7 +26,7 @@
 //!
 //! Figures are noisy on a shared 2-core machine; that is why every baseline runs in the same run (where it
 //! matters interleaved with what it is compared to), and why the sync records where the machine's CPU went.
-//! The full run takes about 15 minutes (the agent's sections 6, the server's about 8), `--quick` about 4. To profile the agent, `--agent-wrapper` runs it
+//! The full run takes about 15 minutes (the agent's sections 6, the server's about 8), long-poll another half minute, `--quick` about 4. To profile the agent, `--agent-wrapper` runs it
 //! under a profiler (`"heaptrack -o FILE"`, `"perf record -g -o FILE"`) and `--agent-env` tries settings
 //! (e.g. `GLIBC_TUNABLES=…`); such runs are marked as profiling runs in the output.
 
@@ -45,6 +47,8 @@ mod drift;
 mod heartbeat;
 #[path = "bench/idle.rs"]
 mod idle;
+#[path = "bench/long_poll.rs"]
+mod long_poll;
 #[path = "bench/pointer.rs"]
 mod pointer;
 #[path = "bench/prom.rs"]
@@ -100,6 +104,9 @@ enum Section {
     Heartbeat,
     /// Source server: 10,000 simulated agents, publish until all acknowledged, server CPU and RSS.
     Convergence,
+    /// Source server: 10,000 simulated agents holding long polls, publish → every one has the new pointer.
+    #[value(name = "long-poll")]
+    LongPoll,
     /// Bundle acceptance of 10 MB (verify_bundle) vs raw SHA-256 of the same bytes.
     Bundle,
 }
@@ -113,7 +120,10 @@ impl Section {
 
     /// Sections that run the source server.
     fn needs_server(self) -> bool {
-        matches!(self, Self::Pointer304 | Self::Heartbeat | Self::Convergence)
+        matches!(
+            self,
+            Self::Pointer304 | Self::Heartbeat | Self::Convergence | Self::LongPoll
+        )
     }
 
     /// Sections that need the agent managing the large release on a localkube.
@@ -163,7 +173,7 @@ struct Args {
     /// The source server binary to measure. [default: target/release/windvane-server]
     #[arg(long, value_name = "PATH")]
     server: Option<PathBuf>,
-    /// Simulated agents in the convergence section.
+    /// Simulated agents in the convergence and long-poll sections.
     #[arg(long, value_name = "N", default_value_t = 10_000)]
     agents: usize,
     /// The simulated agents' nominal poll and heartbeat interval (jittered ±20 %, as the agent's).
@@ -210,6 +220,7 @@ struct Settings {
     pointer: pointer::Settings,
     heartbeat: heartbeat::Settings,
     convergence: convergence::Settings,
+    long_poll: long_poll::Settings,
 }
 
 impl Settings {
@@ -226,6 +237,13 @@ impl Settings {
                 .with_context(|| format!("--idle-window {text}"))?,
             None if args.quick => Duration::from_secs(60),
             None => Duration::from_secs(300),
+        };
+        // The simulated agents' poll interval (convergence; long-poll's baseline without it).
+        let interval = match &args.poll_interval {
+            Some(text) => windvane_shared::duration::parse_duration(text)
+                .with_context(|| format!("--poll-interval {text}"))?,
+            None if args.quick => Duration::from_secs(10),
+            None => Duration::from_secs(30),
         };
         Ok(Self {
             sections,
@@ -279,19 +297,17 @@ impl Settings {
                 clusters: if args.smoke { 50 } else { 2_000 },
                 connections: if args.smoke { 8 } else { 512 },
             },
-            convergence: {
-                let interval = match &args.poll_interval {
-                    Some(text) => windvane_shared::duration::parse_duration(text)
-                        .with_context(|| format!("--poll-interval {text}"))?,
-                    None if args.quick => Duration::from_secs(10),
-                    None => Duration::from_secs(30),
-                };
-                convergence::Settings {
-                    agents: args.agents,
-                    poll_interval: interval,
-                    heartbeat_interval: interval,
-                    idle: interval,
-                }
+            convergence: convergence::Settings {
+                agents: args.agents,
+                poll_interval: interval,
+                heartbeat_interval: interval,
+                idle: interval,
+            },
+            long_poll: long_poll::Settings {
+                agents: args.agents,
+                wait: Duration::from_secs(60),
+                idle: Duration::from_secs(if args.smoke || args.quick { 2 } else { 10 }),
+                poll_interval: interval,
             },
         })
     }
@@ -458,10 +474,21 @@ async fn server_sections(settings: &Settings, results: &mut Results) -> anyhow::
             heartbeat::measure(&settings.server, work.path(), settings.heartbeat).await?;
         heartbeat::report(&ingestion, settings.heartbeat, results);
     }
+    let mut plain_polling = None;
     if settings.wants(Section::Convergence) {
         let measured =
             convergence::measure(&settings.server, work.path(), settings.convergence).await?;
         convergence::report(&measured, settings.convergence, results);
+        plain_polling = Some(long_poll::PlainPolling {
+            saw_p99: measured.saw_p99,
+            last_saw: measured.last_saw,
+            interval: settings.convergence.poll_interval,
+        });
+    }
+    if settings.wants(Section::LongPoll) {
+        let measured =
+            long_poll::measure(&settings.server, work.path(), settings.long_poll).await?;
+        long_poll::report(&measured, settings.long_poll, plain_polling, results);
     }
     if settings.keep_work {
         let kept = work.keep();

@@ -66,8 +66,8 @@ pub struct Settings {
 /// The agent's poll jitter: each wait is `interval × (1 ± JITTER)`.
 pub const JITTER: f64 = 0.2;
 
-const FLEET: &str = "acme";
-const CHANNEL: &str = "stable";
+pub const FLEET: &str = "acme";
+pub const CHANNEL: &str = "stable";
 const REGIONS: [&str; 4] = ["eu-west-1", "us-east-1", "ap-south-1", "sa-east-1"];
 const ENVS: [&str; 3] = ["prod", "staging", "dev"];
 
@@ -134,6 +134,25 @@ impl Moments {
             .map(|v| v.load(Ordering::Relaxed))
             .try_fold(0, |max, v| (v != u64::MAX).then_some(max.max(v)))
     }
+
+    /// The moments of a column for one serial since `from_ms`, sorted; agents without one count as never.
+    fn since(column: &[Vec<AtomicU64>; 2], serial: u64, from_ms: u64) -> Vec<Duration> {
+        let Some(values) = usize::try_from(serial)
+            .ok()
+            .and_then(|s| column.get(s.checked_sub(1)?))
+        else {
+            return Vec::new();
+        };
+        let mut out: Vec<Duration> = values
+            .iter()
+            .map(|v| match v.load(Ordering::Relaxed) {
+                u64::MAX => Duration::MAX,
+                ms => Duration::from_millis(ms.saturating_sub(from_ms)),
+            })
+            .collect();
+        out.sort();
+        out
+    }
 }
 
 /// What the agents share.
@@ -163,6 +182,8 @@ pub struct Convergence {
     pub converged: Duration,
     /// Publish → the last agent's first poll that saw the new pointer (the schedule's floor).
     pub last_saw: Duration,
+    /// Publish → the agents' first polls that saw the new pointer, 99th percentile (nearest rank).
+    pub saw_p99: Duration,
     /// Publish → the last 2xx answer to a heartbeat with the new serial, as the agents saw it.
     pub last_acked: Duration,
     /// Server CPU while converging, cores (CPU seconds per second).
@@ -186,7 +207,7 @@ pub struct Convergence {
 
 /// The fleet tree of release `version`: eight apps, some for every cluster, some by region or environment,
 /// with per-region values and `${cluster.name}`.
-fn fleet_tree(version: u32) -> anyhow::Result<FleetTree> {
+pub fn fleet_tree(version: u32) -> anyhow::Result<FleetTree> {
     let tree = FleetTree::new()?;
     let mut fleet = format!("fleet: {FLEET}\napps:\n");
     let apps: [(&str, &str); 8] = [
@@ -371,6 +392,10 @@ pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<
     };
     let last_saw = since_publish(Moments::last(&shared.moments.saw, second.serial));
     let last_acked = since_publish(Moments::last(&shared.moments.acked, second.serial));
+    let saw_p99 = crate::drift::quantile(
+        &Moments::since(&shared.moments.saw, second.serial, publish_ms),
+        0.99,
+    );
     let memory_end = tree_memory(pid)?;
     stop_tx.send_replace(true);
     for task in tasks {
@@ -383,6 +408,7 @@ pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<
         cold_start,
         converged,
         last_saw,
+        saw_p99,
         last_acked,
         converging_cores,
         bench_cores,
@@ -429,13 +455,13 @@ async fn wait_converged(
 }
 
 /// Samples a process's VmRSS every 100 ms until stopped; returns the largest, MiB.
-struct RssSampler {
+pub struct RssSampler {
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<f64>,
 }
 
 impl RssSampler {
-    fn start(pid: u32) -> Self {
+    pub fn start(pid: u32) -> Self {
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
             let mut peak: f64 = 0.0;
@@ -452,7 +478,7 @@ impl RssSampler {
         Self { stop, task }
     }
 
-    async fn stop(self) -> f64 {
+    pub async fn stop(self) -> f64 {
         self.stop.send_replace(true);
         self.task.await.unwrap_or(0.0)
     }
@@ -838,6 +864,7 @@ pub fn report(m: &Convergence, s: Settings, results: &mut crate::Results) {
             "coldStartSeconds": secs(m.cold_start),
             "convergedSeconds": secs(m.converged),
             "lastSawSeconds": secs(m.last_saw),
+            "sawP99Seconds": secs(m.saw_p99),
             "lastAckedSeconds": secs(m.last_acked),
             "convergingCores": m.converging_cores,
             "agentsCores": m.bench_cores,
@@ -856,7 +883,7 @@ pub fn report(m: &Convergence, s: Settings, results: &mut crate::Results) {
 }
 
 /// `10,000`.
-fn format_count(n: usize) -> String {
+pub fn format_count(n: usize) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {

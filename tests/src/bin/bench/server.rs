@@ -296,6 +296,8 @@ pub struct Answer {
     pub etag: Option<String>,
     /// `Retry-After`, in seconds.
     pub retry_after: Option<Duration>,
+    /// `Preference-Applied` (a held long poll says `wait=N`).
+    pub preference_applied: Option<String>,
 }
 
 impl Conn {
@@ -346,12 +348,18 @@ impl Conn {
             .get("retry-after")
             .and_then(|v| v.to_str().ok()?.parse().ok())
             .map(Duration::from_secs);
+        let preference_applied = response
+            .headers()
+            .get("preference-applied")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let body = response.into_body().collect().await?.to_bytes();
         Ok(Answer {
             status,
             body,
             etag,
             retry_after,
+            preference_applied,
         })
     }
 }
