@@ -31,5 +31,6 @@ pub mod reporter;
 pub mod source;
 pub mod state;
 pub mod watch;
+pub mod rssprobe;
 
 pub use error::{Error, Result};

@@ -67,7 +67,7 @@ struct Enforced {
     accepted: AcceptedRelease,
     /// The verified bundle as fetched. It is parsed again when rendered rather than kept parsed: a parsed
     /// bundle takes several times the memory of its bytes, and is needed only while rendering.
-    bundle: Arc<[u8]>,
+    bundle: Arc<Vec<u8>>,
 }
 
 /// Longest the first sync after a start waits for the watches to list the managed objects.
@@ -142,7 +142,7 @@ impl Engine {
                 Ok(bundle) => {
                     let enforced = Enforced {
                         accepted: bundle.0,
-                        bundle: known_good.bundle.into(),
+                        bundle: Arc::new(known_good.bundle),
                     };
                     info!(
                         serial = enforced.accepted.pointer.serial,
@@ -186,7 +186,7 @@ impl Engine {
             self.run_due_timers().await;
             let wake = self.timers.next_wake(self.healer.next_timer());
             tokio::select! {
-                _ = tokio::time::sleep_until(wake.into()) => self.on_heal_timers().await,
+                _ = tokio::time::sleep_until(wake.into()) => {crate::rssprobe::log("timer"); self.on_heal_timers().await},
                 Some(change) = self.changes.recv() => self.on_change(change).await,
                 Some(found) = fetched.recv() => {
                     if self.on_fetched(found).await {
@@ -232,7 +232,7 @@ impl Engine {
                 continue;
             }
             if let Ok(resolved) = self.cluster.resolve(&entry.api_version, &entry.kind).await {
-                self.live.ensure_watch(&self.cluster, &resolved);
+                self.live.ensure_watch(&self.cluster, &resolved, None);
                 listing.insert((
                     resolved.resource.group.clone(),
                     resolved.resource.kind.clone(),
