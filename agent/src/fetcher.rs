@@ -216,14 +216,12 @@ impl Fetcher {
             .source
             .fetch_bundle(&accepted.pointer.bundle.sha256)
             .await?;
-        crate::rssprobe::log("bundle fetched");
         let bundle = release::verify_bundle(
             &bytes,
             &accepted.pointer,
             self.config.max_bundle_bytes,
             BundleLimits::default(),
         )?;
-        crate::rssprobe::log("bundle verified");
         Ok((bytes, bundle))
     }
 

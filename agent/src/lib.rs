@@ -25,12 +25,12 @@ pub mod http;
 pub mod inventory;
 pub mod leader;
 pub mod metrics;
+pub mod packed;
 pub mod plan;
 pub mod report;
 pub mod reporter;
 pub mod source;
 pub mod state;
 pub mod watch;
-pub mod rssprobe;
 
 pub use error::{Error, Result};

@@ -49,7 +49,9 @@ pub fn list_page_size(kind: &str, largest_body: Option<usize>) -> u32 {
     match largest_body {
         Some(largest) => {
             let fit = LIST_PAGE_BYTES / largest.saturating_mul(2).max(1);
-            u32::try_from(fit).unwrap_or(u32::MAX).clamp(1, LIST_PAGE_SIZE)
+            u32::try_from(fit)
+                .unwrap_or(u32::MAX)
+                .clamp(1, LIST_PAGE_SIZE)
         }
         None if kind == "CustomResourceDefinition" => 1,
         None => LIST_PAGE_SIZE,
@@ -138,7 +140,12 @@ impl LiveCache {
 
     /// Starts a watch on this kind unless one runs already, listing it in pages sized for its largest desired
     /// body when known ([`list_page_size`]).
-    pub fn ensure_watch(&self, cluster: &Cluster, resolved: &Resolved, largest_body: Option<usize>) {
+    pub fn ensure_watch(
+        &self,
+        cluster: &Cluster,
+        resolved: &Resolved,
+        largest_body: Option<usize>,
+    ) {
         let kind_key = (
             resolved.resource.group.clone(),
             resolved.resource.kind.clone(),

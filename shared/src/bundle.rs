@@ -382,9 +382,15 @@ impl App {
     }
 
     /// [`App::manifests_for`], moved out of the app (which keeps none of its manifests or variants after).
-    pub fn take_manifests_for(&mut self, labels: &crate::selector::Labels) -> Result<Vec<Manifest>> {
+    pub fn take_manifests_for(
+        &mut self,
+        labels: &crate::selector::Labels,
+    ) -> Result<Vec<Manifest>> {
         let variant = self.variant_for(labels)?;
-        let rendered = self.rendered.as_mut().map(|r| std::mem::take(&mut r.variants));
+        let rendered = self
+            .rendered
+            .as_mut()
+            .map(|r| std::mem::take(&mut r.variants));
         Ok(match (variant, rendered) {
             (Some(index), Some(mut variants)) => variants.swap_remove(index).manifests,
             _ => std::mem::take(&mut self.manifests),

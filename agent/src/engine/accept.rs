@@ -82,10 +82,7 @@ impl Engine {
             pointer: pointer_bytes,
             bundle: bundle_bytes,
         };
-        crate::rssprobe::log("accept start");
-        let saved = self.state.save_known_good(&known_good).await;
-        crate::rssprobe::log("known good saved");
-        if let Err(error) = saved {
+        if let Err(error) = self.state.save_known_good(&known_good).await {
             self.metrics.source_fetch(error.reason());
             warn!(%error, "cannot persist the new release; enforcing the last known good one");
             self.mark_source_stale(&error);
@@ -97,7 +94,7 @@ impl Engine {
         self.metrics.set_release_serial(accepted.pointer.serial);
         self.enforced = Some(Enforced {
             accepted,
-            bundle: std::sync::Arc::new(known_good.bundle),
+            bundle: crate::packed::PackedBundle::new(known_good.bundle),
         });
         self.fresh_bundle = Some(bundle);
         self.clear_refusal();

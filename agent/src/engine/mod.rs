@@ -30,6 +30,7 @@ use crate::fetcher::Fetcher;
 use crate::heal::Healer;
 use crate::inventory::Inventory;
 use crate::metrics::Metrics;
+use crate::packed::PackedBundle;
 use crate::report::StatusTx;
 use crate::source::{SourceClient, SourceLimits};
 use crate::state::StateStore;
@@ -62,12 +63,13 @@ pub struct EngineConfig {
 }
 
 /// The release being enforced.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Enforced {
     accepted: AcceptedRelease,
-    /// The verified bundle as fetched. It is parsed again when rendered rather than kept parsed: a parsed
-    /// bundle takes several times the memory of its bytes, and is needed only while rendering.
-    bundle: Arc<Vec<u8>>,
+    /// The verified bundle as fetched, compressed once rendered. It is parsed again when rendered rather than
+    /// kept parsed: a parsed bundle takes several times the memory of its bytes, and is needed only while
+    /// rendering.
+    bundle: PackedBundle,
 }
 
 /// Longest the first sync after a start waits for the watches to list the managed objects.
@@ -142,7 +144,7 @@ impl Engine {
                 Ok(bundle) => {
                     let enforced = Enforced {
                         accepted: bundle.0,
-                        bundle: Arc::new(known_good.bundle),
+                        bundle: PackedBundle::new(known_good.bundle),
                     };
                     info!(
                         serial = enforced.accepted.pointer.serial,
@@ -186,7 +188,7 @@ impl Engine {
             self.run_due_timers().await;
             let wake = self.timers.next_wake(self.healer.next_timer());
             tokio::select! {
-                _ = tokio::time::sleep_until(wake.into()) => {crate::rssprobe::log("timer"); self.on_heal_timers().await},
+                _ = tokio::time::sleep_until(wake.into()) => self.on_heal_timers().await,
                 Some(change) = self.changes.recv() => self.on_change(change).await,
                 Some(found) = fetched.recv() => {
                     if self.on_fetched(found).await {

@@ -34,28 +34,28 @@ type RenderError = (String, String);
 impl Engine {
     /// Syncs the enforced release (nothing to do before one is known).
     pub(super) async fn reconcile(&mut self) -> Next {
-        let Some(enforced) = self.enforced.clone() else {
+        // Taken for the sync (nothing else reads it meanwhile), so that its bytes can be compressed.
+        let Some(mut enforced) = self.enforced.take() else {
             return Next::Idle;
         };
         let span = info_span!("sync", serial = enforced.accepted.pointer.serial, fleet = %self.config.fleet);
-        self.sync_release(&enforced).instrument(span).await
+        let next = self.sync_release(&mut enforced).instrument(span).await;
+        self.enforced = Some(enforced);
+        next
     }
 
-    async fn sync_release(&mut self, enforced: &Enforced) -> Next {
+    async fn sync_release(&mut self, enforced: &mut Enforced) -> Next {
         let started = Instant::now();
         let serial = enforced.accepted.pointer.serial;
-        crate::rssprobe::log("sync start");
         let Some(bundle) = self.take_bundle(enforced) else {
             return Next::Retry;
         };
-        crate::rssprobe::log("bundle taken");
         let (desired, unrendered) = render(bundle, &self.config.identity);
-        crate::rssprobe::log("rendered");
+        enforced.bundle.pack();
+        let enforced = &*enforced;
         let release_empty = desired.is_empty() && unrendered.is_empty();
         let report = self.apply(desired).await;
-        crate::rssprobe::log("applied");
         self.watch_applied(&report).await;
-        crate::rssprobe::log("watches started");
 
         // Keys as applied: each object carries its final namespace, decided while applying.
         let desired_keys: BTreeSet<ObjectKey> = report.results.iter().map(|r| r.key()).collect();
@@ -107,7 +107,6 @@ impl Engine {
         self.metrics.observe_sync(elapsed);
         log_sync(&report, &prune, complete, elapsed);
         self.hand_to_healer(report.results);
-        crate::rssprobe::log("sync end");
         next
     }
 
@@ -116,8 +115,12 @@ impl Engine {
         if let Some(bundle) = self.fresh_bundle.take() {
             return Some(bundle);
         }
+        let Some(bytes) = enforced.bundle.bytes() else {
+            error!("the enforced bundle no longer decompresses");
+            return None;
+        };
         release::verify_bundle(
-            &enforced.bundle,
+            &bytes,
             &enforced.accepted.pointer,
             self.config.source_limits.max_bundle_bytes,
             BundleLimits::default(),
