@@ -970,4 +970,50 @@ mod tests {
         let objects = crate::desired::all_or_first_error(shares).unwrap();
         assert_eq!(objects.last().map(|o| o.app.as_str()), Some("a"));
     }
+
+    #[test]
+    fn consuming_the_bundle_renders_the_same_share() {
+        let cm = |name: &str, data: Value| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data});
+        let mut plain = app(
+            json!({"x": "1"}),
+            vec![cm("a", json!({"x": "${values.x}"}))],
+        );
+        plain.namespace = Some("team".to_owned());
+        plain.create_namespace = true;
+        plain.substitute = false;
+        let mut bad_wave = cm("w", json!({}));
+        bad_wave["metadata"]["annotations"] = json!({"windvane.io/wave": "soon"});
+        let mut waves = app(json!({}), vec![bad_wave.clone(), cm("ok", json!({}))]);
+        waves.name = "waves".to_owned();
+        // A render error later in the app wins over an earlier object's error once rendered.
+        let mut both = app(
+            json!({}),
+            vec![bad_wave, cm("u", json!({"u": "${values.missing}"}))],
+        );
+        both.name = "both".to_owned();
+        let mut elsewhere = app(json!({}), vec![cm("e", json!({}))]);
+        elsewhere.name = "elsewhere".to_owned();
+        elsewhere.selector = LabelSelector::parse("env=dev").unwrap();
+        let bundle = Bundle {
+            api_version: BUNDLE_API_VERSION.to_owned(),
+            fleet: "f".to_owned(),
+            apps: vec![plain, waves, both, elsewhere],
+        };
+        let cluster = cluster();
+        let describe =
+            |share: crate::desired::AppShare| (share.app, share.objects.map_err(|e| e.to_string()));
+        let borrowed: Vec<_> = crate::desired::cluster_share(&bundle, &cluster)
+            .map(describe)
+            .collect();
+        let consumed: Vec<_> = crate::desired::cluster_share_into(bundle, &cluster, |o| o)
+            .map(describe)
+            .collect();
+        assert_eq!(borrowed, consumed);
+        assert_eq!(consumed.len(), 3);
+        let first = consumed[0].1.as_ref().unwrap();
+        assert_eq!(first[0].id.kind, "Namespace");
+        assert_eq!(first[1].body["data"]["x"], json!("${values.x}"));
+        assert!(consumed[1].1.as_ref().unwrap_err().contains("wave"));
+        assert!(consumed[2].1.as_ref().unwrap_err().contains("missing"));
+    }
 }
