@@ -50,6 +50,11 @@ impl Desired {
         serde_json::from_slice(&self.body).unwrap_or(Value::Null)
     }
 
+    /// Length of the body as sent, in bytes.
+    pub fn body_len(&self) -> usize {
+        self.body.len()
+    }
+
     /// SHA-256 of the body as sent: what the inventory records to recognise an unchanged body.
     pub fn body_hash(&self) -> String {
         sha256_hex(&self.body)

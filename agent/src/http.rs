@@ -55,7 +55,9 @@ pub async fn read_capped(
     what: &'static str,
 ) -> Result<Vec<u8>> {
     check_length(response.content_length(), cap, what)?;
-    let mut body = Vec::new();
+    // Sized once when the length is announced (it is within the cap): no copies while growing.
+    let announced = response.content_length().unwrap_or(0).min(cap);
+    let mut body = Vec::with_capacity(usize::try_from(announced).unwrap_or(0));
     while let Some(chunk) = response.chunk().await.map_err(|e| fetch_error(url, &e))? {
         append_capped(&mut body, &chunk, cap, what)?;
     }

@@ -25,6 +25,7 @@ pub mod http;
 pub mod inventory;
 pub mod leader;
 pub mod metrics;
+pub mod packed;
 pub mod plan;
 pub mod report;
 pub mod reporter;

@@ -154,21 +154,9 @@ impl StateStore {
 
     async fn save<T: Serialize>(&self, blob: &str, value: &T) -> Result<()> {
         let name = self.index_name(blob);
-        let json = serde_json::to_vec(value).map_err(|e| Error::State {
+        let compressed = compress(value).map_err(|detail| Error::State {
             object: self.object_name(&name),
-            detail: e.to_string(),
-        })?;
-        let mut encoder = GzEncoder::new(Vec::new(), Compression::default());
-        encoder
-            .write_all(&json)
-            .and_then(|()| encoder.flush())
-            .map_err(|e| Error::State {
-                object: self.object_name(&name),
-                detail: e.to_string(),
-            })?;
-        let compressed = encoder.finish().map_err(|e| Error::State {
-            object: self.object_name(&name),
-            detail: e.to_string(),
+            detail,
         })?;
         let sha256 = sha256_hex(&compressed);
 
@@ -264,13 +252,23 @@ impl StateStore {
     }
 }
 
+/// `value` as gzip-compressed JSON, written straight into the compressor: a blob as large as a bundle is
+/// never held whole as JSON text.
+fn compress<T: Serialize>(value: &T) -> std::result::Result<Vec<u8>, String> {
+    let mut encoder = GzEncoder::new(Vec::new(), Compression::default());
+    serde_json::to_writer(&mut encoder, value).map_err(|e| e.to_string())?;
+    encoder.flush().map_err(|e| e.to_string())?;
+    encoder.finish().map_err(|e| e.to_string())
+}
+
 mod base64_bytes {
     use base64::Engine;
     use base64::engine::general_purpose::STANDARD;
     use serde::{Deserialize, Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&STANDARD.encode(bytes))
+        // Written through as it is encoded, not built as one string first.
+        serializer.collect_str(&base64::display::Base64Display::new(bytes, &STANDARD))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {

@@ -6,7 +6,8 @@
 //! Objects are kept as compact JSON text, not as parsed values: a parsed object takes several times the
 //! memory of its text, and readers (health, drift, the backstop, prune) look at one object at a time, so
 //! parsing on read keeps the agent's memory near the size of the objects themselves. The initial list of
-//! each kind is read in small pages for the same reason.
+//! each kind is read in pages of about [`LIST_PAGE_BYTES`] for the same reason: a page is held whole, as
+//! text and then parsed, until its objects are cached ([`list_page_size`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
@@ -34,8 +35,28 @@ pub enum Change {
     Deleted(ObjectKey),
 }
 
-/// Objects per page of a watch's (re)list: small pages bound the memory a list takes at once.
+/// Most objects per page of a watch's (re)list.
 const LIST_PAGE_SIZE: u32 = 100;
+/// About how many bytes of objects one page of a (re)list holds, judged from the largest desired body of the
+/// kind: live objects are bigger than what was applied (status, managedFields), so twice that is counted.
+pub const LIST_PAGE_BYTES: usize = 1024 * 1024;
+
+/// Objects per page of a kind's (re)list: as many as fit [`LIST_PAGE_BYTES`] when the largest desired body
+/// of the kind is known (at least one, at most [`LIST_PAGE_SIZE`]). Unknown (after a restart, before the
+/// release renders): CustomResourceDefinitions, whose schemas run to hundreds of KB each, one at a time;
+/// other kinds [`LIST_PAGE_SIZE`].
+pub fn list_page_size(kind: &str, largest_body: Option<usize>) -> u32 {
+    match largest_body {
+        Some(largest) => {
+            let fit = LIST_PAGE_BYTES / largest.saturating_mul(2).max(1);
+            u32::try_from(fit)
+                .unwrap_or(u32::MAX)
+                .clamp(1, LIST_PAGE_SIZE)
+        }
+        None if kind == "CustomResourceDefinition" => 1,
+        None => LIST_PAGE_SIZE,
+    }
+}
 
 /// The watched objects, by key.
 #[derive(Clone)]
@@ -117,8 +138,14 @@ impl LiveCache {
             .is_ok_and(|result| result.is_ok())
     }
 
-    /// Starts a watch on this kind unless one runs already.
-    pub fn ensure_watch(&self, cluster: &Cluster, resolved: &Resolved) {
+    /// Starts a watch on this kind unless one runs already, listing it in pages sized for its largest desired
+    /// body when known ([`list_page_size`]).
+    pub fn ensure_watch(
+        &self,
+        cluster: &Cluster,
+        resolved: &Resolved,
+        largest_body: Option<usize>,
+    ) {
         let kind_key = (
             resolved.resource.group.clone(),
             resolved.resource.kind.clone(),
@@ -134,7 +161,7 @@ impl LiveCache {
         let api: Api<DynamicObject> = Api::all_with(cluster.client().clone(), &resolved.resource);
         let config = watcher::Config::default()
             .labels(&format!("{FLEET_LABEL}={}", self.fleet))
-            .page_size(LIST_PAGE_SIZE);
+            .page_size(list_page_size(&resolved.resource.kind, largest_body));
         let cache = self.clone();
         let types = kube::core::TypeMeta {
             api_version: resolved.resource.api_version.clone(),
@@ -251,6 +278,17 @@ mod tests {
             key_of(&cluster_scoped).map(|k| (k.group, k.kind, k.namespace)),
             Some((String::new(), "Namespace".to_owned(), None))
         );
+    }
+
+    #[test]
+    fn list_pages_hold_about_a_mebibyte() {
+        assert_eq!(list_page_size("ConfigMap", Some(300 * 1024)), 1);
+        assert_eq!(list_page_size("ConfigMap", Some(10 * 1024)), 51);
+        assert_eq!(list_page_size("ConfigMap", Some(2 * 1024)), LIST_PAGE_SIZE);
+        assert_eq!(list_page_size("ConfigMap", Some(0)), LIST_PAGE_SIZE);
+        assert_eq!(list_page_size("ConfigMap", Some(usize::MAX)), 1);
+        assert_eq!(list_page_size("CustomResourceDefinition", None), 1);
+        assert_eq!(list_page_size("ConfigMap", None), LIST_PAGE_SIZE);
     }
 
     #[tokio::test]

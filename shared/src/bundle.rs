@@ -375,8 +375,32 @@ impl App {
     /// The manifests a cluster with these labels gets: the app's own, or the variant for the render-changing
     /// customizations the labels match.
     pub fn manifests_for(&self, labels: &crate::selector::Labels) -> Result<&[Manifest]> {
+        Ok(match (self.variant_for(labels)?, &self.rendered) {
+            (Some(index), Some(rendered)) => &rendered.variants[index].manifests,
+            _ => &self.manifests,
+        })
+    }
+
+    /// [`App::manifests_for`], moved out of the app (which keeps none of its manifests or variants after).
+    pub fn take_manifests_for(
+        &mut self,
+        labels: &crate::selector::Labels,
+    ) -> Result<Vec<Manifest>> {
+        let variant = self.variant_for(labels)?;
+        let rendered = self
+            .rendered
+            .as_mut()
+            .map(|r| std::mem::take(&mut r.variants));
+        Ok(match (variant, rendered) {
+            (Some(index), Some(mut variants)) => variants.swap_remove(index).manifests,
+            _ => std::mem::take(&mut self.manifests),
+        })
+    }
+
+    /// The index of the variant a cluster with these labels gets; `None` for an app no engine rendered.
+    fn variant_for(&self, labels: &crate::selector::Labels) -> Result<Option<usize>> {
         let Some(rendered) = &self.rendered else {
-            return Ok(&self.manifests);
+            return Ok(None);
         };
         let matched: Vec<usize> = rendered
             .customizations
@@ -391,8 +415,8 @@ impl App {
         rendered
             .variants
             .iter()
-            .find(|variant| variant.combinations.contains(&matched))
-            .map(|variant| variant.manifests.as_slice())
+            .position(|variant| variant.combinations.contains(&matched))
+            .map(Some)
             .ok_or_else(|| Error::NoVariant {
                 app: self.name.clone(),
                 customizations: matched,

@@ -8,7 +8,9 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use crate::bundle::{Bundle, ObjectRef, Policy};
-use crate::render::{ClusterIdentity, RenderedApp, RenderedObject, render_app, selected_apps};
+use crate::render::{
+    ClusterIdentity, RenderedApp, RenderedObject, render_app, render_app_into, selected_apps,
+};
 use crate::{Error, Result};
 
 /// The field manager of every server-side apply Windvane makes.
@@ -52,11 +54,12 @@ pub struct DesiredObject {
     pub default_namespace: Option<String>,
 }
 
-/// One selected app's share of a release for one cluster: its desired objects, or why it did not render.
+/// One selected app's share of a release for one cluster: its desired objects (in the form the caller keeps
+/// them, for [`cluster_share_into`]), or why it did not render.
 #[derive(Debug)]
-pub struct AppShare {
+pub struct AppShare<T = DesiredObject> {
     pub app: String,
-    pub objects: Result<Vec<DesiredObject>>,
+    pub objects: Result<Vec<T>>,
 }
 
 /// This cluster's share of a release: every app selected for it, in bundle order, rendered and turned into
@@ -74,6 +77,31 @@ pub fn cluster_share<'b>(
             app: app.name.clone(),
             objects: render_app(app, cluster)
                 .and_then(|rendered| desired_objects(&bundle.fleet, &rendered)),
+        })
+}
+
+/// [`cluster_share`] for a caller that owns the bundle and keeps each object in a form of its own (the agent
+/// keeps compact JSON): the bundle is consumed app by app and object by object, each desired object handed
+/// to `keep` as soon as it is made, so a release's objects never exist twice as parsed values. Apps not
+/// selected are dropped unrendered. Same apps, objects, order and errors as [`cluster_share`].
+pub fn cluster_share_into<T>(
+    bundle: Bundle,
+    cluster: &ClusterIdentity,
+    mut keep: impl FnMut(DesiredObject) -> T,
+) -> impl Iterator<Item = AppShare<T>> {
+    let Bundle { fleet, apps, .. } = bundle;
+    apps.into_iter()
+        .filter(|app| app.selector.matches(&cluster.labels))
+        .map(move |app| {
+            let name = app.name.clone();
+            let policy = app.policy.clone();
+            let namespace = app.namespace.clone();
+            let objects = render_app_into(app, cluster, |object| {
+                let mut desired = desired_object_from(&fleet, &name, &policy, object)?;
+                desired.default_namespace = namespace.clone();
+                Ok(keep(desired))
+            });
+            AppShare { app: name, objects }
         })
 }
 
@@ -108,13 +136,28 @@ pub fn desired_object(
     policy: &Policy,
     object: &RenderedObject,
 ) -> Result<DesiredObject> {
+    desired_object_from(fleet, app, policy, object.clone())
+}
+
+/// [`desired_object`] from an owned rendered object, whose body becomes the desired body without a copy.
+pub fn desired_object_from(
+    fleet: &str,
+    app: &str,
+    policy: &Policy,
+    object: RenderedObject,
+) -> Result<DesiredObject> {
+    let RenderedObject {
+        file,
+        document,
+        object: mut body,
+        id,
+        ..
+    } = object;
     let manifest_error = |detail: String| Error::Manifest {
-        file: object.file.clone(),
-        document: object.document,
+        file: file.clone(),
+        document,
         detail,
     };
-    let mut body = object.object.clone();
-    let id = object.id.clone();
 
     let mut ignored_pointers = Vec::new();
     for ignore in policy
@@ -195,8 +238,8 @@ pub fn desired_object(
         prune,
         drift_grace_period: policy.drift_grace_period,
         ignored_pointers,
-        file: object.file.clone(),
-        document: object.document,
+        file,
+        document,
         default_namespace: None,
     })
 }

@@ -20,6 +20,7 @@
 //! - A variable that is not defined is an error, never an empty string: a cluster missing a label must not
 //!   get a half-configured object.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde_json::{Map, Value};
@@ -163,17 +164,51 @@ pub fn check_renders_somewhere(app: &App) -> Result<()> {
 }
 
 fn render_with(app: &App, manifests: &[Manifest], context: &Variables) -> Result<RenderedApp> {
-    let mut objects = Vec::with_capacity(manifests.len());
+    let objects = render_each(app, manifests.iter().map(Cow::Borrowed), context, Ok)?;
+    Ok(RenderedApp {
+        name: app.name.clone(),
+        policy: app.policy.clone(),
+        namespace: app.namespace.clone(),
+        objects,
+    })
+}
+
+/// [`render_app`] for a caller that owns the app and keeps each object in a form of its own: the app's
+/// manifests are consumed one at a time and each rendered object goes to `keep` at once, so the app's
+/// objects never exist twice as parsed values (a parsed object takes several times the memory of its
+/// text). Errors are those of [`render_app`] followed by `keep` over its objects: a render error of any
+/// object comes first, then the first object's error from `keep`.
+pub fn render_app_into<T>(
+    mut app: App,
+    cluster: &ClusterIdentity,
+    keep: impl FnMut(RenderedObject) -> Result<T>,
+) -> Result<Vec<T>> {
+    let manifests = app.take_manifests_for(&cluster.labels)?;
+    let values = effective_values(&app, cluster);
+    let context = Variables {
+        cluster,
+        values: &values,
+        any_label: false,
+    };
+    render_each(&app, manifests.into_iter().map(Cow::Owned), &context, keep)
+}
+
+/// Renders `manifests` in order, checks each rendered object, and hands it to `keep` (an owned manifest's
+/// object is moved, not copied). A render error stops at once; an error from `keep` is returned after every
+/// object rendered, so that render errors come first, as when all render before any is kept. An app's
+/// `createNamespace` Namespace comes first in the result.
+fn render_each<'m, T>(
+    app: &App,
+    manifests: impl IntoIterator<Item = Cow<'m, Manifest>>,
+    context: &Variables,
+    mut keep: impl FnMut(RenderedObject) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut kept: Result<Vec<T>> = Ok(Vec::new());
     let mut seen: HashMap<(String, String, Option<String>, String), String> = HashMap::new();
     for manifest in manifests {
-        let site = Site::new(app, manifest);
-        let object = if substitutes(app, manifest, &site)? {
-            render_value(&manifest.object, context, &site, &mut String::new())?
-        } else {
-            manifest.object.clone()
-        };
-        let id = check_manifest_object(&manifest.file, manifest.document, &object)?;
-        let location = format!("{} document {}", manifest.file, manifest.document);
+        let (object, file, document) = render_manifest(app, manifest, context)?;
+        let id = check_manifest_object(&file, document, &object)?;
+        let location = format!("{file} document {document}");
         if let Some(first) = seen.insert(identity_key(&id), location.clone()) {
             return Err(Error::DuplicateObject {
                 app: app.name.clone(),
@@ -182,39 +217,83 @@ fn render_with(app: &App, manifests: &[Manifest], context: &Variables) -> Result
                 second: location,
             });
         }
-        objects.push(RenderedObject {
-            app: app.name.clone(),
-            file: manifest.file.clone(),
-            document: manifest.document,
-            object,
-            id,
-        });
-    }
-    if let Some(namespace) = app.namespace.as_ref().filter(|_| app.create_namespace) {
-        let object = serde_json::json!({
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}
-        });
-        let id = check_manifest_object(CREATED_NAMESPACE_FILE, 0, &object)?;
-        // An app that also writes its Namespace out keeps its own (labels and all).
-        if !seen.contains_key(&identity_key(&id)) {
-            objects.insert(
-                0,
-                RenderedObject {
-                    app: app.name.clone(),
-                    file: CREATED_NAMESPACE_FILE.to_owned(),
-                    document: 0,
-                    object,
-                    id,
-                },
-            );
+        if let Ok(objects) = &mut kept {
+            let rendered = RenderedObject {
+                app: app.name.clone(),
+                file,
+                document,
+                object,
+                id,
+            };
+            match keep(rendered) {
+                Ok(item) => objects.push(item),
+                Err(error) => kept = Err(error),
+            }
         }
     }
-    Ok(RenderedApp {
-        name: app.name.clone(),
-        policy: app.policy.clone(),
-        namespace: app.namespace.clone(),
-        objects,
+    let mut objects = kept?;
+    if let Some(namespace) = created_namespace(app, &seen)? {
+        objects.insert(0, keep(namespace)?);
+    }
+    Ok(objects)
+}
+
+/// One manifest's object rendered, with its file and document: substituted when the app and the object say
+/// so, else as written (moved out of an owned manifest, or copied).
+fn render_manifest(
+    app: &App,
+    manifest: Cow<'_, Manifest>,
+    context: &Variables,
+) -> Result<(Value, String, usize)> {
+    let site = Site::new(app, &manifest);
+    let substituted = if substitutes(app, &manifest, &site)? {
+        Some(render_value(
+            &manifest.object,
+            context,
+            &site,
+            &mut String::new(),
+        )?)
+    } else {
+        None
+    };
+    drop(site);
+    Ok(match manifest {
+        Cow::Borrowed(manifest) => (
+            substituted.unwrap_or_else(|| manifest.object.clone()),
+            manifest.file.clone(),
+            manifest.document,
+        ),
+        Cow::Owned(manifest) => (
+            substituted.unwrap_or(manifest.object),
+            manifest.file,
+            manifest.document,
+        ),
     })
+}
+
+/// The Namespace of an app's `createNamespace: true`, unless the app writes that Namespace out itself (it
+/// then keeps its own, labels and all).
+fn created_namespace(
+    app: &App,
+    seen: &HashMap<(String, String, Option<String>, String), String>,
+) -> Result<Option<RenderedObject>> {
+    let Some(namespace) = app.namespace.as_ref().filter(|_| app.create_namespace) else {
+        return Ok(None);
+    };
+    let object = serde_json::json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}
+    });
+    let id = check_manifest_object(CREATED_NAMESPACE_FILE, 0, &object)?;
+    if seen.contains_key(&identity_key(&id)) {
+        return Ok(None);
+    }
+    Ok(Some(RenderedObject {
+        app: app.name.clone(),
+        file: CREATED_NAMESPACE_FILE.to_owned(),
+        document: 0,
+        object,
+        id,
+    }))
 }
 
 /// Where an app's `createNamespace: true` Namespace comes from, in errors and status.
@@ -890,5 +969,51 @@ mod tests {
         assert_eq!(names, vec!["c", "a"]);
         let objects = crate::desired::all_or_first_error(shares).unwrap();
         assert_eq!(objects.last().map(|o| o.app.as_str()), Some("a"));
+    }
+
+    #[test]
+    fn consuming_the_bundle_renders_the_same_share() {
+        let cm = |name: &str, data: Value| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data});
+        let mut plain = app(
+            json!({"x": "1"}),
+            vec![cm("a", json!({"x": "${values.x}"}))],
+        );
+        plain.namespace = Some("team".to_owned());
+        plain.create_namespace = true;
+        plain.substitute = false;
+        let mut bad_wave = cm("w", json!({}));
+        bad_wave["metadata"]["annotations"] = json!({"windvane.io/wave": "soon"});
+        let mut waves = app(json!({}), vec![bad_wave.clone(), cm("ok", json!({}))]);
+        waves.name = "waves".to_owned();
+        // A render error later in the app wins over an earlier object's error once rendered.
+        let mut both = app(
+            json!({}),
+            vec![bad_wave, cm("u", json!({"u": "${values.missing}"}))],
+        );
+        both.name = "both".to_owned();
+        let mut elsewhere = app(json!({}), vec![cm("e", json!({}))]);
+        elsewhere.name = "elsewhere".to_owned();
+        elsewhere.selector = LabelSelector::parse("env=dev").unwrap();
+        let bundle = Bundle {
+            api_version: BUNDLE_API_VERSION.to_owned(),
+            fleet: "f".to_owned(),
+            apps: vec![plain, waves, both, elsewhere],
+        };
+        let cluster = cluster();
+        let describe =
+            |share: crate::desired::AppShare| (share.app, share.objects.map_err(|e| e.to_string()));
+        let borrowed: Vec<_> = crate::desired::cluster_share(&bundle, &cluster)
+            .map(describe)
+            .collect();
+        let consumed: Vec<_> = crate::desired::cluster_share_into(bundle, &cluster, |o| o)
+            .map(describe)
+            .collect();
+        assert_eq!(borrowed, consumed);
+        assert_eq!(consumed.len(), 3);
+        let first = consumed[0].1.as_ref().unwrap();
+        assert_eq!(first[0].id.kind, "Namespace");
+        assert_eq!(first[1].body["data"]["x"], json!("${values.x}"));
+        assert!(consumed[1].1.as_ref().unwrap_err().contains("wave"));
+        assert!(consumed[2].1.as_ref().unwrap_err().contains("missing"));
     }
 }

@@ -94,7 +94,7 @@ impl Engine {
         self.metrics.set_release_serial(accepted.pointer.serial);
         self.enforced = Some(Enforced {
             accepted,
-            bundle: known_good.bundle.into(),
+            bundle: crate::packed::PackedBundle::new(known_good.bundle),
         });
         self.fresh_bundle = Some(bundle);
         self.clear_refusal();

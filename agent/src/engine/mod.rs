@@ -30,6 +30,7 @@ use crate::fetcher::Fetcher;
 use crate::heal::Healer;
 use crate::inventory::Inventory;
 use crate::metrics::Metrics;
+use crate::packed::PackedBundle;
 use crate::report::StatusTx;
 use crate::source::{SourceClient, SourceLimits};
 use crate::state::StateStore;
@@ -62,12 +63,13 @@ pub struct EngineConfig {
 }
 
 /// The release being enforced.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Enforced {
     accepted: AcceptedRelease,
-    /// The verified bundle as fetched. It is parsed again when rendered rather than kept parsed: a parsed
-    /// bundle takes several times the memory of its bytes, and is needed only while rendering.
-    bundle: Arc<[u8]>,
+    /// The verified bundle as fetched, compressed once rendered. It is parsed again when rendered rather than
+    /// kept parsed: a parsed bundle takes several times the memory of its bytes, and is needed only while
+    /// rendering.
+    bundle: PackedBundle,
 }
 
 /// Longest the first sync after a start waits for the watches to list the managed objects.
@@ -142,7 +144,7 @@ impl Engine {
                 Ok(bundle) => {
                     let enforced = Enforced {
                         accepted: bundle.0,
-                        bundle: known_good.bundle.into(),
+                        bundle: PackedBundle::new(known_good.bundle),
                     };
                     info!(
                         serial = enforced.accepted.pointer.serial,
@@ -232,7 +234,7 @@ impl Engine {
                 continue;
             }
             if let Ok(resolved) = self.cluster.resolve(&entry.api_version, &entry.kind).await {
-                self.live.ensure_watch(&self.cluster, &resolved);
+                self.live.ensure_watch(&self.cluster, &resolved, None);
                 listing.insert((
                     resolved.resource.group.clone(),
                     resolved.resource.kind.clone(),

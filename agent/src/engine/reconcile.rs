@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use tracing::{Instrument, error, info, info_span, warn};
 use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::desired::cluster_share;
+use windvane_shared::desired::cluster_share_into;
 use windvane_shared::release;
 use windvane_shared::render::ClusterIdentity;
 
@@ -34,21 +34,25 @@ type RenderError = (String, String);
 impl Engine {
     /// Syncs the enforced release (nothing to do before one is known).
     pub(super) async fn reconcile(&mut self) -> Next {
-        let Some(enforced) = self.enforced.clone() else {
+        // Taken for the sync (nothing else reads it meanwhile), so that its bytes can be compressed.
+        let Some(mut enforced) = self.enforced.take() else {
             return Next::Idle;
         };
         let span = info_span!("sync", serial = enforced.accepted.pointer.serial, fleet = %self.config.fleet);
-        self.sync_release(&enforced).instrument(span).await
+        let next = self.sync_release(&mut enforced).instrument(span).await;
+        self.enforced = Some(enforced);
+        next
     }
 
-    async fn sync_release(&mut self, enforced: &Enforced) -> Next {
+    async fn sync_release(&mut self, enforced: &mut Enforced) -> Next {
         let started = Instant::now();
         let serial = enforced.accepted.pointer.serial;
         let Some(bundle) = self.take_bundle(enforced) else {
             return Next::Retry;
         };
-        let (desired, unrendered) = render(&bundle, &self.config.identity);
-        drop(bundle);
+        let (desired, unrendered) = render(bundle, &self.config.identity);
+        enforced.bundle.pack();
+        let enforced = &*enforced;
         let release_empty = desired.is_empty() && unrendered.is_empty();
         let report = self.apply(desired).await;
         self.watch_applied(&report).await;
@@ -111,8 +115,12 @@ impl Engine {
         if let Some(bundle) = self.fresh_bundle.take() {
             return Some(bundle);
         }
+        let Some(bytes) = enforced.bundle.bytes() else {
+            error!("the enforced bundle no longer decompresses");
+            return None;
+        };
         release::verify_bundle(
-            &enforced.bundle,
+            &bytes,
             &enforced.accepted.pointer,
             self.config.source_limits.max_bundle_bytes,
             BundleLimits::default(),
@@ -156,8 +164,11 @@ impl Engine {
         })
     }
 
-    /// Counts the outcomes and makes sure every applied kind is watched.
+    /// Counts the outcomes and makes sure every applied kind is watched, its lists paged for the largest
+    /// object of the kind.
     async fn watch_applied(&self, report: &ApplyReport) {
+        // By (group, kind): the version first applied, and the largest body of any version.
+        let mut largest: BTreeMap<(&str, &str), (&str, usize)> = BTreeMap::new();
         for result in &report.results {
             let counted = match result.outcome {
                 Outcome::Applied { written: true } => "written",
@@ -166,12 +177,17 @@ impl Engine {
                 Outcome::Failed(_) => "failed",
             };
             self.metrics.apply(counted);
-            if !applied(result) {
-                continue;
+            if applied(result) {
+                let id = &result.object.id;
+                let (_, size) = largest
+                    .entry((id.group(), &id.kind))
+                    .or_insert((&id.api_version, 0));
+                *size = (*size).max(result.object.body_len());
             }
-            let id = &result.object.id;
-            if let Ok(resolved) = self.cluster.resolve(&id.api_version, &id.kind).await {
-                self.live.ensure_watch(&self.cluster, &resolved);
+        }
+        for ((_, kind), (api_version, size)) in largest {
+            if let Ok(resolved) = self.cluster.resolve(api_version, kind).await {
+                self.live.ensure_watch(&self.cluster, &resolved, Some(size));
             }
         }
     }
@@ -349,15 +365,16 @@ fn log_sync(report: &ApplyReport, prune: &PrunePlan, complete: bool, elapsed: st
     );
 }
 
-/// This cluster's desired objects: every selected app rendered, with Windvane's labels, each app's objects
-/// made compact before the next app renders. An app that fails to render is reported and skipped; the others
-/// still apply. Render errors come back with their app's name: that app's prunes wait until it renders again.
-fn render(bundle: &Bundle, identity: &ClusterIdentity) -> (Vec<Desired>, Vec<RenderError>) {
+/// This cluster's desired objects: every selected app rendered, with Windvane's labels, each object made
+/// compact as soon as it renders, while the bundle is consumed: the release exists once as parsed values,
+/// never twice. An app that fails to render is reported and skipped; the others still apply. Render errors
+/// come back with their app's name: that app's prunes wait until it renders again.
+fn render(bundle: Bundle, identity: &ClusterIdentity) -> (Vec<Desired>, Vec<RenderError>) {
     let mut desired = Vec::new();
     let mut errors = Vec::new();
-    for share in cluster_share(bundle, identity) {
+    for share in cluster_share_into(bundle, identity, Desired::of) {
         match share.objects {
-            Ok(objects) => desired.extend(objects.into_iter().map(Desired::of)),
+            Ok(objects) => desired.extend(objects),
             Err(error) => {
                 error!(app = %share.app, %error, "cannot render app");
                 errors.push((share.app, error.to_string()));
