@@ -238,16 +238,34 @@ async fn drift_is_reverted_attributed_and_only_on_owned_fields() -> anyhow::Resu
         )
         .await?;
     let pods: Api<Pod> = Api::namespaced(s.kube.client(), "shop");
-    let first_pod = pods
-        .list(&ListParams::default().labels("app=web"))
-        .await?
-        .items
-        .into_iter()
-        .next()
-        .and_then(|p| p.metadata.name);
-    if let Some(pod) = first_pod {
-        pods.delete(&pod, &DeleteParams::default()).await?;
-    }
+    let web_pods = || async {
+        let names: Vec<String> = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await?
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| p.metadata.name)
+            .collect();
+        anyhow::Ok(names)
+    };
+    let running = wait_for("the Deployment's pods", WAIT, || async {
+        let names = web_pods().await?;
+        Ok((!names.is_empty()).then_some(names))
+    })
+    .await?;
+    let deleted = running[0].clone();
+    pods.delete(&deleted, &DeleteParams::default()).await?;
+    // The ReplicaSet replaces the pod; Windvane, which does not manage pods, does nothing.
+    wait_for(
+        "the ReplicaSet to recreate the deleted pod",
+        WAIT,
+        || async {
+            let names = web_pods().await?;
+            Ok((names.len() == running.len() && !names.contains(&deleted)).then_some(()))
+        },
+    )
+    .await?;
     holds_for(Duration::from_secs(3), async || {
         Ok(windvane_write_time(&s.kube).await? == before
             && drift_records(&agent.status().await?, "web").len() == records_before)
