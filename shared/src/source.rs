@@ -326,7 +326,7 @@ impl ChangeConfig {
 }
 
 fn has_kustomization(directory: &Path) -> bool {
-    ["kustomization.yaml", "kustomization.yml", "Kustomization"]
+    KUSTOMIZATION_FILES
         .iter()
         .any(|name| directory.join(name).is_file())
 }
@@ -616,11 +616,11 @@ impl Want {
     }
 }
 
+/// The file names kustomize reads as a kustomization.
+const KUSTOMIZATION_FILES: [&str; 3] = ["kustomization.yaml", "kustomization.yml", "Kustomization"];
+
 fn is_kustomization(name: &str) -> bool {
-    matches!(
-        name,
-        "kustomization.yaml" | "kustomization.yml" | "Kustomization"
-    )
+    KUSTOMIZATION_FILES.contains(&name)
 }
 
 fn config_error(field: &str, detail: impl Into<String>) -> Error {

@@ -417,6 +417,16 @@ pub fn object_state<'a>(status: &'a Value, object: &str) -> Option<&'a str> {
 }
 
 /// The value of one sample (`name{labels}` exactly as exposed) in a Prometheus text exposition.
+/// The sum of every sample of a metric family (over all its labels) in a Prometheus text; 0 when absent.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(sample, _)| *sample == name || sample.starts_with(&format!("{name}{{")))
+        .filter_map(|(_, value)| value.parse::<f64>().ok())
+        .sum()
+}
+
 pub fn metric(text: &str, sample: &str) -> Option<f64> {
     text.lines()
         .filter(|line| !line.starts_with('#'))

@@ -24,7 +24,9 @@ use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersion, GroupVersionKind};
 use serde_json::json;
-use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher, metric, object_state};
+use windvane_tests::fleet::{
+    Agent, AgentOptions, FleetTree, Publisher, metric, metric_sum, object_state,
+};
 use windvane_tests::localkube::LocalKube;
 use windvane_tests::poll::wait_for;
 use windvane_tests::store_server::StoreServer;
@@ -520,16 +522,6 @@ data: {added: 'true'}
 const OBJECTS: u64 = 12;
 
 const APISERVICE: &str = "APIService v1beta1.metrics.example.com";
-
-/// The sum of every sample of a metric family (over all its labels).
-fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter(|(sample, _)| *sample == name || sample.starts_with(&format!("{name}{{")))
-        .filter_map(|(_, value)| value.parse::<f64>().ok())
-        .fold(0.0, |sum, value| sum + value)
-}
 
 fn write_tree(tree: &FleetTree, crd: &str) -> anyhow::Result<()> {
     tree.write("fleet.yaml", FLEET_YAML)?;

@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use windvane_shared::yaml::{YamlLimits, documents_to_json};
-use windvane_tests::fleet::{Agent, AgentOptions, FleetTree};
+use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, metric_sum};
 use windvane_tests::localkube::LocalKube;
 use windvane_tests::poll::wait_for;
 use windvane_tests::process::binary;
@@ -428,13 +428,6 @@ fn assert_render_equals_applied(tree: &FleetTree, cluster: &Cluster) -> anyhow::
         );
     }
     Ok(objects.len())
-}
-
-fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|line| line.starts_with(name) && !line.starts_with('#'))
-        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -350,14 +350,7 @@ pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<
         cold_start.as_secs_f64(),
         s.idle.as_secs()
     ));
-    let idle_cpu = crate::cpu::process(pid)?;
-    let idle_start = Instant::now();
-    tokio::time::sleep(s.idle).await;
-    let idle_length = idle_start.elapsed();
-    let idle_cores = crate::cpu::process(pid)?
-        .saturating_sub(idle_cpu)
-        .as_secs_f64()
-        / idle_length.as_secs_f64();
+    let (idle_cores, idle_length) = crate::cpu::cores_over(pid, s.idle).await?;
 
     let before = shared.counters.snapshot();
     let split = crate::server::CpuSplit::start(pid);

@@ -37,6 +37,17 @@ pub fn process(pid: u32) -> anyhow::Result<Duration> {
     ticks(&stat_fields(&pid.to_string())?, 11..13)
 }
 
+/// How many cores the process `pid` used over the next `length` (CPU seconds per second), and how long the
+/// window really was.
+pub async fn cores_over(pid: u32, length: Duration) -> anyhow::Result<(f64, Duration)> {
+    let before = process(pid)?;
+    let start = std::time::Instant::now();
+    tokio::time::sleep(length).await;
+    let elapsed = start.elapsed();
+    let used = process(pid)?.saturating_sub(before);
+    Ok((used.as_secs_f64() / elapsed.as_secs_f64(), elapsed))
+}
+
 /// CPU time of this process, and of its children that have been waited for.
 pub fn own() -> anyhow::Result<(Duration, Duration)> {
     let fields = stat_fields("self")?;

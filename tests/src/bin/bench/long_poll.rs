@@ -265,14 +265,7 @@ pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<
         all_held.as_secs_f64(),
         s.idle.as_secs()
     ));
-    let waiting_cpu = crate::cpu::process(pid)?;
-    let waiting_start = Instant::now();
-    tokio::time::sleep(s.idle).await;
-    let waiting_length = waiting_start.elapsed();
-    let waiting_cores = crate::cpu::process(pid)?
-        .saturating_sub(waiting_cpu)
-        .as_secs_f64()
-        / waiting_length.as_secs_f64();
+    let (waiting_cores, waiting_length) = crate::cpu::cores_over(pid, s.idle).await?;
     // Still every poll held: the measured window starts from a fleet that is all waiting.
     wait_all_held(&mut server, s.agents, Duration::from_secs(30)).await?;
 
