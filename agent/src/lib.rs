@@ -27,6 +27,7 @@ pub mod leader;
 pub mod metrics;
 pub mod packed;
 pub mod plan;
+pub mod prevent;
 pub mod report;
 pub mod reporter;
 pub mod source;

@@ -73,6 +73,7 @@ fn desired_object(self_heal: bool, grace: Option<Duration>) -> DesiredObject {
         self_heal,
         prune: true,
         drift_grace_period: grace,
+        prevent: false,
         ignored_pointers: Vec::new(),
         file: "shop/settings.yaml".into(),
         document: 0,
