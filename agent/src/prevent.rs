@@ -286,5 +286,64 @@ pub fn objects(settings: &Settings, guarded: &[Guarded]) -> Option<(Value, Value
     Some((policy, binding))
 }
 
+/// A break-glass change's names, as the policy let them onto the object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakGlass {
+    pub by: String,
+    pub approver: String,
+    pub ticket: String,
+}
+
+impl std::fmt::Display for BreakGlass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "break-glass by {}, approved by {}, ticket {}",
+            self.by, self.approver, self.ticket
+        )
+    }
+}
+
+fn live_annotation<'a>(live: &'a Value, name: &str) -> Option<&'a str> {
+    live.pointer("/metadata/annotations")?
+        .get(name)?
+        .as_str()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+}
+
+/// The break-glass names a live object carries, when complete (ticket, author, and an approver who is not
+/// the author). Only meaningful on a prevented object: there the policy checked who wrote them.
+pub fn break_glass(live: &Value) -> Option<BreakGlass> {
+    let found = BreakGlass {
+        by: live_annotation(live, BY_ANNOTATION)?.to_owned(),
+        approver: live_annotation(live, APPROVER_ANNOTATION)?.to_owned(),
+        ticket: live_annotation(live, TICKET_ANNOTATION)?.to_owned(),
+    };
+    (found.by != found.approver).then_some(found)
+}
+
+/// Until when a break-glass change without its own `windvane.io/hold-until` is held: `cap` after it was
+/// detected; `None` once that is past.
+pub fn break_glass_until(
+    detected: jiff::Timestamp,
+    now: jiff::Timestamp,
+    cap: std::time::Duration,
+) -> Option<jiff::Timestamp> {
+    let until = detected.checked_add(cap).ok()?;
+    (until > now).then_some(until)
+}
+
+/// The merge patch that clears a break-glass change's annotations (and its hold) once it is reverted, so
+/// that its approval cannot be used again.
+pub fn clear_break_glass() -> Value {
+    json!({"metadata": {"annotations": {
+        TICKET_ANNOTATION: null,
+        BY_ANNOTATION: null,
+        APPROVER_ANNOTATION: null,
+        windvane_shared::desired::HOLD_UNTIL_ANNOTATION: null,
+    }}})
+}
+
 #[cfg(test)]
 mod tests;

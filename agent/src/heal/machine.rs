@@ -22,6 +22,7 @@ use crate::desired::Desired;
 use crate::drift::{self, Attribution, Baseline, ContestTracker, resource_version};
 use crate::health::assess;
 use crate::inventory::ObjectKey;
+use crate::prevent;
 use crate::report::object_state;
 
 /// Most drift records kept in memory for the heartbeat and `/status`.
@@ -339,17 +340,34 @@ impl DriftMachine {
         drift: &Drift,
         now: Now,
     ) -> Option<Vec<Action>> {
+        let break_glass = self
+            .desired
+            .get(key)
+            .filter(|d| d.prevent)
+            .and_then(|_| prevent::break_glass(live));
         let until = match drift::hold_until(live, now.wall, self.hold_cap) {
-            Ok(until) => until?,
+            Ok(Some(until)) => until,
+            // A break-glass change without a hold of its own is held for the cap from its detection.
+            Ok(None) if !has_hold(live) && break_glass.is_some() => {
+                let detected = self.open_drift(key).map_or(now.wall, |r| r.detected_at);
+                prevent::break_glass_until(detected, now.wall, self.hold_cap)?
+            }
+            Ok(None) => return None,
             Err(message) => {
                 warn!(%message, "ignoring a malformed hold");
                 return None;
             }
         };
-        let setter = drift::hold_setter(live).unwrap_or_else(|| "unknown".to_owned());
+        let setter = match &break_glass {
+            Some(names) => names.to_string(),
+            None => format!(
+                "held by {}",
+                drift::hold_setter(live).unwrap_or_else(|| "unknown".to_owned())
+            ),
+        };
         let mut out = Vec::new();
         if !matches!(drift.phase, Phase::Held(_)) {
-            let note = format!("held by {setter} until {until}: drift is not reverted until then");
+            let note = format!("{setter} until {until}: drift is not reverted until then");
             out.push(event(key, drift, EventType::Normal, "DriftHeld", note));
             self.set_action(key, DriftAction::Held);
             info!(%until, %setter, "drift held");
@@ -357,7 +375,7 @@ impl DriftMachine {
         let at = now.at + until.duration_since(now.wall).unsigned_abs();
         self.set_phase(key, Phase::Held(at));
         self.schedule(key, at);
-        let message = format!("held by {setter} until {until}");
+        let message = format!("{setter} until {until}");
         out.push(set_state(key, SyncState::Held, message));
         Some(out)
     }
@@ -614,6 +632,13 @@ impl DriftMachine {
         });
         self.first_record + self.records.len() as u64 - 1
     }
+}
+
+/// True when the object carries a `windvane.io/hold-until` annotation (expired or not).
+fn has_hold(live: &Value) -> bool {
+    live.pointer("/metadata/annotations")
+        .and_then(|a| a.get(windvane_shared::desired::HOLD_UNTIL_ANNOTATION))
+        .is_some()
 }
 
 /// The record with sequence number `number`, if it is still kept.

@@ -276,12 +276,28 @@ impl Healer {
             return Vec::new();
         };
         let id = &desired.id;
+        // A break-glass change ends with its revert: its approval is not to be used again.
+        let break_glass = self
+            .live
+            .get(key)
+            .filter(|_| desired.prevent)
+            .and_then(|live| crate::prevent::break_glass(&live));
         let written = match self.cluster.resolve(&id.api_version, &id.kind).await {
-            Ok(resolved) => self
-                .cluster
-                .apply(id, &resolved, &desired.body(), false)
-                .await
-                .map_err(|failure| failure.message),
+            Ok(resolved) => {
+                let applied = self
+                    .cluster
+                    .apply(id, &resolved, &desired.body(), false)
+                    .await;
+                match (applied, &break_glass) {
+                    (Ok(_), Some(names)) => {
+                        info!(%names, "break-glass change reverted; clearing its annotations");
+                        let clear = crate::prevent::clear_break_glass();
+                        self.cluster.merge_patch(id, &resolved, &clear).await
+                    }
+                    (applied, _) => applied,
+                }
+                .map_err(|failure| failure.message)
+            }
             Err(error) => Err(error.to_string()),
         };
         match written {

@@ -253,3 +253,49 @@ fn clusters_older_than_1_30_are_refused_clearly() {
     );
     assert!(supported("1", "x").unwrap_err().contains("cannot read"));
 }
+
+fn annotated(annotations: Value) -> Value {
+    json!({"metadata": {"name": "web", "annotations": annotations}})
+}
+
+#[test]
+fn a_complete_break_glass_names_two_people_and_a_ticket() {
+    let live = annotated(json!({
+        TICKET_ANNOTATION: "INC-7", BY_ANNOTATION: "alice", APPROVER_ANNOTATION: "bob"}));
+    let found = break_glass(&live).unwrap();
+    assert_eq!(
+        found.to_string(),
+        "break-glass by alice, approved by bob, ticket INC-7"
+    );
+    let self_approved = annotated(json!({
+        TICKET_ANNOTATION: "INC-7", BY_ANNOTATION: "alice", APPROVER_ANNOTATION: "alice"}));
+    assert_eq!(break_glass(&self_approved), None);
+    let no_ticket = annotated(json!({BY_ANNOTATION: "alice", APPROVER_ANNOTATION: "bob"}));
+    assert_eq!(break_glass(&no_ticket), None);
+    let blank = annotated(json!({
+        TICKET_ANNOTATION: " ", BY_ANNOTATION: "alice", APPROVER_ANNOTATION: "bob"}));
+    assert_eq!(break_glass(&blank), None);
+    assert_eq!(break_glass(&json!({"metadata": {}})), None);
+}
+
+#[test]
+fn a_break_glass_without_its_own_hold_lasts_the_cap_from_detection() {
+    let detected: jiff::Timestamp = "2026-12-04T10:00:00Z".parse().unwrap();
+    let cap = std::time::Duration::from_secs(24 * 3600);
+    let soon: jiff::Timestamp = "2026-12-04T11:00:00Z".parse().unwrap();
+    assert_eq!(
+        break_glass_until(detected, soon, cap),
+        Some("2026-12-05T10:00:00Z".parse().unwrap())
+    );
+    let late: jiff::Timestamp = "2026-12-05T10:00:00Z".parse().unwrap();
+    assert_eq!(break_glass_until(detected, late, cap), None);
+}
+
+#[test]
+fn clearing_removes_every_break_glass_annotation_and_the_hold() {
+    let patch = clear_break_glass();
+    let annotations = patch["metadata"]["annotations"].as_object().unwrap();
+    for name in [TICKET_ANNOTATION, BY_ANNOTATION, APPROVER_ANNOTATION, "windvane.io/hold-until"] {
+        assert_eq!(annotations.get(name), Some(&Value::Null), "{name}");
+    }
+}
