@@ -124,7 +124,12 @@ impl Engine {
             let answer = Api::<SelfSubjectReview>::all(client.clone())
                 .create(&PostParams::default(), &review)
                 .await
-                .map_err(|e| format!("asking who the agent is (SelfSubjectReview): {}", api_message(&e)))?;
+                .map_err(|e| {
+                    format!(
+                        "asking who the agent is (SelfSubjectReview): {}",
+                        api_message(&e)
+                    )
+                })?;
             let user = answer
                 .status
                 .and_then(|s| s.user_info)
@@ -146,7 +151,12 @@ impl Engine {
             agent_user: self.prevention.agent_user.clone().unwrap_or_default(),
             break_glass_group: self.config.break_glass_group.clone(),
             owner: self.prevention.owner_uid.clone().map(|uid| {
-                ("v1".into(), "Namespace".into(), self.config.namespace.clone(), uid)
+                (
+                    "v1".into(),
+                    "Namespace".into(),
+                    self.config.namespace.clone(),
+                    uid,
+                )
             }),
         })
     }

@@ -584,3 +584,93 @@ fn an_episode_whose_record_was_evicted_points_at_no_younger_record() {
         machine.open_drift(&key()).map(|r| &r.name)
     );
 }
+
+fn broken_glass(by: &str, approver: &str, resource_version: u64) -> Value {
+    let mut changed = taken_by("kubectl-patch", resource_version);
+    changed["metadata"]["annotations"] = json!({
+        "windvane.io/break-glass-ticket": "INC-7",
+        "windvane.io/break-glass-by": by,
+        "windvane.io/break-glass-approver": approver,
+    });
+    changed
+}
+
+fn prevented() -> Desired {
+    let mut object = desired_object(true, None);
+    object.prevent = true;
+    Desired::of(object)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_two_person_break_glass_is_held_for_the_cap_naming_both_and_the_ticket() {
+    let clock = Clock::new();
+    let mut machine = machine(prevented());
+    let changed = broken_glass("alice", "bob", 2);
+    let actions = machine.on_event(&key(), Some(&changed), clock.now(), Cause::Watch);
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "Normal DriftHeld", "state Held"]
+    );
+    assert_eq!(
+        message(&actions),
+        "break-glass by alice, approved by bob, ticket INC-7 until 2026-12-04T10:00:00Z"
+    );
+    assert_eq!(machine.records()[0].action, DriftAction::Held);
+    assert_eq!(machine.next_timer(), Some(clock.start + 24 * HOUR));
+
+    // At the end of the cap it is reverted, however often it is looked at meanwhile.
+    advance(HOUR).await;
+    let again = machine.on_event(
+        &key(),
+        Some(&broken_glass("alice", "bob", 3)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert_eq!(summary(&again), ["state Held"]);
+    advance(23 * HOUR).await;
+    let actions = machine.on_event(
+        &key(),
+        Some(&broken_glass("alice", "bob", 3)),
+        clock.now(),
+        Cause::Timer,
+    );
+    assert_eq!(summary(&actions), ["revert /data/mode"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn break_glass_holds_only_prevented_objects_with_two_people() {
+    let clock = Clock::new();
+    // Without prevention nobody checked who wrote the names: not a hold.
+    let mut plain = machine(desired(true, None));
+    let actions = plain.on_event(
+        &key(),
+        Some(&broken_glass("alice", "bob", 2)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "revert /data/mode"]
+    );
+    // One person approving themself: not a hold.
+    let mut alone = machine(prevented());
+    let actions = alone.on_event(
+        &key(),
+        Some(&broken_glass("alice", "alice", 2)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "revert /data/mode"]
+    );
+    // An expired hold of its own ends a break-glass at once.
+    let mut expired = machine(prevented());
+    let mut changed = broken_glass("alice", "bob", 2);
+    changed["metadata"]["annotations"]["windvane.io/hold-until"] = json!(clock.wall.to_string());
+    let actions = expired.on_event(&key(), Some(&changed), clock.now(), Cause::Watch);
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "revert /data/mode"]
+    );
+}

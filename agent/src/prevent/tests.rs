@@ -295,7 +295,12 @@ fn a_break_glass_without_its_own_hold_lasts_the_cap_from_detection() {
 fn clearing_removes_every_break_glass_annotation_and_the_hold() {
     let patch = clear_break_glass();
     let annotations = patch["metadata"]["annotations"].as_object().unwrap();
-    for name in [TICKET_ANNOTATION, BY_ANNOTATION, APPROVER_ANNOTATION, "windvane.io/hold-until"] {
+    for name in [
+        TICKET_ANNOTATION,
+        BY_ANNOTATION,
+        APPROVER_ANNOTATION,
+        "windvane.io/hold-until",
+    ] {
         assert_eq!(annotations.get(name), Some(&Value::Null), "{name}");
     }
 }
