@@ -30,6 +30,7 @@ pub mod plan;
 pub mod prevent;
 pub mod report;
 pub mod reporter;
+pub mod revert_request;
 pub mod source;
 pub mod state;
 pub mod watch;

@@ -107,6 +107,8 @@ async fn contract(db: &impl Database) {
         detected_at: Timestamp::now(),
         reverted_at: None,
         action: DriftAction::Reported,
+        break_glass: None,
+        revert_requested_by: None,
     }];
     let mut ghost = SimulatedAgent::new("ghost", 4, &[]);
     let g1 = verified(&mut ghost, SyncState::Synced);

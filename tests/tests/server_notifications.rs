@@ -169,6 +169,8 @@ fn rbac_drift() -> DriftRecord {
         detected_at: Timestamp::now(),
         reverted_at: None,
         action: DriftAction::Reported,
+        break_glass: None,
+        revert_requested_by: None,
     }
 }
 

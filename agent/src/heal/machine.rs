@@ -15,7 +15,7 @@ use kube::runtime::events::EventType;
 use serde_json::Value;
 use tokio::time::Instant;
 use tracing::{info, warn};
-use windvane_shared::heartbeat::{DriftAction, DriftRecord};
+use windvane_shared::heartbeat::{BreakGlassRecord, DriftAction, DriftRecord};
 use windvane_shared::status::SyncState;
 
 use crate::desired::Desired;
@@ -24,6 +24,7 @@ use crate::health::assess;
 use crate::inventory::ObjectKey;
 use crate::prevent;
 use crate::report::object_state;
+use crate::revert_request;
 
 /// Most drift records kept in memory for the heartbeat and `/status`.
 const MAX_DRIFT_RECORDS: usize = 1_000;
@@ -263,8 +264,33 @@ impl DriftMachine {
             out.extend(held);
             return out;
         }
+        if !desired.self_heal
+            && let Some(who) = live.and_then(revert_request::requested_by)
+        {
+            out.extend(self.revert_on_request(key, &drift, &who));
+            return out;
+        }
         out.extend(self.heal(key, &desired, &drift, now, cause));
         out
+    }
+
+    /// Alert-only drift that an operator asked to revert (`windvane.io/revert=now`): reverted once, with
+    /// who asked recorded.
+    fn revert_on_request(&mut self, key: &ObjectKey, drift: &Drift, who: &str) -> Vec<Action> {
+        info!(requested_by = %who, "manual revert requested");
+        if let Some(episode) = self.episodes.get(key)
+            && let Some(record) = record_mut(&mut self.records, self.first_record, episode.record)
+        {
+            record.revert_requested_by = Some(who.to_owned());
+        }
+        let note = format!("revert of alert-only drift requested by {who}");
+        vec![
+            event(key, drift, EventType::Normal, "RevertRequested", note),
+            Action::Revert {
+                key: key.clone(),
+                fields: drift.fields.clone(),
+            },
+        ]
     }
 
     /// The fields `key` lost against its baseline; empty when none (the baseline then follows what it owns
@@ -371,6 +397,17 @@ impl DriftMachine {
             out.push(event(key, drift, EventType::Normal, "DriftHeld", note));
             self.set_action(key, DriftAction::Held);
             info!(%until, %setter, "drift held");
+        }
+        if let Some(names) = break_glass
+            && let Some(episode) = self.episodes.get(key)
+            && let Some(record) = record_mut(&mut self.records, self.first_record, episode.record)
+        {
+            record.break_glass = Some(BreakGlassRecord {
+                by: names.by,
+                approver: names.approver,
+                ticket: names.ticket,
+                until,
+            });
         }
         let at = now.at + until.duration_since(now.wall).unsigned_abs();
         self.set_phase(key, Phase::Held(at));
@@ -629,6 +666,8 @@ impl DriftMachine {
             detected_at: now,
             reverted_at: None,
             action: DriftAction::Reported,
+            break_glass: None,
+            revert_requested_by: None,
         });
         self.first_record + self.records.len() as u64 - 1
     }

@@ -276,23 +276,33 @@ impl Healer {
             return Vec::new();
         };
         let id = &desired.id;
-        // A break-glass change ends with its revert: its approval is not to be used again.
-        let break_glass = self
-            .live
-            .get(key)
-            .filter(|_| desired.prevent)
-            .and_then(|live| crate::prevent::break_glass(&live));
+        // A break-glass change ends with its revert: its approval is not to be used again. A manual revert
+        // request is consumed by it.
+        let clear = self.live.get(key).and_then(|live| {
+            let break_glass = desired.prevent && crate::prevent::break_glass(&live).is_some();
+            let requested = crate::revert_request::requested_by(&live).is_some();
+            match (break_glass, requested) {
+                (false, false) => None,
+                (true, false) => Some(crate::prevent::clear_break_glass()),
+                (false, true) => Some(crate::revert_request::clear()),
+                (true, true) => {
+                    let mut patch = crate::prevent::clear_break_glass();
+                    patch["metadata"]["annotations"][crate::revert_request::REVERT_ANNOTATION] =
+                        Value::Null;
+                    Some(patch)
+                }
+            }
+        });
         let written = match self.cluster.resolve(&id.api_version, &id.kind).await {
             Ok(resolved) => {
                 let applied = self
                     .cluster
                     .apply(id, &resolved, &desired.body(), false)
                     .await;
-                match (applied, &break_glass) {
-                    (Ok(_), Some(names)) => {
-                        info!(%names, "break-glass change reverted; clearing its annotations");
-                        let clear = crate::prevent::clear_break_glass();
-                        self.cluster.merge_patch(id, &resolved, &clear).await
+                match (applied, &clear) {
+                    (Ok(_), Some(patch)) => {
+                        info!("reverted; clearing the break-glass or revert request annotations");
+                        self.cluster.merge_patch(id, &resolved, patch).await
                     }
                     (applied, _) => applied,
                 }

@@ -616,6 +616,16 @@ async fn a_two_person_break_glass_is_held_for_the_cap_naming_both_and_the_ticket
         "break-glass by alice, approved by bob, ticket INC-7 until 2026-12-04T10:00:00Z"
     );
     assert_eq!(machine.records()[0].action, DriftAction::Held);
+    let names = machine.records()[0].break_glass.clone().unwrap();
+    assert_eq!(
+        (
+            names.by.as_str(),
+            names.approver.as_str(),
+            names.ticket.as_str()
+        ),
+        ("alice", "bob", "INC-7")
+    );
+    assert_eq!(names.until, clock.wall_after(24 * HOUR));
     assert_eq!(machine.next_timer(), Some(clock.start + 24 * HOUR));
 
     // At the end of the cap it is reverted, however often it is looked at meanwhile.
@@ -672,5 +682,56 @@ async fn break_glass_holds_only_prevented_objects_with_two_people() {
     assert_eq!(
         summary(&actions),
         ["Warning DriftDetected", "revert /data/mode"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn alert_only_drift_is_reverted_once_when_an_operator_asks() {
+    let clock = Clock::new();
+    let mut machine = machine(desired(false, None));
+    let taken = taken_by("kubectl-edit", 2);
+    let actions = machine.on_event(&key(), Some(&taken), clock.now(), Cause::Watch);
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "state OutOfSync"]
+    );
+
+    let mut asked = taken_by("kubectl-edit", 3);
+    asked["metadata"]["annotations"] = json!({"windvane.io/revert": "now"});
+    asked["metadata"]["managedFields"]
+        .as_array_mut()
+        .unwrap()
+        .push(entry(
+            "oncall-carol",
+            "Update",
+            json!({"f:metadata": {"f:annotations": {"f:windvane.io/revert": {}}}}),
+        ));
+    let actions = machine.on_event(&key(), Some(&asked), clock.now(), Cause::Watch);
+    assert_eq!(
+        summary(&actions),
+        ["Normal RevertRequested", "revert /data/mode"]
+    );
+    let Action::Event { note, .. } = &actions[0] else {
+        unreachable!()
+    };
+    assert_eq!(note, "revert of alert-only drift requested by oncall-carol");
+    assert_eq!(
+        machine.records()[0].revert_requested_by.as_deref(),
+        Some("oncall-carol")
+    );
+    let fields = ["/data/mode".to_owned()];
+    machine.reverted(&key(), &in_step(4), &fields, clock.now());
+    assert_eq!(machine.records()[0].action, DriftAction::Reverted);
+
+    // The next drift, without a request, is only reported again.
+    let actions = machine.on_event(
+        &key(),
+        Some(&taken_by("kubectl-edit", 5)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "state OutOfSync"]
     );
 }

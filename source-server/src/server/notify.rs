@@ -704,6 +704,8 @@ mod tests {
             detected_at: Timestamp::from_second(1_800_000_000).expect("valid"),
             reverted_at: None,
             action: DriftAction::Reverted,
+            break_glass: None,
+            revert_requested_by: None,
         }
     }
 
