@@ -359,3 +359,92 @@ async fn a_cluster_that_goes_unknown_again_after_recovering_alerts_again_once_pe
     let last = arrivals(&received, "/hook").pop().expect("arrivals");
     assert_eq!(last.1, "prod-eu/Recovered#2/3");
 }
+
+/// The PagerDuty events on `path` in arrival order: (event_action, dedup_key).
+fn pagerduty_events(received: &Arc<Mutex<Received>>, path: &str) -> Vec<(String, String)> {
+    received
+        .lock()
+        .expect("lock")
+        .by_path
+        .get(path)
+        .map(|list| {
+            list.iter()
+                .map(|v| {
+                    (
+                        v["event_action"].as_str().unwrap_or_default().to_owned(),
+                        v["dedup_key"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn wait_for_pagerduty(
+    received: &Arc<Mutex<Received>>,
+    count: usize,
+) -> Vec<(String, String)> {
+    let what = format!("{count} PagerDuty events");
+    eventually(&what, Duration::from_secs(30), || {
+        let got = pagerduty_events(received, "/pd");
+        async move {
+            assert!(
+                got.len() <= count,
+                "more PagerDuty events than expected: {got:?}"
+            );
+            (got.len() == count).then_some(got)
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pagerduty_gets_one_trigger_and_one_resolve_per_episode_with_its_own_key() {
+    let (hooks, received) = receiver().await;
+    let config = serde_json::json!({
+        "sinks": [{
+            "name": "pd", "type": "pagerduty", "url": format!("{hooks}/pd"), "routingKey": "test-routing-key",
+            "triggers": ["Failed", "Unknown", "Drift", "Recovered"]
+        }]
+    });
+    let server = ServerProcess::start(Options {
+        notifications: Some(config.to_string()),
+        unknown_after: Some("2s".into()),
+        ..Options::default()
+    });
+    let http = client();
+    let mut agent = SimulatedAgent::new("prod-eu", 1, &[("env", "prod")]);
+    assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
+    agent.beat(&http, &server.url, SyncState::Synced).await;
+
+    // Episode 1: Failed (twice: one trigger), then Synced: one resolve, same key.
+    agent.beat(&http, &server.url, SyncState::Failed).await;
+    agent.beat(&http, &server.url, SyncState::Failed).await;
+    let first = wait_for_pagerduty(&received, 1).await;
+    agent.beat(&http, &server.url, SyncState::Synced).await;
+    let events = wait_for_pagerduty(&received, 2).await;
+    assert_eq!(events[0], first[0]);
+    assert_eq!(events[0].0, "trigger");
+    assert_eq!(events[1].0, "resolve");
+    assert_eq!(events[0].1, events[1].1, "one episode, one dedup_key");
+    {
+        let state = received.lock().expect("lock");
+        let trigger = &state.by_path["/pd"][0];
+        assert_eq!(trigger["routing_key"], "test-routing-key");
+        assert_eq!(trigger["payload"]["source"], "prod-eu");
+        assert_eq!(trigger["payload"]["severity"], "critical");
+    }
+
+    // Episode 2: silence makes it Unknown; the heartbeat that follows resolves it. A new key.
+    let events = wait_for_pagerduty(&received, 3).await;
+    assert_eq!(events[2].0, "trigger");
+    agent.beat(&http, &server.url, SyncState::Synced).await;
+    let events = wait_for_pagerduty(&received, 4).await;
+    assert_eq!(events[3].0, "resolve");
+    assert_eq!(events[2].1, events[3].1);
+    assert_ne!(
+        events[0].1, events[2].1,
+        "the second episode has a key of its own"
+    );
+    stays_quiet(&received, Duration::from_secs(1)).await;
+}

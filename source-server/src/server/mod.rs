@@ -20,6 +20,7 @@ mod long_poll;
 pub mod metrics;
 pub mod notify;
 pub mod page;
+pub mod pagerduty;
 pub mod route;
 pub mod status;
 pub mod verify;

@@ -1,7 +1,8 @@
 //! Notifications: which state changes and drift page someone, deduplicated, and delivered to webhooks.
 //!
-//! Configured from a JSON (or YAML) file ([`Config`]): sinks — a generic JSON webhook or a Slack-compatible
-//! incoming webhook — each optionally limited to some triggers, a minimum severity and a label selector.
+//! Configured from a JSON (or YAML) file ([`Config`]): sinks — a generic JSON webhook, a Slack-compatible
+//! incoming webhook or PagerDuty Events v2 ([`super::pagerduty`]) — each optionally limited to some
+//! triggers, a minimum and a maximum severity and a label selector.
 //! Triggers: a cluster enters OutOfSync, Degraded, Failed, Contested or Unknown; it recovers (reaches Synced
 //! after any of those); drift on RBAC (`rbac.authorization.k8s.io`), NetworkPolicy, admission webhook
 //! configurations or `securityContext` fields (always severity critical).
@@ -88,6 +89,8 @@ pub enum SinkKind {
     Webhook,
     /// POSTs `{"text": …}` to a Slack-compatible incoming webhook.
     Slack,
+    /// POSTs a PagerDuty Events API v2 event ([`super::pagerduty`]): trigger, and resolve on recovery.
+    Pagerduty,
 }
 
 /// One destination.
@@ -106,6 +109,15 @@ pub struct Sink {
     /// A label selector: only clusters it matches.
     #[serde(default)]
     pub selector: Option<String>,
+    /// Only notifications up to this severity (route critical to PagerDuty, the rest to Slack).
+    #[serde(default)]
+    pub max_severity: Option<Severity>,
+    /// PagerDuty: the integration's routing key (or `routingKeyFile`).
+    #[serde(default, skip_serializing)]
+    pub routing_key: Option<String>,
+    /// PagerDuty: a file holding the routing key, relative to the config file.
+    #[serde(default)]
+    pub routing_key_file: Option<std::path::PathBuf>,
 }
 
 fn default_severity() -> Severity {
@@ -137,7 +149,21 @@ impl Config {
             detail,
         };
         let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-        let config = Config::parse(&text).map_err(bad)?;
+        let mut config = Config::parse(&text).map_err(bad)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for sink in &mut config.sinks {
+            if let Some(file) = &sink.routing_key_file {
+                let file = base.join(file);
+                let key = std::fs::read_to_string(&file).map_err(|e| {
+                    bad(format!(
+                        "sink {}: routingKeyFile {}: {e}",
+                        sink.name,
+                        file.display()
+                    ))
+                })?;
+                sink.routing_key = Some(key.trim().to_owned());
+            }
+        }
         Ok(config)
     }
 
@@ -171,6 +197,13 @@ impl Config {
             if !(sink.url.starts_with("http://") || sink.url.starts_with("https://")) {
                 return Err(format!(
                     "sink {}: url must be http:// or https://",
+                    sink.name
+                ));
+            }
+            let keyed = sink.routing_key.is_some() || sink.routing_key_file.is_some();
+            if sink.kind == SinkKind::Pagerduty && !keyed {
+                return Err(format!(
+                    "sink {}: a pagerduty sink needs routingKey or routingKeyFile",
                     sink.name
                 ));
             }
@@ -457,7 +490,21 @@ pub fn sink_wants(sink: &Sink, notification: &Notification) -> bool {
         }
         None => true,
     };
-    trigger_ok && notification.severity >= sink.min_severity && selector_ok
+    let below_max = sink
+        .max_severity
+        .is_none_or(|max| notification.severity <= max);
+    trigger_ok && notification.severity >= sink.min_severity && below_max && selector_ok
+}
+
+/// The request body for `sink` (PagerDuty needs the sink's routing key).
+pub fn sink_body(sink: &Sink, notification: &Notification) -> serde_json::Value {
+    match sink.kind {
+        SinkKind::Pagerduty => super::pagerduty::event(
+            notification,
+            sink.routing_key.as_deref().unwrap_or_default(),
+        ),
+        kind => body_for(kind, notification),
+    }
 }
 
 /// The request body for a sink.
@@ -480,6 +527,7 @@ pub fn body_for(kind: SinkKind, notification: &Notification) -> serde_json::Valu
             }
             serde_json::json!({ "text": text })
         }
+        SinkKind::Pagerduty => super::pagerduty::event(notification, ""),
     }
 }
 
@@ -637,7 +685,7 @@ async fn deliver(
     notification: &Notification,
     metrics: &Metrics,
 ) {
-    let body = body_for(sink.kind, notification);
+    let body = sink_body(sink, notification);
     for attempt in 1..=MAX_ATTEMPTS {
         let result = client
             .post(&sink.url)
@@ -867,6 +915,58 @@ mod tests {
             "c1/Drift rbac.authorization.k8s.io/Role ns/x/3"
         );
         assert!(notes[1].summary.contains("kubectl-edit"));
+    }
+
+    #[test]
+    fn pagerduty_sinks_need_a_routing_key_and_route_by_severity() {
+        let missing = Config::parse(
+            r#"{"sinks":[{"name":"pd","type":"pagerduty","url":"https://events.pagerduty.com/v2/enqueue"}]}"#,
+        )
+        .unwrap_err();
+        assert!(missing.contains("routingKey"), "{missing}");
+        let config = Config::parse(
+            r#"{"sinks":[
+                {"name":"pd","type":"pagerduty","url":"http://127.0.0.1:9/v2/enqueue","routingKey":"R",
+                 "minSeverity":"critical"},
+                {"name":"rest","type":"slack","url":"http://127.0.0.1:9/s","maxSeverity":"warning"}]}"#,
+        )
+        .expect("valid");
+        let mut t = Tracker::default();
+        let failed = t.observe(&event(ClusterState::Failed, 1)).remove(0);
+        assert!(sink_wants(&config.sinks[0], &failed));
+        assert!(
+            !sink_wants(&config.sinks[1], &failed),
+            "critical goes to PagerDuty only"
+        );
+        let body = sink_body(&config.sinks[0], &failed);
+        assert_eq!(body["routing_key"], "R");
+        assert_eq!(body["event_action"], "trigger");
+        let out_of_sync = t.observe(&event(ClusterState::OutOfSync, 1)).remove(0);
+        assert!(!sink_wants(&config.sinks[0], &out_of_sync));
+        assert!(sink_wants(&config.sinks[1], &out_of_sync));
+        // The routing key is a secret: never written back out.
+        assert!(
+            !serde_json::to_string(&config.sinks[0])
+                .unwrap()
+                .contains("\"R\"")
+        );
+    }
+
+    #[test]
+    fn routing_keys_are_read_from_a_file_beside_the_config() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("pd.key"), "K3Y\n").expect("write");
+        let path = dir.path().join("notifications.yaml");
+        std::fs::write(
+            &path,
+            "sinks:\n  - {name: pd, type: pagerduty, url: 'http://127.0.0.1:9/e', routingKeyFile: pd.key}\n",
+        )
+        .expect("write");
+        let config = Config::load(&path).expect("loads");
+        assert_eq!(config.sinks[0].routing_key.as_deref(), Some("K3Y"));
+        std::fs::remove_file(dir.path().join("pd.key")).expect("remove");
+        let error = Config::load(&path).unwrap_err().to_string();
+        assert!(error.contains("routingKeyFile"), "{error}");
     }
 
     #[test]
