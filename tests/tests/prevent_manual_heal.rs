@@ -1,6 +1,8 @@
-//! Manual heal against a real control plane: with selfHeal false, a scale is only reported (OutOfSync);
-//! `kubectl annotate … windvane.io/revert=now` reverts it once, records who asked (the field manager of the
-//! request) in the drift record, and the request annotation is consumed.
+//! Manual heal and the audit export against a real control plane and a real source server: with selfHeal
+//! false, a scale is only reported (OutOfSync); `kubectl annotate … windvane.io/revert=now` reverts it once,
+//! records who asked (the field manager of the request) in the drift record, and the request annotation is
+//! consumed. The server exports every drift record it stores as a JSON line with the documented fields
+//! (`--audit-export FILE`), and `/api/v1/drift` pages (`limit`, `offset`, `next`).
 
 use std::time::Duration;
 
@@ -9,7 +11,7 @@ use kube::api::Api;
 use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher, object_state};
 use windvane_tests::localkube::LocalKube;
 use windvane_tests::poll::wait_for;
-use windvane_tests::store_server::StoreServer;
+use windvane_tests::server::SourceServer;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -51,8 +53,19 @@ async fn alert_only_drift_is_reverted_once_on_request() -> anyhow::Result<()> {
     tree.write("fleet.yaml", FLEET)?;
     tree.write("web/objects.yaml", WEB)?;
     publisher.publish(&tree, "stable")?;
-    let server = StoreServer::start(publisher.store()).await?;
-    let options = AgentOptions::new(&server.url(), &publisher.public_key_path(), "c1");
+    let audit_dir = tempfile::tempdir()?;
+    let audit = audit_dir.path().join("drift.jsonl");
+    let audit_arg = audit.display().to_string();
+    let server = SourceServer::start(&publisher.store(), &["--audit-export", &audit_arg]).await?;
+    let mut options = AgentOptions::new(&server.url, &publisher.public_key_path(), "c1");
+    options.extra = vec![
+        "--server".into(),
+        server.url.clone(),
+        "--registration-token-file".into(),
+        server.token_file.display().to_string(),
+        "--heartbeat-interval".into(),
+        "1s".into(),
+    ];
     let agent = Agent::start(&kube, &options).await?;
     agent
         .wait_status("synced", WAIT, |st| st["state"] == "Synced")
@@ -105,5 +118,68 @@ async fn alert_only_drift_is_reverted_once_on_request() -> anyhow::Result<()> {
         .unwrap_or_default();
     assert_eq!(record["revertRequestedBy"], "kubectl-annotate", "{record}");
     assert_eq!(record["manager"], "kubectl", "{record}");
+
+    // The server's JSON-lines export holds the drift as reported and as reverted, every line with the
+    // documented fields.
+    let lines = wait_for("the reverted drift exported", WAIT, || async {
+        let text = std::fs::read_to_string(&audit).unwrap_or_default();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()?;
+        let reverted = lines.iter().any(|l| l["action"] == "Reverted");
+        Ok(reverted.then_some(lines))
+    })
+    .await?;
+    for line in &lines {
+        for field in [
+            "cluster",
+            "release",
+            "app",
+            "group",
+            "kind",
+            "namespace",
+            "name",
+            "fields",
+            "deleted",
+            "who",
+            "operation",
+            "changedAt",
+            "detectedAt",
+            "repairedAt",
+            "action",
+            "revertRequestedBy",
+            "receivedAt",
+        ] {
+            assert!(line.get(field).is_some(), "{field} missing from {line}");
+        }
+        assert_eq!(line["cluster"], "c1");
+        assert_eq!(line["release"], 1);
+        assert_eq!(line["name"], "web");
+        assert_eq!(line["fields"], serde_json::json!(["/spec/replicas"]));
+    }
+    let reverted = lines
+        .iter()
+        .find(|l| l["action"] == "Reverted")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        reverted["revertRequestedBy"], "kubectl-annotate",
+        "{reverted}"
+    );
+    assert!(reverted["repairedAt"].is_string(), "{reverted}");
+
+    // Every exported line is in the drift log, which pages.
+    let all = server.api("/api/v1/drift?cluster=c1").await?;
+    let stored = all["drift"].as_array().map_or(0, Vec::len);
+    assert_eq!(stored, lines.len(), "{all}");
+    assert!(all["next"].is_null(), "one page holds it all: {all}");
+    let first = server.api("/api/v1/drift?cluster=c1&limit=1").await?;
+    assert_eq!(first["drift"].as_array().map(Vec::len), Some(1));
+    assert_eq!(first["next"], 1);
+    let second = server
+        .api("/api/v1/drift?cluster=c1&limit=1&offset=1")
+        .await?;
+    assert_ne!(first["drift"][0], second["drift"][0]);
     Ok(())
 }

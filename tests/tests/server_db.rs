@@ -153,12 +153,12 @@ async fn contract(db: &impl Database) {
         (Some(SyncState::OutOfSync), 1)
     );
 
-    let drift = db.drift(None, None, 10).await.expect("drift");
+    let drift = db.drift(None, None, 10, 0).await.expect("drift");
     assert_eq!(drift.len(), 1);
     assert_eq!(drift[0].cluster, "beta");
     assert_eq!(drift[0].record.manager.as_deref(), Some("kubectl-edit"));
     assert!(
-        db.drift(Some("alpha"), None, 10)
+        db.drift(Some("alpha"), None, 10, 0)
             .await
             .expect("drift")
             .is_empty()
@@ -167,11 +167,19 @@ async fn contract(db: &impl Database) {
         .checked_add(jiff::SignedDuration::from_hours(1))
         .expect("time");
     assert!(
-        db.drift(None, Some(later), 10)
+        db.drift(None, Some(later), 10, 0)
             .await
             .expect("drift")
             .is_empty()
     );
+
+    // A page past the end is empty; the retention deletes what was detected before it.
+    assert!(db.drift(None, None, 10, 1).await.expect("drift").is_empty());
+    assert_eq!(
+        db.prune_drift(Timestamp::UNIX_EPOCH).await.expect("prune"),
+        0
+    );
+    assert_eq!(db.drift(None, None, 10, 0).await.expect("drift").len(), 1);
 
     // Notification claims: once each per serial and alert episode; a recovery starts the next episode.
     let now = Timestamp::now();
@@ -229,12 +237,16 @@ async fn contract(db: &impl Database) {
         ]
     );
 
+    // The drift retention deletes what was detected before its cut-off.
+    assert_eq!(db.prune_drift(later).await.expect("prune drift"), 1);
+    assert!(db.drift(None, None, 10, 0).await.expect("drift").is_empty());
+
     // Forget removes everything about the cluster.
     assert!(db.forget("beta").await.expect("forget"));
     assert!(!db.forget("beta").await.expect("forget"));
     assert_eq!(db.get_cluster("beta").await.expect("get"), None);
     assert!(
-        db.drift(Some("beta"), None, 10)
+        db.drift(Some("beta"), None, 10, 0)
             .await
             .expect("drift")
             .is_empty()

@@ -79,7 +79,7 @@ struct ServeArgs {
     /// (Authorization: Bearer TOKEN, or HTTP Basic with TOKEN as the password).
     #[arg(long, env = "WINDVANE_READ_TOKEN_FILE", value_name = "FILE")]
     read_token_file: Option<PathBuf>,
-    /// Notifications config (JSON or YAML): sinks (webhook, slack), triggers, severities, selectors.
+    /// Notifications config (JSON or YAML): sinks (webhook, slack, pagerduty), triggers, severities, selectors.
     #[arg(long, env = "WINDVANE_NOTIFICATIONS", value_name = "FILE")]
     notifications: Option<PathBuf>,
     /// Fixed grace period before a silent cluster is Unknown (default: 3 x the cluster's own interval).
@@ -94,6 +94,12 @@ struct ServeArgs {
     /// Most heartbeats stored in one transaction.
     #[arg(long, env = "WINDVANE_MAX_BATCH", value_name = "N", default_value_t = server::DEFAULT_MAX_BATCH)]
     max_batch: usize,
+    /// Audit export: every drift record as a JSON line, appended to this file or POSTed to this http(s) URL.
+    #[arg(long, env = "WINDVANE_AUDIT_EXPORT", value_name = "FILE|URL")]
+    audit_export: Option<String>,
+    /// Delete drift log rows detected longer ago than this (default: keep them all).
+    #[arg(long, env = "WINDVANE_DRIFT_RETENTION", value_name = "DUR", value_parser = duration)]
+    drift_retention: Option<std::time::Duration>,
     /// Log format.
     #[arg(long, env = "WINDVANE_LOG_FORMAT", value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -153,6 +159,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_clock_skew: args.max_clock_skew,
         ingest_queue: args.ingest_queue,
         max_batch: args.max_batch,
+        audit_export: args
+            .audit_export
+            .as_deref()
+            .map(server::audit::AuditTarget::parse),
+        drift_retention: args.drift_retention,
     };
     if config.admin_token.is_none() {
         tracing::warn!(

@@ -10,6 +10,7 @@
 //! ([`verify`]). Status is computed at read time from what the database
 //! holds ([`status`], [`view`]), so every replica shows the same fleet.
 
+pub mod audit;
 pub mod auth;
 mod conns;
 pub mod db;
@@ -80,6 +81,10 @@ pub struct ServeConfig {
     pub max_clock_skew: Duration,
     pub ingest_queue: usize,
     pub max_batch: usize,
+    /// Every stored drift record also goes out as a JSON line here.
+    pub audit_export: Option<audit::AuditTarget>,
+    /// Drift log rows detected longer ago than this are deleted (hourly); `None` keeps them.
+    pub drift_retention: Option<Duration>,
 }
 
 /// Shared state of all requests.
@@ -163,14 +168,23 @@ impl Server {
             )));
             tx
         });
+        let audit_tx = config.audit_export.map(|target| {
+            let (tx, rx) = mpsc::channel(8192);
+            background.push(tokio::spawn(audit::run(target, rx)));
+            tx
+        });
         let writer = tokio::spawn(ingest::run_writer(
             Arc::clone(&db),
             ingest_rx,
             config.max_batch.max(1),
             Arc::clone(&metrics),
             notifier_tx,
+            audit_tx,
         ));
-        background.push(tokio::spawn(prune_loop(Arc::clone(&db))));
+        background.push(tokio::spawn(prune_loop(
+            Arc::clone(&db),
+            config.drift_retention,
+        )));
 
         let verifier = verify::BatchVerifier::start(Some(Arc::clone(&metrics)));
         let app = Arc::new(App {
@@ -298,11 +312,21 @@ impl Server {
     }
 }
 
-/// Deletes heartbeat-log rows older than the retention, hourly.
-async fn prune_loop(db: Arc<Db>) {
+/// Deletes heartbeat-log rows older than the retention, and drift rows older than `drift_retention`, hourly.
+async fn prune_loop(db: Arc<Db>, drift_retention: Option<Duration>) {
     let mut tick = tokio::time::interval(Duration::from_secs(3600));
     loop {
         tick.tick().await;
+        if let Some(retention) = drift_retention {
+            let before = jiff::Timestamp::now()
+                .checked_sub(jiff::SignedDuration::try_from(retention).unwrap_or_default())
+                .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+            match db.prune_drift(before).await {
+                Ok(n) if n > 0 => tracing::info!(rows = n, "pruned the drift log"),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "pruning the drift log failed"),
+            }
+        }
         let before = jiff::Timestamp::now()
             .checked_sub(
                 jiff::SignedDuration::try_from(db::HEARTBEAT_LOG_RETENTION).unwrap_or_default(),

@@ -203,13 +203,17 @@ pub trait Database: Send + Sync + 'static {
         &self,
         cluster: &str,
     ) -> impl Future<Output = Result<Option<(ClusterSummary, Option<String>)>>> + Send;
-    /// Drift entries, newest first, optionally for one cluster and detected at or after `since`.
+    /// Drift entries, newest first, optionally for one cluster and detected at or after `since`; a page of
+    /// `limit` after skipping `offset`.
     fn drift(
         &self,
         cluster: Option<&str>,
         since: Option<Timestamp>,
         limit: u32,
+        offset: u64,
     ) -> impl Future<Output = Result<Vec<DriftEntry>>> + Send;
+    /// Deletes drift log rows detected before `before` (the drift retention).
+    fn prune_drift(&self, before: Timestamp) -> impl Future<Output = Result<u64>> + Send;
     /// Lets the next enrolment of `cluster` bind a new key. False when the cluster is not enrolled.
     fn allow_rekey(&self, cluster: &str) -> impl Future<Output = Result<bool>> + Send;
     /// Removes a cluster and everything stored about it. False when it was not enrolled.
@@ -272,8 +276,12 @@ impl Database for Db {
         cluster: Option<&str>,
         since: Option<Timestamp>,
         limit: u32,
+        offset: u64,
     ) -> Result<Vec<DriftEntry>> {
-        delegate!(self, db => db.drift(cluster, since, limit))
+        delegate!(self, db => db.drift(cluster, since, limit, offset))
+    }
+    async fn prune_drift(&self, before: Timestamp) -> Result<u64> {
+        delegate!(self, db => db.prune_drift(before))
     }
     async fn allow_rekey(&self, cluster: &str) -> Result<bool> {
         delegate!(self, db => db.allow_rekey(cluster))

@@ -316,13 +316,15 @@ impl Database for PostgresDb {
         cluster: Option<&str>,
         since: Option<Timestamp>,
         limit: u32,
+        offset: u64,
     ) -> Result<Vec<DriftEntry>> {
+        let offset = i64::try_from(offset).unwrap_or(i64::MAX);
         let client = self.client(&self.reader).await?;
         let since_ms = since.map_or(i64::MIN, |t| t.as_millisecond());
         let rows = client
             .query(
                 &sql::postgres(sql::SELECT_DRIFT),
-                &[&cluster, &since_ms, &i64::from(limit)],
+                &[&cluster, &since_ms, &i64::from(limit), &offset],
             )
             .await
             .map_err(db_err("read drift log"))?;
@@ -467,6 +469,17 @@ impl Database for PostgresDb {
                 .map_err(db_err("prune heartbeat log"))?;
         }
         Ok(pruned)
+    }
+
+    async fn prune_drift(&self, before: Timestamp) -> Result<u64> {
+        let client = self.client(&self.writer).await?;
+        client
+            .execute(
+                &sql::postgres(sql::PRUNE_DRIFT),
+                &[&before.as_millisecond()],
+            )
+            .await
+            .map_err(db_err("prune the drift log"))
     }
 
     async fn ping(&self) -> Result<()> {

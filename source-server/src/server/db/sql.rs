@@ -69,7 +69,8 @@ pub(crate) const GET_CLUSTER: &str = concat!(
 /// The cast gives PostgreSQL the parameter's type; SQLite accepts it as it is.
 pub(crate) const SELECT_DRIFT: &str = "SELECT cluster, sequence, received_ms, record FROM drift \
      WHERE (CAST(?1 AS TEXT) IS NULL OR cluster = ?1) AND detected_ms >= ?2 \
-     ORDER BY detected_ms DESC, id DESC LIMIT ?3";
+     ORDER BY detected_ms DESC, id DESC LIMIT ?3 OFFSET ?4";
+pub(crate) const PRUNE_DRIFT: &str = "DELETE FROM drift WHERE detected_ms < ?1";
 pub(crate) const COUNT_HEARTBEATS: &str =
     "SELECT COUNT(*) FROM heartbeat_log WHERE (CAST(?1 AS TEXT) IS NULL OR cluster = ?1)";
 pub(crate) const PING: &str = "SELECT 1";

@@ -315,20 +315,23 @@ impl Database for SqliteDb {
         cluster: Option<&str>,
         since: Option<Timestamp>,
         limit: u32,
+        offset: u64,
     ) -> Result<Vec<DriftEntry>> {
+        let offset = i64::try_from(offset).unwrap_or(i64::MAX);
         let cluster = cluster.map(str::to_owned);
         let since_ms = since.map_or(i64::MIN, |t| t.as_millisecond());
         self.with_reader(move |conn| {
             let run = || -> rusqlite::Result<Vec<DriftEntry>> {
                 let mut stmt = conn.prepare_cached(sql::SELECT_DRIFT)?;
-                let rows = stmt.query_map(params![cluster, since_ms, i64::from(limit)], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, i64>(2)?,
-                        r.get::<_, String>(3)?,
-                    ))
-                })?;
+                let rows =
+                    stmt.query_map(params![cluster, since_ms, i64::from(limit), offset], |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, i64>(2)?,
+                            r.get::<_, String>(3)?,
+                        ))
+                    })?;
                 let mut out = Vec::new();
                 for row in rows {
                     let (cluster, sequence, received_ms, record) = row?;
@@ -483,6 +486,15 @@ impl Database for SqliteDb {
                 .await?;
         }
         Ok(pruned)
+    }
+    async fn prune_drift(&self, before: Timestamp) -> Result<u64> {
+        let before_ms = before.as_millisecond();
+        self.with_writer(move |conn| {
+            conn.execute(sql::PRUNE_DRIFT, params![before_ms])
+                .map(|n| n as u64)
+                .map_err(db_err("prune the drift log"))
+        })
+        .await
     }
     async fn ping(&self) -> Result<()> {
         self.with_reader(|conn| {
