@@ -5,7 +5,8 @@
 //! still scales, her change of a field Windvane does not own goes through, the agent still rolls out a new
 //! release, and turning prevent off removes the policy. Break-glass takes two people: alice alone, or
 //! approving herself, is refused; with a ticket and bob's approval her change goes through, is Held naming
-//! both and the ticket, and is reverted (its annotations cleared) when its short hold ends.
+//! both and the ticket, and is reverted (its annotations cleared) when its short hold ends; an approval left
+//! standing is spent when a release writes the object.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -515,5 +516,34 @@ async fn break_glass_needs_a_ticket_and_a_second_person_and_is_held_then_reverte
     assert!(reverted, "{status}");
     let again = run("alice", &patch("registry.example.com/web:6.7")).await?;
     assert!(!again.ok, "the approval was used once: {}", again.output);
+
+    // An approval left standing is spent when a release writes the object.
+    let own = run(
+        "alice",
+        &annotate(&[
+            "windvane.io/break-glass-ticket=INC-8",
+            "windvane.io/break-glass-by=alice",
+        ]),
+    )
+    .await?;
+    assert!(own.ok, "{}", own.output);
+    let approval = run("bob", &annotate(&["windvane.io/break-glass-approver=bob"])).await?;
+    assert!(approval.ok, "{}", approval.output);
+    s.tree
+        .write("web/objects.yaml", &objects("registry.example.com/web:3.0"))?;
+    s.publisher.publish(&s.tree, "stable")?;
+    wait_image(kube, "registry.example.com/web:3.0").await?;
+    wait_for("the standing approval removed", WAIT, || async {
+        let annotations = deployments
+            .get("web")
+            .await?
+            .metadata
+            .annotations
+            .unwrap_or_default();
+        Ok((!annotations.contains_key("windvane.io/break-glass-approver")).then_some(()))
+    })
+    .await?;
+    let stale = run("alice", &patch("registry.example.com/web:6.8")).await?;
+    assert!(!stale.ok, "{}", stale.output);
     Ok(())
 }

@@ -44,6 +44,7 @@ impl Engine {
         results: &[ObjectResult],
         serial: u64,
     ) -> Result<(), String> {
+        self.clear_spent_approvals(results).await;
         let guarded = self.guarded(results).await;
         if guarded.is_empty() {
             return self.remove_prevention().await;
@@ -79,6 +80,36 @@ impl Engine {
             && let Err(why) = self.apply_prevention(&objects).await
         {
             warn!(%why, "cannot re-apply the prevention policy");
+        }
+    }
+
+    /// A break-glass approval serves one change: on an object this sync wrote as the release says (a release
+    /// took the change in, or it was reverted), whatever break-glass annotations are left are removed.
+    async fn clear_spent_approvals(&self, results: &[ObjectResult]) {
+        for result in results {
+            let key = result.key();
+            // Written now: any break-glass change on it is over (the healer's episode ends with this write).
+            let written = matches!(result.outcome, Outcome::Applied { written: true });
+            if !written || !result.object.prevent {
+                continue;
+            }
+            let Some(live) = self.live.get(&key) else {
+                continue;
+            };
+            if prevent::break_glass(&live).is_none() {
+                continue;
+            }
+            let id = &result.object.id;
+            let Ok(resolved) = self.cluster.resolve(&id.api_version, &id.kind).await else {
+                continue;
+            };
+            let clear = prevent::clear_break_glass();
+            match self.cluster.merge_patch(id, &resolved, &clear).await {
+                Ok(_) => info!(object = %id, "break-glass approval spent: annotations removed"),
+                Err(failure) => {
+                    warn!(object = %id, error = %failure.message, "cannot remove spent break-glass annotations")
+                }
+            }
         }
     }
 
