@@ -181,5 +181,8 @@ async fn alert_only_drift_is_reverted_once_on_request() -> anyhow::Result<()> {
         .api("/api/v1/drift?cluster=c1&limit=1&offset=1")
         .await?;
     assert_ne!(first["drift"][0], second["drift"][0]);
+    // No break-glass change is open in this fleet.
+    let open = server.api("/api/v1/break-glass").await?;
+    assert_eq!(open["breakGlass"], serde_json::json!([]), "{open}");
     Ok(())
 }

@@ -69,10 +69,17 @@ const MAX_ATTEMPTS: u32 = 6;
 
 /// Writes the lines that arrive on `lines` to `target` until the channel closes.
 pub async fn run(target: AuditTarget, mut lines: mpsc::Receiver<Vec<String>>) {
-    let client = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(30))
-        .build();
+    // Only an endpoint needs an HTTP client (and the process's TLS provider).
+    let client = match &target {
+        AuditTarget::Http(_) => Some(
+            reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .timeout(Duration::from_secs(30))
+                .build()
+                .map_err(|e| e.to_string()),
+        ),
+        AuditTarget::File(_) => None,
+    };
     while let Some(mut batch) = lines.recv().await {
         // Whatever else is queued goes with it.
         while let Ok(more) = lines.try_recv() {
@@ -82,8 +89,9 @@ pub async fn run(target: AuditTarget, mut lines: mpsc::Receiver<Vec<String>>) {
         text.push('\n');
         let result = match (&target, &client) {
             (AuditTarget::File(path), _) => append(path, &text).await,
-            (AuditTarget::Http(url), Ok(client)) => post(client, url, text).await,
-            (AuditTarget::Http(_), Err(error)) => Err(error.to_string()),
+            (AuditTarget::Http(url), Some(Ok(client))) => post(client, url, text).await,
+            (AuditTarget::Http(_), Some(Err(error))) => Err(error.clone()),
+            (AuditTarget::Http(url), None) => Err(format!("{url}: no HTTP client")),
         };
         if let Err(error) = result {
             tracing::error!(%error, lines = batch.len(), "audit export failed; these drift lines are not exported");

@@ -12,6 +12,7 @@
 
 pub mod audit;
 pub mod auth;
+pub mod break_glass;
 mod conns;
 pub mod db;
 mod files;

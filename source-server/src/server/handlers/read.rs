@@ -140,6 +140,15 @@ pub(super) async fn handle(
                 &serde_json::json!({ "drift": drift, "next": next }),
             )
         }
+        Route::ApiBreakGlass => {
+            // Holds are capped (24 h by default): a week of the log covers every one still open.
+            let since = now
+                .checked_sub(jiff::SignedDuration::from_hours(24 * 7))
+                .ok();
+            let drift = app.db.drift(None, since, DRIFT_LIMIT, 0).await?;
+            let open = crate::server::break_glass::open(&drift, now);
+            json(StatusCode::OK, &serde_json::json!({ "breakGlass": open }))
+        }
         Route::Metrics => {
             let clusters = app.db.list_clusters().await?;
             let fleet = view::fleet_view(
