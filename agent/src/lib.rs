@@ -20,6 +20,7 @@ pub mod error;
 pub mod fetcher;
 pub mod handover;
 pub mod heal;
+pub mod heal_cli;
 pub mod health;
 pub mod http;
 pub mod inventory;

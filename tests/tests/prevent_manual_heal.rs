@@ -1,7 +1,7 @@
 //! Manual heal and the audit export against a real control plane and a real source server: with selfHeal
 //! false, a scale is only reported (OutOfSync); `kubectl annotate … windvane.io/revert=now` reverts it once,
 //! records who asked (the field manager of the request) in the drift record, and the request annotation is
-//! consumed. The server exports every drift record it stores as a JSON line with the documented fields
+//! consumed; `windvane-agent heal --object` does the same and records the caller's user. The server exports every drift record it stores as a JSON line with the documented fields
 //! (`--audit-export FILE`), and `/api/v1/drift` pages (`limit`, `offset`, `next`).
 
 use std::time::Duration;
@@ -119,6 +119,44 @@ async fn alert_only_drift_is_reverted_once_on_request() -> anyhow::Result<()> {
     assert_eq!(record["revertRequestedBy"], "kubectl-annotate", "{record}");
     assert_eq!(record["manager"], "kubectl", "{record}");
 
+    // The same through `windvane-agent heal`, which records the caller's user name.
+    kubectl(
+        &kube,
+        &["-n", "shop", "scale", "deployment/web", "--replicas=6"],
+    )?;
+    agent
+        .wait_status("reported again", WAIT, |st| {
+            object_state(st, "Deployment shop/web") == Some("OutOfSync")
+        })
+        .await?;
+    let heal = std::process::Command::new(windvane_tests::process::binary("windvane-agent")?)
+        .args([
+            "heal",
+            "--object",
+            "Deployment.apps/shop/web",
+            "--kubeconfig",
+        ])
+        .arg(kube.kubeconfig_path())
+        .output()?;
+    assert!(
+        heal.status.success(),
+        "{}",
+        String::from_utf8_lossy(&heal.stderr)
+    );
+    let status = agent
+        .wait_status("healed by the command", WAIT, |st| {
+            st["drift"].as_array().is_some_and(|d| {
+                d.iter()
+                    .any(|r| r["revertRequestedBy"] == "windvane-heal:localkube-admin")
+            })
+        })
+        .await?;
+    assert_eq!(
+        deployments.get("web").await?.spec.replicas,
+        Some(2),
+        "{status}"
+    );
+
     // The server's JSON-lines export holds the drift as reported and as reverted, every line with the
     // documented fields.
     let lines = wait_for("the reverted drift exported", WAIT, || async {
@@ -127,8 +165,8 @@ async fn alert_only_drift_is_reverted_once_on_request() -> anyhow::Result<()> {
             .lines()
             .map(serde_json::from_str)
             .collect::<Result<_, _>>()?;
-        let reverted = lines.iter().any(|l| l["action"] == "Reverted");
-        Ok(reverted.then_some(lines))
+        let reverted = lines.iter().filter(|l| l["action"] == "Reverted").count();
+        Ok((reverted == 2).then_some(lines))
     })
     .await?;
     for line in &lines {
@@ -158,16 +196,25 @@ async fn alert_only_drift_is_reverted_once_on_request() -> anyhow::Result<()> {
         assert_eq!(line["name"], "web");
         assert_eq!(line["fields"], serde_json::json!(["/spec/replicas"]));
     }
-    let reverted = lines
+    let askers: Vec<&serde_json::Value> = lines
         .iter()
-        .find(|l| l["action"] == "Reverted")
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(
-        reverted["revertRequestedBy"], "kubectl-annotate",
-        "{reverted}"
+        .filter(|l| l["action"] == "Reverted")
+        .map(|l| &l["revertRequestedBy"])
+        .collect();
+    assert!(
+        askers.contains(&&serde_json::json!("kubectl-annotate")),
+        "{askers:?}"
     );
-    assert!(reverted["repairedAt"].is_string(), "{reverted}");
+    assert!(
+        askers.contains(&&serde_json::json!("windvane-heal:localkube-admin")),
+        "{askers:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l["action"] == "Reverted")
+            .all(|l| l["repairedAt"].is_string())
+    );
 
     // Every exported line is in the drift log, which pages.
     let all = server.api("/api/v1/drift?cluster=c1").await?;
