@@ -448,3 +448,68 @@ async fn pagerduty_gets_one_trigger_and_one_resolve_per_episode_with_its_own_key
     );
     stays_quiet(&received, Duration::from_secs(1)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_glass_change_notifies_when_opened_before_it_ends_and_when_reverted() {
+    let (hooks, received) = receiver().await;
+    let config = serde_json::json!({
+        "sinks": [{ "name": "ops", "type": "webhook", "url": format!("{hooks}/hook"), "triggers": ["BreakGlass"] }]
+    });
+    let server = ServerProcess::start(Options {
+        notifications: Some(config.to_string()),
+        unknown_after: Some("60s".into()),
+        ..Options::default()
+    });
+    let http = client();
+    let mut agent = SimulatedAgent::new("prod-eu", 1, &[("env", "prod")]);
+    assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
+    let mut record = rbac_drift();
+    record.action = DriftAction::Held;
+    record.break_glass = Some(windvane_shared::heartbeat::BreakGlassRecord {
+        by: "alice".into(),
+        approver: "bob".into(),
+        ticket: "INC-7".into(),
+        until: Timestamp::now()
+            .checked_add(jiff::SignedDuration::from_mins(30))
+            .expect("time"),
+    });
+    let mut hb = agent.next(SyncState::Held);
+    hb.drift = vec![record.clone()];
+    assert_eq!(
+        agent
+            .post(&http, &server.url, agent.sign(&hb))
+            .await
+            .status(),
+        200
+    );
+    wait_for(&received, "/hook", &["BreakGlass", "BreakGlass"]).await;
+    record.action = DriftAction::Reverted;
+    let mut hb = agent.next(SyncState::Synced);
+    hb.drift = vec![record];
+    assert_eq!(
+        agent
+            .post(&http, &server.url, agent.sign(&hb))
+            .await
+            .status(),
+        200
+    );
+    wait_for(
+        &received,
+        "/hook",
+        &["BreakGlass", "BreakGlass", "BreakGlass"],
+    )
+    .await;
+    stays_quiet(&received, Duration::from_secs(2)).await;
+    let summaries: Vec<String> = received.lock().expect("lock").by_path["/hook"]
+        .iter()
+        .map(|n| n["summary"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    for phase in ["opened", "expiring", "reverted"] {
+        assert!(
+            summaries.iter().any(|s| s
+                .starts_with(&format!("break-glass {phase} on cluster prod-eu"))
+                && s.contains("alice, approved by bob, ticket INC-7")),
+            "{phase}: {summaries:?}"
+        );
+    }
+}

@@ -23,41 +23,55 @@ pub struct OpenBreakGlass {
     pub until: Timestamp,
 }
 
-/// The open break-glass changes among `entries` (newest first), at `now`.
-pub fn open(entries: &[DriftEntry], now: Timestamp) -> Vec<OpenBreakGlass> {
+/// `group/Kind namespace/name` of a record's object.
+fn object_name(r: &windvane_shared::heartbeat::DriftRecord) -> String {
+    let group = if r.group.is_empty() {
+        String::new()
+    } else {
+        format!("{}/", r.group)
+    };
+    match &r.namespace {
+        Some(ns) => format!("{group}{} {ns}/{}", r.kind, r.name),
+        None => format!("{group}{} {}", r.kind, r.name),
+    }
+}
+
+/// The entries (newest first) that are open break-glass changes at `now`: each object's newest record of
+/// one episode, Held with break-glass names and a hold not yet ended.
+pub fn open_entries(entries: &[DriftEntry], now: Timestamp) -> Vec<&DriftEntry> {
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
     for entry in entries {
         let r = &entry.record;
-        let group = if r.group.is_empty() {
-            String::new()
-        } else {
-            format!("{}/", r.group)
-        };
-        let object = match &r.namespace {
-            Some(ns) => format!("{group}{} {ns}/{}", r.kind, r.name),
-            None => format!("{group}{} {}", r.kind, r.name),
-        };
         // Only an object's newest record of one episode counts.
-        if !seen.insert((entry.cluster.clone(), object.clone(), r.detected_at)) {
+        if !seen.insert((entry.cluster.clone(), object_name(r), r.detected_at)) {
             continue;
         }
-        let Some(names) = &r.break_glass else {
-            continue;
-        };
-        if r.action == DriftAction::Held && names.until > now {
-            out.push(OpenBreakGlass {
+        if r.action == DriftAction::Held && r.break_glass.as_ref().is_some_and(|b| b.until > now) {
+            out.push(entry);
+        }
+    }
+    out
+}
+
+/// The open break-glass changes among `entries` (newest first), at `now`.
+pub fn open(entries: &[DriftEntry], now: Timestamp) -> Vec<OpenBreakGlass> {
+    open_entries(entries, now)
+        .into_iter()
+        .filter_map(|entry| {
+            let r = &entry.record;
+            let names = r.break_glass.as_ref()?;
+            Some(OpenBreakGlass {
                 cluster: entry.cluster.clone(),
-                object,
+                object: object_name(r),
                 by: names.by.clone(),
                 approver: names.approver.clone(),
                 ticket: names.ticket.clone(),
                 detected_at: r.detected_at,
                 until: names.until,
-            });
-        }
-    }
-    out
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -51,6 +51,13 @@ pub enum Trigger {
     Recovered,
     /// Security-relevant drift on one object.
     Drift { object: String },
+    /// A two-person break-glass change on a prevented object: `opened` (held), `expiring` (its hold ends
+    /// within the hour) or `reverted`; `episode` tells one change from the next on the same object.
+    BreakGlass {
+        object: String,
+        phase: &'static str,
+        episode: String,
+    },
 }
 
 impl Trigger {
@@ -60,6 +67,7 @@ impl Trigger {
             Trigger::Entered(state) => state.as_str(),
             Trigger::Recovered => "Recovered",
             Trigger::Drift { .. } => "Drift",
+            Trigger::BreakGlass { .. } => "BreakGlass",
         }
     }
 
@@ -67,6 +75,11 @@ impl Trigger {
     pub fn key(&self) -> String {
         match self {
             Trigger::Drift { object } => format!("Drift {object}"),
+            Trigger::BreakGlass {
+                object,
+                phase,
+                episode,
+            } => format!("BreakGlass {phase} {object} {episode}"),
             other => other.name().to_owned(),
         }
     }
@@ -76,7 +89,7 @@ impl Trigger {
         match self {
             Trigger::Entered(_) => EpisodeClaim::Open,
             Trigger::Recovered => EpisodeClaim::Close,
-            Trigger::Drift { .. } => EpisodeClaim::Within,
+            Trigger::Drift { .. } | Trigger::BreakGlass { .. } => EpisodeClaim::Within,
         }
     }
 }
@@ -131,7 +144,7 @@ pub struct Config {
     pub sinks: Vec<Sink>,
 }
 
-const TRIGGER_NAMES: [&str; 7] = [
+const TRIGGER_NAMES: [&str; 8] = [
     "OutOfSync",
     "Degraded",
     "Failed",
@@ -139,6 +152,7 @@ const TRIGGER_NAMES: [&str; 7] = [
     "Unknown",
     "Recovered",
     "Drift",
+    "BreakGlass",
 ];
 
 impl Config {
@@ -275,6 +289,10 @@ pub struct Event {
     pub serial: u64,
     pub message: Option<String>,
     pub drift: Vec<DriftRecord>,
+    /// Drift records of break-glass changes in a heartbeat: held (opened) or reverted.
+    pub break_glass: Vec<DriftRecord>,
+    /// Open break-glass changes whose hold ends within the hour (from the scan).
+    pub break_glass_expiring: Vec<DriftRecord>,
     pub at: Timestamp,
 }
 
@@ -298,6 +316,13 @@ impl Event {
                 .filter(|d| drift_severity(d) == Severity::Critical)
                 .cloned()
                 .collect(),
+            break_glass: h
+                .drift
+                .iter()
+                .filter(|d| d.break_glass.is_some())
+                .cloned()
+                .collect(),
+            break_glass_expiring: Vec::new(),
             at: hb.received_at,
         }
     }
@@ -426,7 +451,51 @@ impl Tracker {
                 Some(record.clone()),
             ));
         }
+        let break_glass = event.break_glass.iter().map(|r| (r, false));
+        let expiring = event.break_glass_expiring.iter().map(|r| (r, true));
+        for (record, expiring) in break_glass.chain(expiring) {
+            if let Some(notification) = self.break_glass(event, previous, record, expiring) {
+                out.push(notification);
+            }
+        }
         out
+    }
+
+    /// The notification of a break-glass record: opened when held, reverted, or `expiring` (a held record
+    /// whose hold ends within the hour, as the scan finds it).
+    fn break_glass(
+        &self,
+        event: &Event,
+        previous: Option<ClusterState>,
+        record: &DriftRecord,
+        expiring: bool,
+    ) -> Option<Notification> {
+        use windvane_shared::heartbeat::DriftAction;
+        let names = record.break_glass.as_ref()?;
+        let phase = match record.action {
+            DriftAction::Held if expiring => "expiring",
+            DriftAction::Held => "opened",
+            DriftAction::Reverted if !expiring => "reverted",
+            _ => return None,
+        };
+        let object = object_name(record);
+        let summary = format!(
+            "break-glass {phase} on cluster {}: {object} by {}, approved by {}, ticket {}, until {}",
+            event.cluster, names.by, names.approver, names.ticket, names.until
+        );
+        let trigger = Trigger::BreakGlass {
+            object,
+            phase,
+            episode: record.detected_at.to_string(),
+        };
+        Some(self.notification(
+            event,
+            trigger,
+            Severity::Warning,
+            previous,
+            summary,
+            Some(record.clone()),
+        ))
     }
 
     /// Forgets a cluster (after `windvane cluster forget`).
@@ -574,6 +643,7 @@ pub async fn run(
             tracing::warn!(%error, "cannot read the open alert episodes; recoveries of clusters alerting before this start may not be notified");
         }
     }
+    let mut last_break_glass_scan = None;
     let mut scan = tokio::time::interval(settings.scan_every);
     scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -582,13 +652,20 @@ pub async fn run(
                 Some(event) => tracker.observe(&event),
                 None => return,
             },
-            _ = scan.tick() => match scan_events(&db, settings.unknown_after).await {
-                Ok(events) => events.iter().flat_map(|e| tracker.observe(e)).collect(),
-                Err(error) => {
-                    tracing::warn!(%error, "notification scan failed");
-                    Vec::new()
+            _ = scan.tick() => {
+                let break_glass = last_break_glass_scan
+                    .is_none_or(|t: std::time::Instant| t.elapsed() >= settings.scan_every * BREAK_GLASS_EVERY);
+                if break_glass {
+                    last_break_glass_scan = Some(std::time::Instant::now());
                 }
-            },
+                match scan_events(&db, settings.unknown_after, break_glass).await {
+                    Ok(events) => events.iter().flat_map(|e| tracker.observe(e)).collect(),
+                    Err(error) => {
+                        tracing::warn!(%error, "notification scan failed");
+                        Vec::new()
+                    }
+                }
+            }
         };
         for notification in candidates {
             let sinks: Vec<Sink> = settings
@@ -644,9 +721,18 @@ pub async fn run(
 }
 
 /// The current state of every cluster as events (no drift: that comes with heartbeats).
-async fn scan_events(db: &Db, unknown_after: Option<Duration>) -> Result<Vec<Event>> {
+async fn scan_events(
+    db: &Db,
+    unknown_after: Option<Duration>,
+    break_glass: bool,
+) -> Result<Vec<Event>> {
     let now = Timestamp::now();
     let clusters = db.list_clusters().await?;
+    let expiring = if break_glass {
+        expiring_break_glass(db, now).await?
+    } else {
+        HashMap::new()
+    };
     Ok(clusters
         .into_iter()
         .map(|c| {
@@ -666,17 +752,50 @@ async fn scan_events(db: &Db, unknown_after: Option<Duration>) -> Result<Vec<Eve
                 )
             });
             Event {
-                cluster: c.name,
                 labels: c.labels,
                 state: verdict.state,
                 previous: None,
                 serial: c.applied_serial.unwrap_or(0),
                 message: message.or(c.last_error),
                 drift: Vec::new(),
+                break_glass: Vec::new(),
+                break_glass_expiring: expiring.get(&c.name).cloned().unwrap_or_default(),
+                cluster: c.name,
                 at: now,
             }
         })
         .collect())
+}
+
+/// Every how many scans the scan also looks for break-glass changes whose hold ends within the hour.
+const BREAK_GLASS_EVERY: u32 = 5;
+
+/// The open break-glass records whose hold ends within the hour, by cluster.
+async fn expiring_break_glass(
+    db: &Db,
+    now: Timestamp,
+) -> Result<HashMap<String, Vec<DriftRecord>>> {
+    let week = now
+        .checked_sub(jiff::SignedDuration::from_hours(24 * 7))
+        .ok();
+    let soon = now
+        .checked_add(jiff::SignedDuration::from_hours(1))
+        .unwrap_or(now);
+    let entries = db.drift(None, week, 500, 0).await?;
+    let mut out: HashMap<String, Vec<DriftRecord>> = HashMap::new();
+    for entry in super::break_glass::open_entries(&entries, now) {
+        if entry
+            .record
+            .break_glass
+            .as_ref()
+            .is_some_and(|b| b.until <= soon)
+        {
+            out.entry(entry.cluster.clone())
+                .or_default()
+                .push(entry.record.clone());
+        }
+    }
+    Ok(out)
 }
 
 async fn deliver(
@@ -733,6 +852,8 @@ mod tests {
             serial,
             message: None,
             drift: Vec::new(),
+            break_glass: Vec::new(),
+            break_glass_expiring: Vec::new(),
             at: Timestamp::from_second(1_800_000_000).expect("valid"),
         }
     }
@@ -915,6 +1036,50 @@ mod tests {
             "c1/Drift rbac.authorization.k8s.io/Role ns/x/3"
         );
         assert!(notes[1].summary.contains("kubectl-edit"));
+    }
+
+    #[test]
+    fn break_glass_notifies_on_open_before_expiry_and_on_revert() {
+        use windvane_shared::heartbeat::BreakGlassRecord;
+        let mut record = drift("apps", "Deployment", &["/spec/template"]);
+        record.action = DriftAction::Held;
+        record.break_glass = Some(BreakGlassRecord {
+            by: "alice".into(),
+            approver: "bob".into(),
+            ticket: "INC-7".into(),
+            until: Timestamp::from_second(1_800_003_600).expect("valid"),
+        });
+        let mut t = Tracker::default();
+        let mut held = event(ClusterState::Held, 3);
+        held.break_glass = vec![record.clone()];
+        let notes = t.observe(&held);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert_eq!(notes[0].trigger, "BreakGlass");
+        assert!(
+            notes[0]
+                .trigger_key
+                .starts_with("BreakGlass opened apps/Deployment ns/x ")
+        );
+        assert!(
+            notes[0]
+                .summary
+                .contains("alice, approved by bob, ticket INC-7"),
+            "{}",
+            notes[0].summary
+        );
+        let mut scanned = event(ClusterState::Held, 3);
+        scanned.break_glass_expiring = vec![record.clone()];
+        let notes = t.observe(&scanned);
+        assert!(notes[0].trigger_key.starts_with("BreakGlass expiring "));
+        record.action = DriftAction::Reverted;
+        let mut reverted = event(ClusterState::Synced, 3);
+        reverted.break_glass = vec![record];
+        let notes = t.observe(&reverted);
+        let keys: Vec<&str> = notes.iter().map(|n| n.trigger_key.as_str()).collect();
+        assert!(
+            keys.iter().any(|k| k.starts_with("BreakGlass reverted ")),
+            "{keys:?}"
+        );
     }
 
     #[test]
