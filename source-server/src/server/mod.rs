@@ -20,6 +20,7 @@ pub mod ingest;
 mod long_poll;
 pub mod metrics;
 pub mod notify;
+pub mod outbox;
 pub mod page;
 pub mod route;
 pub mod status;
