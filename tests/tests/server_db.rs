@@ -1,7 +1,7 @@
 //! The database contract, run the same way against SQLite and against PostgreSQL (a throwaway cluster from
 //! Debian's packages, started by the harness; the test fails if it cannot start): enrolment decisions, batch
 //! ingest with sequence and key checks inside the transaction, summaries, drift log, rekey/forget,
-//! notification claims per alert episode, and pruning.
+//! notification claims per alert episode, the notification outbox, and pruning.
 
 use std::collections::BTreeMap;
 
@@ -13,10 +13,19 @@ use windvane_source_server::server::db::EpisodeClaim::{self, Close, Open, Within
 use windvane_source_server::server::db::postgres::PostgresDb;
 use windvane_source_server::server::db::sqlite::SqliteDb;
 use windvane_source_server::server::db::{
-    Database, EnrollOutcome, Enrollment, IngestOutcome, VerifiedHeartbeat,
+    Database, EnrollOutcome, Enrollment, IngestOutcome, NewDelivery, Settled, VerifiedHeartbeat,
 };
 use windvane_tests::heartbeat_agent::SimulatedAgent;
 use windvane_tests::postgres::Postgres;
+
+/// One delivery to sink `ops` for a claim in `episode`.
+fn queued(episode: u64) -> Vec<NewDelivery> {
+    vec![NewDelivery {
+        notification_id: format!("gamma/Failed#{episode}/3"),
+        sink: "ops".into(),
+        body: "{}".into(),
+    }]
+}
 
 fn enrollment(agent: &SimulatedAgent, fleet: &str) -> Enrollment {
     Enrollment {
@@ -184,7 +193,7 @@ async fn contract(db: &impl Database) {
     // Notification claims: once each per serial and alert episode; a recovery starts the next episode.
     let now = Timestamp::now();
     let claim = |trigger: &'static str, serial: u64, claim: EpisodeClaim| {
-        db.claim_notification("beta", trigger, serial, now, claim)
+        db.claim_notification("beta", trigger, serial, now, claim, |_| Vec::new())
     };
     assert_eq!(claim("OutOfSync", 3, Open).await.expect("claim"), Some(1));
     assert_eq!(claim("OutOfSync", 3, Open).await.expect("claim"), None);
@@ -214,6 +223,60 @@ async fn contract(db: &impl Database) {
     );
     assert_eq!(claim("OutOfSync", 3, Open).await.expect("claim"), None);
     assert_eq!(claim("Recovered", 3, Close).await.expect("claim"), Some(2));
+
+    // The outbox: a claim queues its deliveries in its transaction (a repeated claim queues nothing); each is
+    // taken once per lease, taken again when its attempt asks for a retry, and never again once delivered.
+    assert!(
+        db.lead_notifications().await.expect("lead"),
+        "the only server leads"
+    );
+    assert_eq!(
+        db.claim_notification("gamma", "Failed", 3, now, Open, queued)
+            .await
+            .expect("claim"),
+        Some(1)
+    );
+    assert_eq!(
+        db.claim_notification("gamma", "Failed", 3, now, Open, queued)
+            .await
+            .expect("claim"),
+        None
+    );
+    let lease = now
+        .checked_add(jiff::SignedDuration::from_secs(60))
+        .expect("time");
+    let due = db.take_due_deliveries(now, lease, 10).await.expect("take");
+    assert_eq!(due.len(), 1, "{due:?}");
+    assert_eq!(
+        (
+            due[0].notification_id.as_str(),
+            due[0].sink.as_str(),
+            due[0].attempts
+        ),
+        ("gamma/Failed#1/3", "ops", 1)
+    );
+    assert!(
+        db.take_due_deliveries(now, lease, 10)
+            .await
+            .expect("take")
+            .is_empty(),
+        "leased while its attempt runs"
+    );
+    db.settle_delivery(due[0].id, Settled::RetryAt(now), now)
+        .await
+        .expect("settle");
+    let again = db.take_due_deliveries(now, lease, 10).await.expect("take");
+    assert_eq!((again.len(), again[0].attempts), (1, 2), "{again:?}");
+    db.settle_delivery(again[0].id, Settled::Delivered, now)
+        .await
+        .expect("settle");
+    assert!(
+        db.take_due_deliveries(later, later, 10)
+            .await
+            .expect("take")
+            .is_empty(),
+        "delivered once"
+    );
 
     // Rekey: the next enrolment binds the new key and restarts the sequence.
     assert!(db.allow_rekey("alpha").await.expect("rekey"));
@@ -253,7 +316,7 @@ async fn contract(db: &impl Database) {
     );
     assert_eq!(db.heartbeat_count(Some("beta")).await.expect("count"), 0);
     assert_eq!(
-        db.claim_notification("beta", "OutOfSync", 3, now, Open)
+        db.claim_notification("beta", "OutOfSync", 3, now, Open, |_| Vec::new())
             .await
             .expect("claim"),
         Some(1),

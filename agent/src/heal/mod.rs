@@ -219,7 +219,7 @@ impl Healer {
         let id = &desired.id;
         let resolved = self.cluster.resolve(&id.api_version, &id.kind).await.ok()?;
         self.cluster
-            .apply(id, &resolved, &desired.body(), true)
+            .apply(id, &resolved, desired.raw_body(), true)
             .await
             .ok()
     }
@@ -297,7 +297,7 @@ impl Healer {
             Ok(resolved) => {
                 let applied = self
                     .cluster
-                    .apply(id, &resolved, &desired.body(), false)
+                    .apply(id, &resolved, desired.raw_body(), false)
                     .await;
                 match (applied, &clear) {
                     (Ok(_), Some(patch)) => {

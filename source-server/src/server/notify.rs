@@ -13,23 +13,24 @@
 //! `(cluster, trigger, release serial)` within the cluster's alert episode — one episode runs from entering an
 //! alerting state until the cluster is Synced again, and the episodes are stored
 //! ([`crate::server::db::decide_episode`]) — so it is sent once per episode across restarts and replicas,
-//! and a cluster that goes Unknown, recovers and goes Unknown again in one release alerts twice. Claimed
-//! notifications go to delivery tasks that retry with exponential backoff. Ingestion never waits for any of this: events travel
-//! through a bounded queue and are dropped (and counted) when it is full; deliveries run on their own tasks.
+//! and a cluster that goes Unknown, recovers and goes Unknown again in one release alerts twice. A claim
+//! queues one delivery per sink in the database's outbox in the same transaction; the replica leading the
+//! sender delivers them, with retries and exponential backoff ([`crate::server::outbox`]). Ingestion never
+//! waits for any of this: events travel through a bounded queue and are dropped (and counted) when it is full.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use windvane_shared::heartbeat::DriftRecord;
 
-use super::db::{Database, Db, EpisodeClaim, VerifiedHeartbeat, episode_key};
+use super::db::{Database, Db, EpisodeClaim, NewDelivery, VerifiedHeartbeat, episode_key};
 use super::metrics::Metrics;
+use super::outbox;
 use super::status::{self, ClusterFacts, ClusterState, Filter};
 use crate::{Error, Result};
 
@@ -635,7 +636,12 @@ pub async fn run(
             return;
         }
     };
-    let deliveries = Arc::new(Semaphore::new(32));
+    let _sender = outbox::spawn(
+        Arc::clone(&settings.config),
+        Arc::clone(&db),
+        Arc::clone(&metrics),
+        client,
+    );
     let mut tracker = Tracker::default();
     match db.open_episodes().await {
         Ok(alerting) => tracker.seed_alerting(alerting),
@@ -680,41 +686,38 @@ pub async fn run(
             if sinks.is_empty() && notification.claim == EpisodeClaim::Within {
                 continue;
             }
-            let notification = match db
+            let queued = notification.clone();
+            let deliveries = move |episode: u64| {
+                let notification = queued.in_episode(episode);
+                sinks
+                    .iter()
+                    .map(|sink| NewDelivery {
+                        notification_id: notification.id.clone(),
+                        sink: sink.name.clone(),
+                        body: sink_body(sink, &notification).to_string(),
+                    })
+                    .collect()
+            };
+            match db
                 .claim_notification(
                     &notification.cluster,
                     &notification.trigger_key,
                     notification.serial,
                     notification.at,
                     notification.claim,
+                    deliveries,
                 )
                 .await
             {
-                Ok(Some(episode)) => notification.in_episode(episode),
-                Ok(None) => continue,
+                Ok(Some(episode)) => {
+                    let severity = notification.severity;
+                    let id = notification.in_episode(episode).id;
+                    tracing::info!(%id, ?severity, "notifying");
+                }
+                Ok(None) => {}
                 Err(error) => {
                     tracing::warn!(%error, id = %notification.id, "cannot claim notification; not sending it");
-                    continue;
                 }
-            };
-            if sinks.is_empty() {
-                continue;
-            }
-            tracing::info!(id = %notification.id, severity = ?notification.severity, "notifying");
-            let notification = Arc::new(notification);
-            for sink in sinks {
-                let (client, metrics, notification) = (
-                    client.clone(),
-                    Arc::clone(&metrics),
-                    Arc::clone(&notification),
-                );
-                let permits = Arc::clone(&deliveries);
-                tokio::spawn(async move {
-                    let Ok(_permit) = permits.acquire_owned().await else {
-                        return;
-                    };
-                    deliver(&client, &sink, &notification, &metrics).await;
-                });
             }
         }
     }
@@ -796,46 +799,6 @@ async fn expiring_break_glass(
         }
     }
     Ok(out)
-}
-
-async fn deliver(
-    client: &reqwest::Client,
-    sink: &Sink,
-    notification: &Notification,
-    metrics: &Metrics,
-) {
-    let body = sink_body(sink, notification);
-    for attempt in 1..=MAX_ATTEMPTS {
-        let result = client
-            .post(&sink.url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body.to_string())
-            .send()
-            .await;
-        let retry = match result {
-            Ok(response) if response.status().is_success() => {
-                metrics.notifications_sent.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            Ok(response) => {
-                let status = response.status();
-                tracing::warn!(sink = %sink.name, id = %notification.id, %status, attempt, "notification refused");
-                status.is_server_error()
-                    || status == reqwest::StatusCode::TOO_MANY_REQUESTS
-                    || status == reqwest::StatusCode::REQUEST_TIMEOUT
-            }
-            Err(error) => {
-                tracing::warn!(sink = %sink.name, id = %notification.id, error = %error, attempt, "notification failed");
-                true
-            }
-        };
-        if !retry || attempt == MAX_ATTEMPTS {
-            break;
-        }
-        tokio::time::sleep(backoff(attempt)).await;
-    }
-    metrics.notifications_failed.fetch_add(1, Ordering::Relaxed);
-    tracing::error!(sink = %sink.name, id = %notification.id, "notification not delivered");
 }
 
 #[cfg(test)]

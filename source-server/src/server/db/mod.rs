@@ -49,6 +49,8 @@ pub struct Binding {
 pub use windvane_shared::fleet_api::DriftEntry;
 pub use windvane_shared::heartbeat::EnrollOutcome;
 
+pub use crate::server::auth::RecentFailures;
+
 /// Decides an enrolment from the stored binding (pure).
 pub fn decide_enroll(existing: Option<&Binding>, fleet: &str, keyid: &str) -> EnrollOutcome {
     match existing {
@@ -118,6 +120,47 @@ pub enum EpisodeClaim {
     Within,
     /// Recovery: closes the open episode; nothing to claim when none is open.
     Close,
+}
+
+/// A notification's delivery to one sink, queued in the database with its claim (the outbox): whichever replica
+/// leads the sender delivers it, so a replica that dies with deliveries pending leaves them to the next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewDelivery {
+    pub notification_id: String,
+    pub sink: String,
+    /// The request body, as the sink's kind wants it.
+    pub body: String,
+}
+
+/// A delivery taken from the outbox for an attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedDelivery {
+    pub id: i64,
+    pub notification_id: String,
+    pub sink: String,
+    pub body: String,
+    /// Attempts so far, this one included.
+    pub attempts: u32,
+}
+
+/// What became of a delivery attempt, as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Try again at this time.
+    RetryAt(Timestamp),
+    Delivered,
+    GaveUp,
+}
+
+impl Settled {
+    /// The `done` column and the next attempt's time in milliseconds.
+    pub(crate) fn columns(self, now: Timestamp) -> (i64, i64) {
+        match self {
+            Settled::RetryAt(at) => (0, at.as_millisecond()),
+            Settled::Delivered => (1, now.as_millisecond()),
+            Settled::GaveUp => (2, now.as_millisecond()),
+        }
+    }
 }
 
 /// A cluster's current alert episode as stored: its number (0: it never had one) and whether it is open.
@@ -221,6 +264,9 @@ pub trait Database: Send + Sync + 'static {
     /// Claims the notification `(cluster, trigger, serial)` in the cluster's alert episode, moving the episode as
     /// [`decide_episode`] says, in one transaction: the episode number the first time only (across restarts
     /// and replicas), so each is sent once per episode.
+    ///
+    /// The deliveries `deliveries(episode)` returns are queued in the outbox in the same transaction, so a claimed
+    /// notification is never lost between claiming and sending.
     fn claim_notification(
         &self,
         cluster: &str,
@@ -228,13 +274,46 @@ pub trait Database: Send + Sync + 'static {
         serial: u64,
         at: Timestamp,
         claim: EpisodeClaim,
+        deliveries: impl FnOnce(u64) -> Vec<NewDelivery> + Send + 'static,
     ) -> impl Future<Output = Result<Option<u64>>> + Send;
+    /// Takes up to `limit` deliveries due at `now` for an attempt, each leased until `lease_until`.
+    fn take_due_deliveries(
+        &self,
+        now: Timestamp,
+        lease_until: Timestamp,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<QueuedDelivery>>> + Send;
+    /// Records what became of an attempt.
+    fn settle_delivery(
+        &self,
+        id: i64,
+        settled: Settled,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Whether this replica leads the notification sender now (takes the lead when nobody holds it). SQLite
+    /// has one server, which always leads; on PostgreSQL a session advisory lock decides, released when
+    /// the leader's connection ends.
+    fn lead_notifications(&self) -> impl Future<Output = Result<bool>> + Send;
     /// The clusters whose alert episode is open (a restarted notifier's memory of who is alerting).
     fn open_episodes(&self) -> impl Future<Output = Result<Vec<String>>> + Send;
     /// Heartbeats in the log, for one cluster or all.
     fn heartbeat_count(&self, cluster: Option<&str>) -> impl Future<Output = Result<u64>> + Send;
     /// Deletes heartbeat log rows received before `before`.
     fn prune(&self, before: Timestamp) -> impl Future<Output = Result<u64>> + Send;
+    /// Records a wrong token offered from `address` (shared by every replica's limiter).
+    fn record_token_failure(
+        &self,
+        address: &str,
+        at: Timestamp,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// The wrong tokens offered from `address` after `since`.
+    fn recent_token_failures(
+        &self,
+        address: &str,
+        since: Timestamp,
+    ) -> impl Future<Output = Result<RecentFailures>> + Send;
+    /// Forgets wrong tokens offered at or before `before`; returns how many.
+    fn prune_token_failures(&self, before: Timestamp) -> impl Future<Output = Result<u64>> + Send;
     /// A trivial query: whether the database answers (`/readyz`).
     fn ping(&self) -> impl Future<Output = Result<()>> + Send;
 }
@@ -296,14 +375,42 @@ impl Database for Db {
         serial: u64,
         at: Timestamp,
         claim: EpisodeClaim,
+        deliveries: impl FnOnce(u64) -> Vec<NewDelivery> + Send + 'static,
     ) -> Result<Option<u64>> {
-        delegate!(self, db => db.claim_notification(cluster, trigger, serial, at, claim))
+        delegate!(self, db => db.claim_notification(cluster, trigger, serial, at, claim, deliveries))
+    }
+    async fn take_due_deliveries(
+        &self,
+        now: Timestamp,
+        lease_until: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<QueuedDelivery>> {
+        delegate!(self, db => db.take_due_deliveries(now, lease_until, limit))
+    }
+    async fn settle_delivery(&self, id: i64, settled: Settled, now: Timestamp) -> Result<()> {
+        delegate!(self, db => db.settle_delivery(id, settled, now))
+    }
+    async fn lead_notifications(&self) -> Result<bool> {
+        delegate!(self, db => db.lead_notifications())
     }
     async fn open_episodes(&self) -> Result<Vec<String>> {
         delegate!(self, db => db.open_episodes())
     }
     async fn heartbeat_count(&self, cluster: Option<&str>) -> Result<u64> {
         delegate!(self, db => db.heartbeat_count(cluster))
+    }
+    async fn record_token_failure(&self, address: &str, at: Timestamp) -> Result<()> {
+        delegate!(self, db => db.record_token_failure(address, at))
+    }
+    async fn recent_token_failures(
+        &self,
+        address: &str,
+        since: Timestamp,
+    ) -> Result<RecentFailures> {
+        delegate!(self, db => db.recent_token_failures(address, since))
+    }
+    async fn prune_token_failures(&self, before: Timestamp) -> Result<u64> {
+        delegate!(self, db => db.prune_token_failures(before))
     }
     async fn prune(&self, before: Timestamp) -> Result<u64> {
         delegate!(self, db => db.prune(before))
@@ -414,7 +521,23 @@ pub(crate) fn schema(serial: &str, log_id: &str) -> String {
             cluster TEXT PRIMARY KEY,
             episode BIGINT NOT NULL,
             open BIGINT NOT NULL
-        );"
+        );
+        CREATE TABLE IF NOT EXISTS outbox (
+            id {serial},
+            notification_id TEXT NOT NULL,
+            sink TEXT NOT NULL,
+            body TEXT NOT NULL,
+            queued_ms BIGINT NOT NULL,
+            attempts BIGINT NOT NULL,
+            next_attempt_ms BIGINT NOT NULL,
+            done BIGINT NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS outbox_due ON outbox (done, next_attempt_ms);
+        CREATE TABLE IF NOT EXISTS token_failures (
+            address TEXT NOT NULL,
+            at_ms BIGINT NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS token_failures_address ON token_failures (address, at_ms);"
     )
 }
 

@@ -15,9 +15,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::sql;
 use super::{
     Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, Episode,
-    EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, RowUpdate, SequenceState,
-    VerifiedHeartbeat, check_sequence, decide_enroll, decide_episode, episode_key, from_ms,
-    id_ranges, labels_from_json, schema, to_i64, to_u64,
+    EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, NewDelivery,
+    QueuedDelivery, RecentFailures, RowUpdate, SequenceState, Settled, VerifiedHeartbeat,
+    check_sequence, decide_enroll, decide_episode, episode_key, from_ms, id_ranges,
+    labels_from_json, schema, to_i64, to_u64,
 };
 use crate::server::status::parse_sync_state;
 use crate::{Error, Result};
@@ -400,6 +401,7 @@ impl Database for SqliteDb {
         serial: u64,
         at: Timestamp,
         claim: EpisodeClaim,
+        deliveries: impl FnOnce(u64) -> Vec<NewDelivery> + Send + 'static,
     ) -> Result<Option<u64>> {
         let (cluster, trigger) = (cluster.to_owned(), trigger.to_owned());
         let operation = format!("claim notification {trigger} for cluster {cluster}");
@@ -433,6 +435,19 @@ impl Database for SqliteDb {
                         at.as_millisecond()
                     ],
                 )?;
+                if claimed > 0 {
+                    for delivery in deliveries(episode) {
+                        tx.execute(
+                            sql::QUEUE_DELIVERY,
+                            params![
+                                delivery.notification_id,
+                                delivery.sink,
+                                delivery.body,
+                                at.as_millisecond()
+                            ],
+                        )?;
+                    }
+                }
                 tx.commit()?;
                 Ok((claimed > 0).then_some(episode))
             };
@@ -485,8 +500,102 @@ impl Database for SqliteDb {
                 })
                 .await?;
         }
+        self.with_writer(move |conn| {
+            conn.execute(sql::PRUNE_OUTBOX, [before_ms])
+                .map_err(db_err("prune settled notification deliveries"))
+        })
+        .await?;
         Ok(pruned)
     }
+
+    async fn take_due_deliveries(
+        &self,
+        now: Timestamp,
+        lease_until: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<QueuedDelivery>> {
+        self.with_writer(move |conn| {
+            let take = |conn: &mut Connection| -> rusqlite::Result<Vec<QueuedDelivery>> {
+                let mut statement = conn.prepare_cached(sql::TAKE_DUE_DELIVERIES)?;
+                let params = params![
+                    now.as_millisecond(),
+                    lease_until.as_millisecond(),
+                    i64::from(limit)
+                ];
+                let rows = statement.query_map(params, |r| {
+                    Ok(QueuedDelivery {
+                        id: r.get(0)?,
+                        notification_id: r.get(1)?,
+                        sink: r.get(2)?,
+                        body: r.get(3)?,
+                        attempts: u32::try_from(r.get::<_, i64>(4)?).unwrap_or(u32::MAX),
+                    })
+                })?;
+                rows.collect()
+            };
+            take(conn).map_err(db_err("take due notification deliveries"))
+        })
+        .await
+    }
+
+    async fn settle_delivery(&self, id: i64, settled: Settled, now: Timestamp) -> Result<()> {
+        let (done, next) = settled.columns(now);
+        self.with_writer(move |conn| {
+            conn.execute(sql::SETTLE_DELIVERY, params![id, done, next])
+                .map(drop)
+                .map_err(db_err("settle a notification delivery"))
+        })
+        .await
+    }
+
+    async fn lead_notifications(&self) -> Result<bool> {
+        Ok(true)
+    }
+
+    async fn record_token_failure(&self, address: &str, at: Timestamp) -> Result<()> {
+        let address = address.to_owned();
+        self.with_writer(move |conn| {
+            conn.execute(
+                sql::INSERT_TOKEN_FAILURE,
+                params![address, at.as_millisecond()],
+            )
+            .map(drop)
+            .map_err(db_err("record a wrong token"))
+        })
+        .await
+    }
+
+    async fn recent_token_failures(
+        &self,
+        address: &str,
+        since: Timestamp,
+    ) -> Result<RecentFailures> {
+        let address = address.to_owned();
+        self.with_reader(move |conn| {
+            conn.query_row(
+                sql::RECENT_TOKEN_FAILURES,
+                params![address, since.as_millisecond()],
+                |r| {
+                    Ok(RecentFailures {
+                        count: to_u64(r.get(0)?),
+                        oldest: r.get::<_, Option<i64>>(1)?.map(from_ms),
+                    })
+                },
+            )
+            .map_err(db_err("count wrong tokens"))
+        })
+        .await
+    }
+
+    async fn prune_token_failures(&self, before: Timestamp) -> Result<u64> {
+        self.with_writer(move |conn| {
+            conn.execute(sql::PRUNE_TOKEN_FAILURES, [before.as_millisecond()])
+                .map(|n| n as u64)
+                .map_err(db_err("prune wrong tokens"))
+        })
+        .await
+    }
+
     async fn prune_drift(&self, before: Timestamp) -> Result<u64> {
         let before_ms = before.as_millisecond();
         self.with_writer(move |conn| {
