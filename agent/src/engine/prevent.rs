@@ -213,16 +213,21 @@ impl Engine {
         if self.prevention.settled && self.prevention.applied.is_none() {
             return Ok(());
         }
-        for kind in [BINDING_KIND, POLICY_KIND] {
-            let id = self.prevention_ref(kind);
+        // Both at once: after a start this runs inside the first sync, whether or not they ever existed.
+        let engine = &*self;
+        let removals = [BINDING_KIND, POLICY_KIND].map(|kind| async move {
+            let id = engine.prevention_ref(kind);
             // A cluster without the API has nothing to remove.
-            let Ok(resolved) = self.cluster.resolve(API_VERSION, kind).await else {
-                continue;
+            let Ok(resolved) = engine.cluster.resolve(API_VERSION, kind).await else {
+                return Ok(());
             };
-            match self.cluster.delete(&id, &resolved).await {
-                Ok(Deletion::Gone | Deletion::Pending { .. }) => {}
-                Err(error) => return Err(error.to_string()),
+            match engine.cluster.delete(&id, &resolved).await {
+                Ok(Deletion::Gone | Deletion::Pending { .. }) => Ok(()),
+                Err(error) => Err(error.to_string()),
             }
+        });
+        for removed in futures::future::join_all(removals).await {
+            removed?;
         }
         if self.prevention.applied.take().is_some() {
             info!("prevention turned off: policy removed");

@@ -84,7 +84,10 @@ pub(super) async fn handle(
                 &latest_serial(app),
             );
             match route {
-                Route::FleetPage => html(page::fleet_page(&fleet, &selector, &filter.states)),
+                Route::FleetPage => {
+                    let open = open_break_glass(app, now).await?;
+                    html(page::fleet_page(&fleet, &selector, &filter.states, &open))
+                }
                 Route::ApiFleet => json(StatusCode::OK, &fleet),
                 _ => json(
                     StatusCode::OK,
@@ -141,12 +144,7 @@ pub(super) async fn handle(
             )
         }
         Route::ApiBreakGlass => {
-            // Holds are capped (24 h by default): a week of the log covers every one still open.
-            let since = now
-                .checked_sub(jiff::SignedDuration::from_hours(24 * 7))
-                .ok();
-            let drift = app.db.drift(None, since, DRIFT_LIMIT, 0).await?;
-            let open = crate::server::break_glass::open(&drift, now);
+            let open = open_break_glass(app, now).await?;
             json(StatusCode::OK, &serde_json::json!({ "breakGlass": open }))
         }
         Route::Metrics => {
@@ -222,6 +220,19 @@ fn page(query: Option<&str>) -> Result<(u32, u64), String> {
             .map_err(|_| format!("offset must be a non-negative number, got {text:?}"))?,
     };
     Ok((limit, offset))
+}
+
+/// The fleet's open break-glass changes, from the drift log.
+async fn open_break_glass(
+    app: &App,
+    now: Timestamp,
+) -> crate::Result<Vec<crate::server::break_glass::OpenBreakGlass>> {
+    // Holds are capped (24 h by default): a week of the log covers every one still open.
+    let since = now
+        .checked_sub(jiff::SignedDuration::from_hours(24 * 7))
+        .ok();
+    let drift = app.db.drift(None, since, DRIFT_LIMIT, 0).await?;
+    Ok(crate::server::break_glass::open(&drift, now))
 }
 
 #[cfg(test)]
