@@ -117,6 +117,7 @@ pub fn publish(root: &Path, request: &PublishRequest<'_>) -> Result<Published> {
                 size: bundle_bytes.len() as u64,
             },
             allow_empty: request.allow_empty,
+            rollout: request.bundle.rollout.clone(),
         };
         let envelope_bytes = pointer.sign(request.key).to_json_bytes();
 
