@@ -32,5 +32,6 @@ pub mod reporter;
 pub mod source;
 pub mod state;
 pub mod watch;
+pub mod wave;
 
 pub use error::{Error, Result};
