@@ -5,6 +5,7 @@ mod engines;
 mod fleet;
 mod keygen;
 mod release;
+mod rollout;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,6 +36,10 @@ enum Command {
     Status(fleet::StatusArgs),
     /// Admin actions on an enrolled cluster (rekey, forget) at a source server.
     Cluster(fleet::ClusterArgs),
+    /// A channel's progressive rollout: status (exit 0 only when complete), halt, resume.
+    Rollout(rollout::RolloutArgs),
+    /// Publish the bundle the channel carried before the current one, as a new serial.
+    Rollback(rollout::RollbackArgs),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +69,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Render(args) => release::render(args),
         Command::Status(args) => return fleet::status(args),
         Command::Cluster(args) => fleet::cluster(args),
+        Command::Rollout(args) => return rollout::rollout(args),
+        Command::Rollback(args) => rollout::rollback(args),
     }
     .map(|()| ExitCode::SUCCESS)
 }

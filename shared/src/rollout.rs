@@ -302,8 +302,11 @@ pub struct WaveView {
     pub index: usize,
     pub name: String,
     pub opens_at: Timestamp,
-    /// True once its signed time has come (its gate may still hold it).
+    /// True once its signed time has come, not halted, and no gate holds it.
     pub opened: bool,
+    /// Why a wave whose time has come does not open: the halt, or the clusters an earlier gate waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
     pub soak_seconds: u64,
     pub gate: Gate,
     pub done: u64,
@@ -367,6 +370,7 @@ pub fn rollout_view(
                 name: spec.map_or_else(|| "the rest".to_owned(), |w| w.label(index)),
                 opens_at: opens,
                 opened: index == 0 || (now >= opens && !rollout.halted),
+                held: None,
                 soak_seconds: spec.map_or(0, |w| w.soak.as_secs()),
                 gate: spec.map_or(Gate::None, |w| w.gate),
                 done: 0,
@@ -399,14 +403,35 @@ pub fn rollout_view(
         });
     }
     let complete = waves.iter().all(|w| w.pending + w.failed + w.unknown == 0);
-    RolloutView {
+    let mut view = RolloutView {
         channel: channel.to_owned(),
         serial,
         issued_at,
         halted: rollout.halted,
         complete,
         waves,
+    };
+    let held: Vec<Option<String>> = (0..view.waves.len())
+        .map(|index| {
+            match decide(
+                rollout,
+                serial,
+                issued_at,
+                index,
+                now,
+                &GateInput::View(&view),
+            ) {
+                WaveDecision::Halted => Some(format!("the rollout of serial {serial} is halted")),
+                WaveDecision::Gated { reason } => Some(reason),
+                WaveDecision::Open | WaveDecision::Scheduled { .. } => None,
+            }
+        })
+        .collect();
+    for (wave, held) in view.waves.iter_mut().zip(held) {
+        wave.opened = wave.opened && held.is_none();
+        wave.held = held;
     }
+    view
 }
 
 /// What an agent reports about a release it has not taken yet (in its heartbeat's source report).
@@ -712,6 +737,15 @@ mod tests {
         assert_eq!(later, 2);
         assert!(!partial.complete);
         assert!(partial.waves[1].opened && !partial.waves[2].opened);
+        let degraded = view(&rollout, 5, &[("c1", &canary, ClusterState::Degraded, 5)]);
+        let held = degraded.waves[1].held.as_deref().unwrap_or_default();
+        assert!(
+            held.contains("c1 (canary) is Degraded"),
+            "{held} {degraded:?}"
+        );
+        assert!(!degraded.waves[1].opened);
+        let ungated = canary_forty_rest(20, Gate::None);
+        assert!(view(&ungated, 5, &[("c1", &canary, ClusterState::Degraded, 5)]).waves[1].opened);
         let done = view(&rollout, 5, &[("c1", &canary, ClusterState::Synced, 5)]);
         assert!(done.complete);
     }

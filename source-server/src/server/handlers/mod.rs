@@ -16,6 +16,7 @@ mod admin;
 mod enroll;
 mod heartbeat;
 mod read;
+mod rollout;
 mod store;
 
 use std::net::SocketAddr;
@@ -59,6 +60,8 @@ pub(super) async fn handle(
         Route::Enroll(cluster) => enroll::handle(app, request, &cluster, peer).await,
         Route::Rekey(cluster) => admin::handle(app, request, &cluster, peer, true).await,
         Route::Forget(cluster) => admin::handle(app, request, &cluster, peer, false).await,
+        Route::ApiRollout(channel) => rollout::handle(app, &request, &channel, false).await,
+        Route::RolloutPage(channel) => rollout::handle(app, &request, &channel, true).await,
         Route::FleetPage
         | Route::ClusterPage(_)
         | Route::ApiFleet
