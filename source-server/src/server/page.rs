@@ -341,6 +341,17 @@ pub fn cluster_page(detail: &ClusterDetail, now: Timestamp) -> String {
                 format!("<span class=\"warn\">{}</span>", opt_time(Some(since))),
             );
         }
+        if let Some(pending) = &report.source.pending {
+            let channel = escape(&report.source.channel);
+            fact(
+                "Rollout",
+                format!(
+                    "<span class=\"warn\">serial {}: {}</span> <a href=\"/rollouts/{channel}\">rollout of {channel}</a>",
+                    pending.serial,
+                    escape(&pending.message)
+                ),
+            );
+        }
         if let Some(refusal) = &report.source.last_refusal {
             fact(
                 "Last refused release",
