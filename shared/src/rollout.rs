@@ -542,7 +542,7 @@ mod tests {
         // The same computation spelled out, so that the test fails if `bucket` drifts from it.
         let digest = Sha256::digest(name.as_bytes());
         let point = u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"));
-        (point as u128 * 10_000 >> 64) as u32
+        ((point as u128 * 10_000) >> 64) as u32
     }
 
     #[test]

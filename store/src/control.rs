@@ -6,7 +6,7 @@
 
 use std::fs::{self, OpenOptions};
 use std::io::{ErrorKind, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ed25519_dalek::SigningKey;
 use windvane_shared::keys::TrustedKeys;
@@ -91,7 +91,7 @@ pub fn set_halted(
 }
 
 fn read_current(
-    path: &PathBuf,
+    path: &Path,
     key: &SigningKey,
     also_trusted: &TrustedKeys,
 ) -> Result<ReleasePointer> {
@@ -107,7 +107,7 @@ fn read_current(
     };
     let mut trusted = also_trusted.clone();
     let unverifiable = |source| Error::CurrentPointerUnverifiable {
-        path: path.clone(),
+        path: path.to_path_buf(),
         source,
     };
     trusted.insert(key.verifying_key()).map_err(unverifiable)?;
