@@ -117,3 +117,103 @@ fn read_current(
             .pointer,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use jiff::Timestamp;
+    use windvane_shared::bundle::{App, BUNDLE_API_VERSION, Bundle};
+    use windvane_shared::keys::signing_key_from_seed;
+    use windvane_shared::rollout::{Rollout, Wave};
+
+    use super::*;
+    use crate::{PublishRequest, publish};
+
+    fn bundle(greeting: &str, rollout: Option<Rollout>) -> Bundle {
+        let object = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "web", "namespace": "web"}, "data": {"greeting": greeting}
+        });
+        let app: App = serde_json::from_value(serde_json::json!({
+            "name": "web",
+            "manifests": [{"file": "web.yaml", "document": 0, "object": object}]
+        }))
+        .expect("app");
+        Bundle {
+            api_version: BUNDLE_API_VERSION.to_owned(),
+            fleet: "acme".to_owned(),
+            apps: vec![app],
+            rollout,
+        }
+    }
+
+    fn publish_one(root: &Path, key: &SigningKey, bundle: &Bundle) -> ReleasePointer {
+        let request = PublishRequest {
+            channel: "prod",
+            bundle,
+            key,
+            also_trusted: &TrustedKeys::new(),
+            expires_in: Duration::from_secs(3600),
+            allow_empty: false,
+            now: Timestamp::now(),
+        };
+        publish(root, &request).expect("publish").pointer
+    }
+
+    #[test]
+    fn the_history_names_the_previous_bundle_for_a_rollback() {
+        let dir = tempfile::tempdir().expect("dir");
+        let key = signing_key_from_seed([3; 32]);
+        let first = publish_one(dir.path(), &key, &bundle("one", None));
+        assert!(matches!(
+            previous_bundle(dir.path(), "prod", &first.bundle.sha256),
+            Err(Error::NoHistory { .. })
+        ));
+        let second = publish_one(dir.path(), &key, &bundle("two", None));
+        assert_eq!(
+            previous_bundle(dir.path(), "prod", &second.bundle.sha256).expect("previous"),
+            first.bundle.sha256
+        );
+        let history = fs::read_to_string(dir.path().join(history_path("prod"))).expect("history");
+        assert_eq!(history.lines().count(), 2, "{history}");
+    }
+
+    #[test]
+    fn halt_and_resume_re_sign_the_same_serial_with_a_higher_control() {
+        let dir = tempfile::tempdir().expect("dir");
+        let key = signing_key_from_seed([3; 32]);
+        let none = TrustedKeys::new();
+        publish_one(dir.path(), &key, &bundle("one", None));
+        assert!(matches!(
+            set_halted(dir.path(), "prod", &key, &none, true),
+            Err(Error::NoRollout { serial: 1, .. })
+        ));
+        let waves = Rollout {
+            waves: vec![Wave::default()],
+            ..Rollout::default()
+        };
+        let published = publish_one(dir.path(), &key, &bundle("two", Some(waves)));
+        let halted = set_halted(dir.path(), "prod", &key, &none, true).expect("halt");
+        assert_eq!(halted.serial, published.serial);
+        assert_eq!(halted.bundle, published.bundle);
+        assert_eq!(halted.issued_at, published.issued_at);
+        let rollout = halted.rollout.expect("rollout");
+        assert!(rollout.halted);
+        assert_eq!(rollout.control, 1);
+        assert!(matches!(
+            set_halted(dir.path(), "prod", &key, &none, true),
+            Err(Error::AlreadyInState { halted: true, .. })
+        ));
+        let resumed = set_halted(dir.path(), "prod", &key, &none, false).expect("resume");
+        assert_eq!(
+            resumed.rollout.map(|r| (r.halted, r.control)),
+            Some((false, 2))
+        );
+        let other = signing_key_from_seed([4; 32]);
+        assert!(matches!(
+            set_halted(dir.path(), "prod", &other, &none, true),
+            Err(Error::CurrentPointerUnverifiable { .. })
+        ));
+    }
+}
