@@ -40,6 +40,8 @@ enum Command {
     Rollout(rollout::RolloutArgs),
     /// Publish the bundle the channel carried before the current one, as a new serial.
     Rollback(rollout::RollbackArgs),
+    /// Sign the exact bundle of one channel's current release on another channel.
+    Promote(rollout::PromoteArgs),
 }
 
 fn main() -> ExitCode {
@@ -71,6 +73,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cluster(args) => fleet::cluster(args),
         Command::Rollout(args) => return rollout::rollout(args),
         Command::Rollback(args) => rollout::rollback(args),
+        Command::Promote(args) => rollout::promote(args),
     }
     .map(|()| ExitCode::SUCCESS)
 }

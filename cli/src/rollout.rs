@@ -66,6 +66,44 @@ pub struct SignArgs {
     trusted_keys: Vec<PathBuf>,
 }
 
+/// `windvane promote`.
+#[derive(Debug, Args)]
+pub struct PromoteArgs {
+    /// The store directory.
+    #[arg(long, value_name = "DIR", env = "WINDVANE_ROOT")]
+    root: PathBuf,
+    /// The channel whose current bundle is promoted, e.g. `staging`.
+    #[arg(long, value_name = "CHANNEL")]
+    from: String,
+    /// The channel it is published on, e.g. `prod`.
+    #[arg(long, value_name = "CHANNEL")]
+    to: String,
+    /// The release signing key.
+    #[arg(long, value_name = "KEY", env = "WINDVANE_KEY")]
+    key: PathBuf,
+    /// Public keys that may have signed the channels' pointers besides KEY.
+    #[arg(
+        long = "trusted-key",
+        value_name = "PUB",
+        value_delimiter = ',',
+        env = "WINDVANE_TRUSTED_KEYS"
+    )]
+    trusted_keys: Vec<PathBuf>,
+    /// Promote only when every cluster this selector picks (at least one) follows --from and is Synced on
+    /// its current serial, as the server shows; needs --server.
+    #[arg(long, value_name = "SEL", requires = "server")]
+    require_synced: Option<String>,
+    /// The source server to check --require-synced against.
+    #[arg(long, env = "WINDVANE_SERVER", value_name = "URL")]
+    server: Option<String>,
+    /// File with the server's read token, if it requires one.
+    #[arg(long, env = "WINDVANE_READ_TOKEN_FILE", value_name = "FILE")]
+    read_token_file: Option<PathBuf>,
+    /// How long agents accept the promoted release.
+    #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = crate::release::parse_duration_arg, env = "WINDVANE_EXPIRES_IN")]
+    expires_in: std::time::Duration,
+}
+
 /// `windvane rollback`.
 #[derive(Debug, Args)]
 pub struct RollbackArgs {
@@ -115,29 +153,9 @@ fn halt(args: SignArgs, halted: bool) -> anyhow::Result<()> {
 pub fn rollback(args: RollbackArgs) -> anyhow::Result<()> {
     let sign = &args.sign;
     let (key, trusted) = signing_key(sign)?;
-    let pointer_path = sign.root.join(store::channel_path(&sign.channel));
-    let bytes = std::fs::read(&pointer_path).with_context(|| pointer_path.display().to_string())?;
-    let mut all = trusted.clone();
-    all.insert(key.verifying_key())?;
-    let current = windvane_shared::release::verify_signed_pointer(
-        &bytes,
-        &all,
-        windvane_shared::release::DEFAULT_MAX_POINTER_BYTES,
-    )
-    .with_context(|| pointer_path.display().to_string())?
-    .pointer;
+    let current = verified_current(&sign.root, &sign.channel, &key, &trusted)?;
     let previous = store::previous_bundle(&sign.root, &sign.channel, &current.bundle.sha256)?;
-    let bundle_path = sign.root.join(store::bundle_path(&previous));
-    let bundle_bytes =
-        std::fs::read(&bundle_path).with_context(|| bundle_path.display().to_string())?;
-    if windvane_shared::digest::sha256_hex(&bundle_bytes) != previous {
-        bail!(
-            "{}: the file does not have its digest",
-            bundle_path.display()
-        );
-    }
-    let bundle = Bundle::from_json_slice(&bundle_bytes, BundleLimits::default())
-        .with_context(|| bundle_path.display().to_string())?;
+    let bundle = stored_bundle(&sign.root, &previous)?;
     let request = PublishRequest {
         channel: &sign.channel,
         bundle: &bundle,
@@ -217,4 +235,178 @@ pub fn render(view: &RolloutView) -> String {
         }
     }
     out
+}
+
+/// The current pointer of `channel`, verified with `key` and `trusted`.
+fn verified_current(
+    root: &std::path::Path,
+    channel: &str,
+    key: &ed25519_dalek::SigningKey,
+    trusted: &keys::TrustedKeys,
+) -> anyhow::Result<windvane_shared::release::ReleasePointer> {
+    let path = root.join(store::channel_path(channel));
+    let bytes = std::fs::read(&path).with_context(|| path.display().to_string())?;
+    let mut all = trusted.clone();
+    all.insert(key.verifying_key())?;
+    Ok(windvane_shared::release::verify_signed_pointer(
+        &bytes,
+        &all,
+        windvane_shared::release::DEFAULT_MAX_POINTER_BYTES,
+    )
+    .with_context(|| path.display().to_string())?
+    .pointer)
+}
+
+/// Reads the bundle `sha256` from the store, checking its digest.
+fn stored_bundle(root: &std::path::Path, sha256: &str) -> anyhow::Result<Bundle> {
+    let path = root.join(store::bundle_path(sha256));
+    let bytes = std::fs::read(&path).with_context(|| path.display().to_string())?;
+    if windvane_shared::digest::sha256_hex(&bytes) != sha256 {
+        bail!("{}: the file does not have its digest", path.display());
+    }
+    let bundle = Bundle::from_json_slice(&bytes, BundleLimits::default())
+        .with_context(|| path.display().to_string())?;
+    if windvane_shared::digest::sha256_hex(&bundle.to_json_bytes()) != sha256 {
+        bail!(
+            "{}: the bundle does not serialize back to the same bytes, so it cannot be signed again with the same digest",
+            path.display()
+        );
+    }
+    Ok(bundle)
+}
+
+/// `None` when every cluster of `fleet` (at least one) follows `channel` and is Synced on `serial`;
+/// otherwise why not. Pure.
+pub fn synced_on(
+    fleet: &windvane_shared::fleet_api::FleetView,
+    channel: &str,
+    serial: u64,
+) -> Option<String> {
+    if fleet.clusters.is_empty() {
+        return Some("no cluster matches the selector".to_owned());
+    }
+    let behind: Vec<String> = fleet
+        .clusters
+        .iter()
+        .filter(|c| {
+            c.state != windvane_shared::fleet_api::ClusterState::Synced
+                || c.channel.as_deref() != Some(channel)
+                || c.applied_serial != Some(serial)
+        })
+        .map(|c| {
+            format!(
+                "{} is {} on {} serial {}",
+                c.name,
+                c.state,
+                c.channel.as_deref().unwrap_or("no channel"),
+                c.applied_serial.map_or("-".to_owned(), |s| s.to_string())
+            )
+        })
+        .collect();
+    (!behind.is_empty()).then(|| behind.join(", "))
+}
+
+pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
+    let pem = super::read_text(&args.key)?;
+    let key = keys::signing_key_from_pem(&pem, &args.key.display().to_string())?;
+    let mut trusted = keys::TrustedKeys::new();
+    for path in &args.trusted_keys {
+        let pem = super::read_text(path)?;
+        trusted.insert(keys::verifying_key_from_pem(
+            &pem,
+            &path.display().to_string(),
+        )?)?;
+    }
+    let source = verified_current(&args.root, &args.from, &key, &trusted)?;
+    if let (Some(selector), Some(server)) = (&args.require_synced, &args.server) {
+        let query: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair("selector", selector)
+            .finish();
+        let url = format!("{}/api/v1/fleet?{query}", server.trim_end_matches('/'));
+        let token = args
+            .read_token_file
+            .as_ref()
+            .map(|p| super::read_text(p).map(|t| t.trim().to_owned()))
+            .transpose()?;
+        let fleet: windvane_shared::fleet_api::FleetView =
+            crate::fleet::get_json(&url, token.as_deref())?;
+        if let Some(why) = synced_on(&fleet, &args.from, source.serial) {
+            bail!(
+                "not promoting serial {} of {}: not every {selector} cluster is Synced on it: {why}",
+                source.serial,
+                args.from
+            );
+        }
+    }
+    let bundle = stored_bundle(&args.root, &source.bundle.sha256)?;
+    let request = PublishRequest {
+        channel: &args.to,
+        bundle: &bundle,
+        key: &key,
+        also_trusted: &trusted,
+        expires_in: args.expires_in,
+        allow_empty: source.allow_empty,
+        now: Timestamp::now(),
+    };
+    let published = store::publish(&args.root, &request)?;
+    println!(
+        "promoted {} serial {} to {} serial {}: bundle {}",
+        args.from,
+        source.serial,
+        args.to,
+        published.pointer.serial,
+        published.pointer.bundle.sha256
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use windvane_shared::fleet_api::FleetView;
+
+    fn fleet(rows: &[(&str, &str, &str, u64)]) -> FleetView {
+        let clusters: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(name, state, channel, serial)| {
+                serde_json::json!({
+                    "name": name, "fleet": "acme", "labels": {}, "state": state, "graceSeconds": 90,
+                    "channel": channel, "appliedSerial": serial, "driftTotal": 0,
+                    "enrolledAt": "2026-12-04T10:00:00Z", "keyid": "k", "sequence": 1
+                })
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "generatedAt": "2026-12-04T10:00:00Z", "total": rows.len(), "counts": {}, "clusters": clusters
+        }))
+        .expect("fleet")
+    }
+
+    #[test]
+    fn promotion_requires_every_selected_cluster_synced_on_the_source_serial() {
+        let all = fleet(&[
+            ("s1", "Synced", "staging", 4),
+            ("s2", "Synced", "staging", 4),
+        ]);
+        assert_eq!(synced_on(&all, "staging", 4), None);
+        for (rows, says) in [
+            (
+                vec![
+                    ("s1", "Synced", "staging", 4),
+                    ("s2", "OutOfSync", "staging", 4),
+                ],
+                "s2 is OutOfSync",
+            ),
+            (
+                vec![("s1", "Synced", "staging", 3)],
+                "s1 is Synced on staging serial 3",
+            ),
+            (vec![("s1", "Unknown", "staging", 4)], "s1 is Unknown"),
+            (vec![("s1", "Synced", "prod", 4)], "on prod"),
+            (vec![], "no cluster"),
+        ] {
+            let why = synced_on(&fleet(&rows), "staging", 4).expect("refused");
+            assert!(why.contains(says), "{why}");
+        }
+    }
 }
