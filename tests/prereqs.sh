@@ -30,6 +30,7 @@ requirements=(
   "tests|the fleet page test in a real browser|chromium|chromium"
   "tests|the pointer benchmark's baseline|/usr/sbin/nginx|nginx-light"
   "tests|the pointer benchmark's load generator|wrk|wrk"
+  "tests|the load balancer in front of the server replicas test|/usr/sbin/haproxy|haproxy"
 )
 
 found() {

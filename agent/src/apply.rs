@@ -276,7 +276,7 @@ async fn apply_one(
         }
         let mut attempt = 0;
         loop {
-            match cluster.apply(&object.id, &resolved, &object.body(), false).await {
+            match cluster.apply(&object.id, &resolved, object.raw_body(), false).await {
                 Ok(live) => {
                     (hooks.observe)(&live);
                     let applied = Some(Baseline::of(&live));

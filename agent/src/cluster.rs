@@ -205,7 +205,7 @@ impl Cluster {
         &self,
         id: &ObjectRef,
         resolved: &Resolved,
-        body: &Value,
+        body: &(impl serde::Serialize + std::fmt::Debug + Sync + ?Sized),
         dry_run: bool,
     ) -> std::result::Result<Value, ApplyFailure> {
         let mut params = PatchParams::apply(FIELD_MANAGER).force();
@@ -231,7 +231,7 @@ impl Cluster {
         &self,
         id: &ObjectRef,
         resolved: &Resolved,
-        body: &Value,
+        body: &(impl serde::Serialize + std::fmt::Debug + Sync + ?Sized),
         params: &PatchParams,
     ) -> std::result::Result<Value, ApplyFailure> {
         let dry_run = params.dry_run;

@@ -50,6 +50,12 @@ impl Desired {
         serde_json::from_slice(&self.body).unwrap_or(Value::Null)
     }
 
+    /// The body to apply as the JSON text it is kept as, sent without parsing it into a value first.
+    pub fn raw_body(&self) -> &serde_json::value::RawValue {
+        // The text was written by serde_json, so it always parses; should it not, the API server says why.
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::value::RawValue::NULL)
+    }
+
     /// Length of the body as sent, in bytes.
     pub fn body_len(&self) -> usize {
         self.body.len()

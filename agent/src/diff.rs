@@ -134,7 +134,7 @@ async fn diff_object(
     }
     let live = cluster.get(&object.id, &resolved).await?;
     let dry_run = match cluster
-        .apply(&object.id, &resolved, &object.body(), true)
+        .apply(&object.id, &resolved, object.raw_body(), true)
         .await
     {
         Ok(result) => result,

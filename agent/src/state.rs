@@ -186,8 +186,11 @@ impl StateStore {
             "index".to_owned(),
             ByteString(serde_json::to_vec(&index).unwrap_or_default()),
         );
-        self.put(&name, blob, data).await?;
-        self.remove_stale_chunks(blob, &name, &chunks).await
+        // The listing of this blob's Secrets runs beside the index write, which a sync waits for: every chunk
+        // of this save is already written, and those and the index are kept, so what it finds stale is stale.
+        let (written, listed) = futures::join!(self.put(&name, blob, data), self.list_blob(blob));
+        written?;
+        self.remove_stale_chunks(&name, &chunks, listed?).await
     }
 
     async fn put(&self, name: &str, blob: &str, data: BTreeMap<String, ByteString>) -> Result<()> {
@@ -219,17 +222,29 @@ impl StateStore {
             .map_err(|e| self.state_error(name, &e))
     }
 
-    async fn remove_stale_chunks(&self, blob: &str, index: &str, keep: &[String]) -> Result<()> {
+    /// The names of every Secret of `blob`.
+    async fn list_blob(&self, blob: &str) -> Result<Vec<String>> {
         let selector = format!("{BLOB_LABEL}={}-{blob}", self.prefix);
         let list = self
             .secrets
             .list_metadata(&ListParams::default().labels(&selector))
             .await
-            .map_err(|e| self.state_error(index, &e))?;
-        for secret in list.items {
-            let Some(name) = secret.metadata.name else {
-                continue;
-            };
+            .map_err(|e| self.state_error(&self.index_name(blob), &e))?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter_map(|s| s.metadata.name)
+            .collect())
+    }
+
+    /// Deletes the Secrets of a blob other than its index and the chunks it now uses.
+    async fn remove_stale_chunks(
+        &self,
+        index: &str,
+        keep: &[String],
+        listed: Vec<String>,
+    ) -> Result<()> {
+        for name in listed {
             if name != index && !keep.contains(&name) {
                 self.secrets
                     .delete(&name, &DeleteParams::default())

@@ -6,6 +6,7 @@
 //! Windvane's own binaries as child processes (`process`); and polling with deadlines (`poll`).
 
 pub mod fleet;
+pub mod haproxy;
 pub mod heartbeat_agent;
 pub mod http;
 pub mod localkube;
@@ -15,3 +16,4 @@ pub mod process;
 pub mod proxy;
 pub mod server;
 pub mod store_server;
+pub mod webhook;

@@ -5,154 +5,17 @@
 //! same release serial and alert episode are deduplicated — but a cluster that recovers and goes Unknown
 //! again alerts again, once per episode, across restarts.
 
-use std::collections::HashMap;
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::service::service_fn;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use jiff::Timestamp;
-use serde_json::Value;
 use windvane_shared::heartbeat::{DriftAction, DriftRecord};
 use windvane_shared::status::SyncState;
 use windvane_tests::heartbeat_agent::SimulatedAgent;
 use windvane_tests::http::client;
-use windvane_tests::poll::eventually;
 use windvane_tests::server::{Options, ServerProcess};
-
-#[derive(Debug, Default)]
-struct Received {
-    /// Accepted deliveries per path.
-    by_path: HashMap<String, Vec<Value>>,
-    /// Attempts seen per (path, id), to fail the first one on /flaky.
-    attempts: HashMap<(String, String), u32>,
-}
-
-/// A webhook receiver on a loopback port; `/flaky` answers 500 to the first attempt of each notification.
-async fn receiver() -> (String, Arc<Mutex<Received>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let received: Arc<Mutex<Received>> = Arc::default();
-    let state = Arc::clone(&received);
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let state = Arc::clone(&state);
-            tokio::spawn(async move {
-                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-                    let state = Arc::clone(&state);
-                    async move {
-                        let path = request.uri().path().to_owned();
-                        let body = request
-                            .into_body()
-                            .collect()
-                            .await
-                            .map(|b| b.to_bytes())
-                            .unwrap_or_default();
-                        let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                        let id = value["id"]
-                            .as_str()
-                            .or(value["text"].as_str())
-                            .unwrap_or("")
-                            .to_owned();
-                        let mut state = state.lock().expect("lock");
-                        let attempt = state.attempts.entry((path.clone(), id)).or_default();
-                        *attempt += 1;
-                        let status = if path == "/flaky" && *attempt == 1 {
-                            500
-                        } else {
-                            state.by_path.entry(path).or_default().push(value);
-                            200
-                        };
-                        Ok::<_, Infallible>(
-                            Response::builder()
-                                .status(status)
-                                .body(Full::new(Bytes::new()))
-                                .expect("response"),
-                        )
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    (format!("http://{addr}"), received)
-}
-
-fn triggers(received: &Arc<Mutex<Received>>, path: &str) -> Vec<String> {
-    let state = received.lock().expect("lock");
-    let mut out: Vec<String> = state
-        .by_path
-        .get(path)
-        .map(|list| {
-            list.iter()
-                .map(|v| v["trigger"].as_str().unwrap_or("slack").to_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    out.sort();
-    out
-}
-
-fn count(received: &Arc<Mutex<Received>>, path: &str) -> usize {
-    received
-        .lock()
-        .expect("lock")
-        .by_path
-        .get(path)
-        .map_or(0, Vec::len)
-}
-
-async fn wait_for(received: &Arc<Mutex<Received>>, path: &str, expected: &[&str]) {
-    let mut expected: Vec<String> = expected.iter().map(|s| (*s).to_owned()).collect();
-    expected.sort();
-    let what = format!("{path} to receive {expected:?}");
-    eventually(&what, Duration::from_secs(30), || {
-        let got = triggers(received, path);
-        let expected = expected.clone();
-        async move {
-            assert!(
-                got.len() <= expected.len(),
-                "{path}: more than expected: {got:?}"
-            );
-            (got == expected).then_some(())
-        }
-    })
-    .await;
-}
-
-/// No new delivery arrives on any path during `quiet` (a bounded check for "exactly once").
-async fn stays_quiet(received: &Arc<Mutex<Received>>, quiet: Duration) {
-    let snapshot: Vec<(String, usize)> = received
-        .lock()
-        .expect("lock")
-        .by_path
-        .iter()
-        .map(|(k, v)| (k.clone(), v.len()))
-        .collect();
-    let start = Instant::now();
-    while start.elapsed() < quiet {
-        for (path, n) in &snapshot {
-            assert_eq!(
-                count(received, path),
-                *n,
-                "a duplicate arrived on {path}: {:?}",
-                received.lock().expect("lock").by_path[path]
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use windvane_tests::webhook::{
+    arrivals, count, receiver, stays_quiet, wait_for, wait_for_arrivals,
+};
 
 fn rbac_drift() -> DriftRecord {
     DriftRecord {
@@ -274,44 +137,6 @@ async fn each_notification_is_delivered_exactly_once() {
         0,
         "the selector keeps prod out of the staging sink"
     );
-}
-
-/// The webhook's triggers in arrival order, with their ids.
-fn arrivals(received: &Arc<Mutex<Received>>, path: &str) -> Vec<(String, String)> {
-    received
-        .lock()
-        .expect("lock")
-        .by_path
-        .get(path)
-        .map(|list| {
-            list.iter()
-                .map(|v| {
-                    (
-                        v["trigger"].as_str().unwrap_or_default().to_owned(),
-                        v["id"].as_str().unwrap_or_default().to_owned(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-async fn wait_for_arrivals(received: &Arc<Mutex<Received>>, expected: &[&str]) {
-    let what = format!("/hook to receive {expected:?} in this order");
-    eventually(&what, Duration::from_secs(30), || {
-        let got: Vec<String> = arrivals(received, "/hook")
-            .into_iter()
-            .map(|(t, _)| t)
-            .collect();
-        async move {
-            assert!(
-                got.len() <= expected.len() && got.iter().zip(expected).all(|(g, e)| g == e),
-                "/hook got {got:?}, expected {expected:?}"
-            );
-            (got.len() == expected.len()).then_some(())
-        }
-    })
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -55,7 +55,6 @@ impl Engine {
         let enforced = &*enforced;
         let release_empty = desired.is_empty() && unrendered.is_empty();
         let report = self.apply(desired).await;
-        self.watch_applied(&report).await;
 
         // Keys as applied: each object carries its final namespace, decided while applying.
         let desired_keys: BTreeSet<ObjectKey> = report.results.iter().map(|r| r.key()).collect();
@@ -90,6 +89,9 @@ impl Engine {
             error!(%error, "cannot persist the inventory");
         }
         self.inventory = next;
+        // After the inventory is safe: the watches' first lists of what was just applied are the heaviest
+        // reads of a sync, and would only delay that write. Drift meanwhile is in those lists.
+        self.watch_applied(&report).await;
 
         let mut errors: Vec<String> = unrendered
             .iter()

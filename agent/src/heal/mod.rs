@@ -219,7 +219,7 @@ impl Healer {
         let id = &desired.id;
         let resolved = self.cluster.resolve(&id.api_version, &id.kind).await.ok()?;
         self.cluster
-            .apply(id, &resolved, &desired.body(), true)
+            .apply(id, &resolved, desired.raw_body(), true)
             .await
             .ok()
     }
@@ -279,7 +279,7 @@ impl Healer {
         let written = match self.cluster.resolve(&id.api_version, &id.kind).await {
             Ok(resolved) => self
                 .cluster
-                .apply(id, &resolved, &desired.body(), false)
+                .apply(id, &resolved, desired.raw_body(), false)
                 .await
                 .map_err(|failure| failure.message),
             Err(error) => Err(error.to_string()),

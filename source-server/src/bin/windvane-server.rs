@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use windvane_shared::duration::parse_duration;
 use windvane_source_server::server::auth::{MIN_ADMIN_TOKEN_LEN, TokenHash};
+use windvane_source_server::server::forwarded::AddressBlock;
 use windvane_source_server::server::{self, ServeConfig, Server, notify};
 
 /// Windvane source server: serves the release store, ingests signed heartbeats, and shows the fleet.
@@ -94,6 +95,16 @@ struct ServeArgs {
     /// Most heartbeats stored in one transaction.
     #[arg(long, env = "WINDVANE_MAX_BATCH", value_name = "N", default_value_t = server::DEFAULT_MAX_BATCH)]
     max_batch: usize,
+    /// A load balancer in front of the server (address or CIDR block; repeat, or comma-separate): its
+    /// `X-Forwarded-For` names the client, for the wrong-token limiter and the logs. Nobody else's header is
+    /// believed. Give every replica the same list.
+    #[arg(
+        long = "trusted-proxy",
+        env = "WINDVANE_TRUSTED_PROXIES",
+        value_name = "CIDR",
+        value_delimiter = ','
+    )]
+    trusted_proxies: Vec<AddressBlock>,
     /// Log format.
     #[arg(long, env = "WINDVANE_LOG_FORMAT", value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -153,6 +164,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_clock_skew: args.max_clock_skew,
         ingest_queue: args.ingest_queue,
         max_batch: args.max_batch,
+        trusted_proxies: args.trusted_proxies,
     };
     if config.admin_token.is_none() {
         tracing::warn!(

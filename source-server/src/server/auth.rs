@@ -5,13 +5,13 @@
 //!
 //! Tokens are read once from their files at start-up; only their SHA-256 is kept in memory ([`TokenHash`]),
 //! and an offered token is hashed and compared in constant time. Neither the tokens nor their hashes are ever
-//! logged. The limiter ([`FailureLimiter`]) is pure: it is given the time, so tests step through a window.
+//! logged. The limiter's decision ([`FailurePolicy`]) is pure, over the failures the database holds, so that
+//! every replica counts the same failures.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use jiff::{SignedDuration, Timestamp};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -103,47 +103,48 @@ pub fn credential(authorization: Option<&[u8]>) -> Option<String> {
     None
 }
 
-/// Counts failed token checks per source address; once an address has failed `max_failures` times within
-/// `window`, it is refused (429) until the window that began with its first failure ends.
-#[derive(Debug)]
-pub struct FailureLimiter {
-    max_failures: u32,
-    window: Duration,
-    failures: HashMap<IpAddr, (Instant, u32)>,
+/// How many wrong tokens an address may offer: once it has failed `max_failures` times within the last
+/// `window`, it is refused (429) until the oldest of those failures is `window` old. The failures are stored
+/// in the database ([`crate::server::db::Database::record_token_failure`]), so replicas behind a load
+/// balancer share the count; this decision over what is stored is pure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailurePolicy {
+    pub max_failures: u32,
+    pub window: Duration,
 }
 
-impl FailureLimiter {
-    pub fn new(max_failures: u32, window: Duration) -> Self {
+impl Default for FailurePolicy {
+    fn default() -> Self {
         Self {
-            max_failures,
-            window,
-            failures: HashMap::new(),
+            max_failures: 10,
+            window: Duration::from_secs(60),
         }
     }
+}
 
-    /// `Some(retry_after)` when `ip` is currently blocked.
-    pub fn check(&mut self, ip: IpAddr, now: Instant) -> Option<Duration> {
-        let (start, count) = *self.failures.get(&ip)?;
-        let elapsed = now.saturating_duration_since(start);
-        if elapsed >= self.window {
-            self.failures.remove(&ip);
+/// An address's failures within the window, as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RecentFailures {
+    pub count: u64,
+    /// When the oldest of them happened.
+    pub oldest: Option<Timestamp>,
+}
+
+impl FailurePolicy {
+    /// Failures before this instant no longer count.
+    pub fn window_start(&self, now: Timestamp) -> Timestamp {
+        let window = SignedDuration::try_from(self.window).unwrap_or(SignedDuration::MAX);
+        now.checked_sub(window).unwrap_or(Timestamp::MIN)
+    }
+
+    /// `Some(retry_after)` (at least a second) when an address with these failures is refused now.
+    pub fn blocked(&self, recent: RecentFailures, now: Timestamp) -> Option<Duration> {
+        if recent.count < u64::from(self.max_failures) {
             return None;
         }
-        (count >= self.max_failures).then(|| self.window - elapsed)
-    }
-
-    /// Records a failed attempt from `ip`.
-    pub fn fail(&mut self, ip: IpAddr, now: Instant) {
-        if self.failures.len() > 100_000 {
-            let window = self.window;
-            self.failures
-                .retain(|_, (start, _)| now.saturating_duration_since(*start) < window);
-        }
-        let entry = self.failures.entry(ip).or_insert((now, 0));
-        if now.saturating_duration_since(entry.0) >= self.window {
-            *entry = (now, 0);
-        }
-        entry.1 = entry.1.saturating_add(1);
+        let oldest = recent.oldest.unwrap_or(now);
+        let aged = Duration::try_from(now.duration_since(oldest)).unwrap_or(Duration::ZERO);
+        Some(self.window.saturating_sub(aged).max(Duration::from_secs(1)))
     }
 }
 
@@ -210,34 +211,38 @@ mod tests {
     }
 
     #[test]
-    fn limiter_blocks_after_too_many_failures_until_the_window_ends() {
-        let mut limiter = FailureLimiter::new(3, Duration::from_secs(60));
-        let ip: IpAddr = "192.0.2.1".parse().expect("ip");
-        let other: IpAddr = "192.0.2.2".parse().expect("ip");
-        let t0 = Instant::now();
-        for i in 0..3 {
-            assert_eq!(limiter.check(ip, t0), None, "attempt {i}");
-            limiter.fail(ip, t0 + Duration::from_secs(i));
-        }
+    fn an_address_is_refused_after_too_many_failures_until_the_oldest_ages_out() {
+        let policy = FailurePolicy {
+            max_failures: 3,
+            window: Duration::from_secs(60),
+        };
+        let t0: Timestamp = "2026-12-04T12:00:00Z".parse().expect("time");
+        let at = |s: i64| t0 + SignedDuration::from_secs(s);
+        let recent = |count, oldest| RecentFailures {
+            count,
+            oldest: Some(oldest),
+        };
+        assert_eq!(policy.blocked(RecentFailures::default(), t0), None);
         assert_eq!(
-            limiter.check(ip, t0 + Duration::from_secs(10)),
-            Some(Duration::from_secs(50))
+            policy.blocked(recent(2, t0), at(10)),
+            None,
+            "below the limit"
         );
         assert_eq!(
-            limiter.check(other, t0 + Duration::from_secs(10)),
-            None,
-            "per address"
+            policy.blocked(recent(3, t0), at(10)),
+            Some(Duration::from_secs(50)),
+            "refused until the oldest failure is a window old"
         );
         assert_eq!(
-            limiter.check(ip, t0 + Duration::from_secs(60)),
-            None,
-            "window over"
+            policy.blocked(recent(3, t0), at(60)),
+            Some(Duration::from_secs(1)),
+            "never told to retry at once while still over the limit"
         );
-        limiter.fail(ip, t0 + Duration::from_secs(61));
+        assert_eq!(policy.window_start(at(60)), t0);
         assert_eq!(
-            limiter.check(ip, t0 + Duration::from_secs(62)),
-            None,
-            "counting afresh"
+            policy.window_start(Timestamp::MIN),
+            Timestamp::MIN,
+            "no underflow"
         );
     }
 }

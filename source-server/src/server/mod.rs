@@ -14,6 +14,7 @@ pub mod auth;
 mod conns;
 pub mod db;
 mod files;
+pub mod forwarded;
 mod handlers;
 pub mod ingest;
 mod long_poll;
@@ -29,7 +30,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use hyper::server::conn::http1;
@@ -38,9 +39,10 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use self::auth::{FailureLimiter, TokenHash};
+use self::auth::{FailurePolicy, TokenHash};
 use self::db::{Database, Db};
 use self::files::FileCache;
+use self::forwarded::AddressBlock;
 use self::ingest::{ClusterKey, IngestJob};
 use self::metrics::Metrics;
 use crate::{Error, Result};
@@ -79,6 +81,9 @@ pub struct ServeConfig {
     pub max_clock_skew: Duration,
     pub ingest_queue: usize,
     pub max_batch: usize,
+    /// Load balancers in front of the server: their `X-Forwarded-For` names the client (for the token
+    /// limiter and the logs); nobody else's is believed.
+    pub trusted_proxies: Vec<AddressBlock>,
 }
 
 /// Shared state of all requests.
@@ -100,7 +105,9 @@ struct App {
     registration_token: TokenHash,
     admin_token: Option<TokenHash>,
     read_token: Option<TokenHash>,
-    limiter: Mutex<FailureLimiter>,
+    limiter: FailurePolicy,
+    /// Load balancers whose `X-Forwarded-For` names the client.
+    trusted_proxies: Vec<AddressBlock>,
     unknown_after: Option<Duration>,
     max_clock_skew: Duration,
 }
@@ -185,7 +192,8 @@ impl Server {
             registration_token: config.registration_token,
             admin_token: config.admin_token,
             read_token: config.read_token,
-            limiter: Mutex::new(FailureLimiter::new(10, Duration::from_secs(60))),
+            limiter: FailurePolicy::default(),
+            trusted_proxies: config.trusted_proxies,
             unknown_after: config.unknown_after,
             max_clock_skew: config.max_clock_skew,
         });
@@ -311,6 +319,10 @@ async fn prune_loop(db: Arc<Db>) {
             Ok(n) if n > 0 => tracing::info!(rows = n, "pruned the heartbeat log"),
             Ok(_) => {}
             Err(error) => tracing::warn!(%error, "pruning the heartbeat log failed"),
+        }
+        let counted_since = FailurePolicy::default().window_start(jiff::Timestamp::now());
+        if let Err(error) = db.prune_token_failures(counted_since).await {
+            tracing::warn!(%error, "pruning the record of wrong tokens failed");
         }
     }
 }

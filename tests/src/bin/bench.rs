@@ -592,12 +592,12 @@ struct SyncComparison {
     agent_converged: CpuUse,
     kubectl: sync::KubectlApply,
     kubectl_converged: CpuUse,
-    /// The bare in-process client's time and CPU.
-    bare: (Duration, CpuUse),
+    /// The bare in-process client's time and CPU, just before and just after the agent.
+    bare: [(Duration, CpuUse); 2],
 }
 
 /// The sections that need a cluster: one localkube; kubectl's baseline; the agent managing the large
-/// release (first sync, then the bare-client floor, memory, idle window, drift trials, in that order);
+/// release (kubectl, a bare-client run, the agent's first sync, a second bare-client run, memory, idle window, drift trials, in that order);
 /// then an agent with the small release.
 async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::Result<()> {
     if let Some(warning) = agent::check_binary(&settings.agent)? {
@@ -637,7 +637,10 @@ async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::R
     let server = StoreServer::start(publisher.store()).await?;
 
     let kubectl = if settings.wants(Section::Sync) {
-        Some(bench.kubectl_baseline().await?)
+        Some((
+            bench.kubectl_baseline().await?,
+            bench.bare_floor(workload::BARE_PREFIXES[0]).await?,
+        ))
     } else {
         None
     };
@@ -663,14 +666,16 @@ async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::R
         Contestant::Process(agent.pid()?),
     )?;
     let memory_synced = agent.memory()?;
-    if let Some((kubectl, kubectl_converged)) = kubectl {
+    if let Some(((kubectl, kubectl_converged), bare_before)) = kubectl {
         let comparison = SyncComparison {
             agent: first_sync,
             agent_converged,
             kubectl,
             kubectl_converged,
-            // After the agent, so that the agent does not sync into a cluster holding yet more objects.
-            bare: bench.bare_floor().await?,
+            bare: [
+                bare_before,
+                bench.bare_floor(workload::BARE_PREFIXES[1]).await?,
+            ],
         };
         sync_results(&comparison, results);
     }
@@ -834,19 +839,14 @@ impl ClusterBench<'_> {
         Ok((applied, converged))
     }
 
-    /// The bare in-process client's run, left to roll out before the next section.
-    async fn bare_floor(&self) -> anyhow::Result<(Duration, CpuUse)> {
-        progress(
-            "sync: the same objects from a bare in-process SSA client, 16 at a time (the floor)",
-        );
-        let bare =
-            sync::bare_client_apply(&self.kube, &self.probe_identity.client().await?).await?;
-        sync::wait_deployments_available(
-            &self.kube,
-            workload::BARE_PREFIX,
-            Duration::from_secs(300),
-        )
-        .await?;
+    /// A run of the bare in-process client into the namespaces `prefix-*`, left to roll out before the next.
+    async fn bare_floor(&self, prefix: &str) -> anyhow::Result<(Duration, CpuUse)> {
+        progress(&format!(
+            "sync: the same objects from a bare in-process SSA client, 16 at a time (the floor), into {prefix}-*"
+        ));
+        let client = self.probe_identity.client().await?;
+        let bare = sync::bare_client_apply(&self.kube, &client, prefix).await?;
+        sync::wait_deployments_available(&self.kube, prefix, Duration::from_secs(300)).await?;
         sync::wait_control_plane_quiet(&self.kube).await?;
         Ok(bare)
     }
@@ -963,11 +963,13 @@ fn big_release_rows(big: &BigRelease, results: &mut Results) {
 const NOISY_CORES: f64 = 0.25;
 
 fn sync_results(sync: &SyncComparison, results: &mut Results) {
-    let (bare, bare_cpu) = sync.bare;
+    let [(before, before_cpu), (after, after_cpu)] = sync.bare;
+    let bare = (before + after) / 2;
     for (who, elapsed, cpu) in [
         ("kubectl's run", sync.kubectl.elapsed, sync.kubectl.cpu),
+        ("the bare client's run before the agent", before, before_cpu),
         ("the agent's sync", sync.agent.elapsed, sync.agent.cpu),
-        ("the bare client's run", bare, bare_cpu),
+        ("the bare client's run after the agent", after, after_cpu),
     ] {
         let cores = cpu.other.as_secs_f64() / elapsed.as_secs_f64();
         if cores > NOISY_CORES {
@@ -992,14 +994,17 @@ fn sync_results(sync: &SyncComparison, results: &mut Results) {
         .note(format!(
             "agent: process start until the first sync finished; {:.2} s inside its sync, {} objects \
              written, requests: {}; {}. Baseline, the control plane's floor on this machine: a bare \
-             in-process server-side-apply client, 16 at a time, no start-up, run after the agent on the same \
-             apiserver: {}. Until the control plane was quiet again (Deployments rolled out): control plane \
-             {:.1} s CPU after the agent",
+             in-process server-side-apply client, 16 at a time, no start-up, on the same apiserver, the mean \
+             of a run just before the agent ({:.2} s; {}) and one just after ({:.2} s; {}). Until the control \
+             plane was quiet again (Deployments rolled out): control plane {:.1} s CPU after the agent",
             sync.agent.reported.as_secs_f64(),
             sync.agent.written,
             sync.agent.requests.describe(),
             sync.agent.cpu.describe("agent"),
-            bare_cpu.describe("client"),
+            before.as_secs_f64(),
+            before_cpu.describe("client"),
+            after.as_secs_f64(),
+            after_cpu.describe("client"),
             sync.agent_converged.control_plane.as_secs_f64(),
         )),
     );
@@ -1034,7 +1039,10 @@ fn sync_results(sync: &SyncComparison, results: &mut Results) {
             "kubectlCpu": sync.kubectl.cpu.to_json(),
             "kubectlCpuUntilConverged": sync.kubectl_converged.to_json(),
             "bareClientSeconds": bare.as_secs_f64(),
-            "bareClientCpu": bare_cpu.to_json(),
+            "bareClientBeforeSeconds": before.as_secs_f64(),
+            "bareClientAfterSeconds": after.as_secs_f64(),
+            "bareClientCpuBefore": before_cpu.to_json(),
+            "bareClientCpuAfter": after_cpu.to_json(),
         }),
     );
 }

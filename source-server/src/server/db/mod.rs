@@ -49,6 +49,8 @@ pub struct Binding {
 pub use windvane_shared::fleet_api::DriftEntry;
 pub use windvane_shared::heartbeat::EnrollOutcome;
 
+pub use crate::server::auth::RecentFailures;
+
 /// Decides an enrolment from the stored binding (pure).
 pub fn decide_enroll(existing: Option<&Binding>, fleet: &str, keyid: &str) -> EnrollOutcome {
     match existing {
@@ -231,6 +233,20 @@ pub trait Database: Send + Sync + 'static {
     fn heartbeat_count(&self, cluster: Option<&str>) -> impl Future<Output = Result<u64>> + Send;
     /// Deletes heartbeat log rows received before `before`.
     fn prune(&self, before: Timestamp) -> impl Future<Output = Result<u64>> + Send;
+    /// Records a wrong token offered from `address` (shared by every replica's limiter).
+    fn record_token_failure(
+        &self,
+        address: &str,
+        at: Timestamp,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// The wrong tokens offered from `address` after `since`.
+    fn recent_token_failures(
+        &self,
+        address: &str,
+        since: Timestamp,
+    ) -> impl Future<Output = Result<RecentFailures>> + Send;
+    /// Forgets wrong tokens offered at or before `before`; returns how many.
+    fn prune_token_failures(&self, before: Timestamp) -> impl Future<Output = Result<u64>> + Send;
     /// A trivial query: whether the database answers (`/readyz`).
     fn ping(&self) -> impl Future<Output = Result<()>> + Send;
 }
@@ -296,6 +312,19 @@ impl Database for Db {
     }
     async fn heartbeat_count(&self, cluster: Option<&str>) -> Result<u64> {
         delegate!(self, db => db.heartbeat_count(cluster))
+    }
+    async fn record_token_failure(&self, address: &str, at: Timestamp) -> Result<()> {
+        delegate!(self, db => db.record_token_failure(address, at))
+    }
+    async fn recent_token_failures(
+        &self,
+        address: &str,
+        since: Timestamp,
+    ) -> Result<RecentFailures> {
+        delegate!(self, db => db.recent_token_failures(address, since))
+    }
+    async fn prune_token_failures(&self, before: Timestamp) -> Result<u64> {
+        delegate!(self, db => db.prune_token_failures(before))
     }
     async fn prune(&self, before: Timestamp) -> Result<u64> {
         delegate!(self, db => db.prune(before))
@@ -406,7 +435,12 @@ pub(crate) fn schema(serial: &str, log_id: &str) -> String {
             cluster TEXT PRIMARY KEY,
             episode BIGINT NOT NULL,
             open BIGINT NOT NULL
-        );"
+        );
+        CREATE TABLE IF NOT EXISTS token_failures (
+            address TEXT NOT NULL,
+            at_ms BIGINT NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS token_failures_address ON token_failures (address, at_ms);"
     )
 }
 

@@ -14,9 +14,9 @@ use tokio_postgres::{Client, NoTls, Row};
 use super::sql;
 use super::{
     Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, Episode,
-    EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, RowUpdate, SequenceState,
-    VerifiedHeartbeat, check_sequence, decide_enroll, decide_episode, episode_key, from_ms,
-    id_ranges, labels_from_json, schema, to_i64, to_u64,
+    EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, RecentFailures,
+    RowUpdate, SequenceState, VerifiedHeartbeat, check_sequence, decide_enroll, decide_episode,
+    episode_key, from_ms, id_ranges, labels_from_json, schema, to_i64, to_u64,
 };
 use crate::server::status::parse_sync_state;
 use crate::{Error, Result};
@@ -467,6 +467,49 @@ impl Database for PostgresDb {
                 .map_err(db_err("prune heartbeat log"))?;
         }
         Ok(pruned)
+    }
+
+    async fn record_token_failure(&self, address: &str, at: Timestamp) -> Result<()> {
+        let client = self.client(&self.writer).await?;
+        client
+            .execute(
+                &sql::postgres(sql::INSERT_TOKEN_FAILURE),
+                &[&address, &at.as_millisecond()],
+            )
+            .await
+            .map_err(db_err("record a wrong token"))?;
+        Ok(())
+    }
+
+    async fn recent_token_failures(
+        &self,
+        address: &str,
+        since: Timestamp,
+    ) -> Result<RecentFailures> {
+        // The writer's connection: a failure just recorded through it is counted at once.
+        let client = self.client(&self.writer).await?;
+        let row = client
+            .query_one(
+                &sql::postgres(sql::RECENT_TOKEN_FAILURES),
+                &[&address, &since.as_millisecond()],
+            )
+            .await
+            .map_err(db_err("count wrong tokens"))?;
+        Ok(RecentFailures {
+            count: to_u64(row.get(0)),
+            oldest: row.get::<_, Option<i64>>(1).map(from_ms),
+        })
+    }
+
+    async fn prune_token_failures(&self, before: Timestamp) -> Result<u64> {
+        let client = self.client(&self.writer).await?;
+        client
+            .execute(
+                &sql::postgres(sql::PRUNE_TOKEN_FAILURES),
+                &[&before.as_millisecond()],
+            )
+            .await
+            .map_err(db_err("prune wrong tokens"))
     }
 
     async fn ping(&self) -> Result<()> {

@@ -52,6 +52,15 @@ pub(crate) const LOG_SPAN: &str =
 pub(crate) const DELETE_CLUSTER_LOG_RANGE: &str =
     "DELETE FROM heartbeat_log WHERE id >= ?1 AND id < ?2 AND cluster = ?3";
 
+// ---- wrong tokens ----
+
+pub(crate) const INSERT_TOKEN_FAILURE: &str =
+    "INSERT INTO token_failures (address, at_ms) VALUES (?1, ?2)";
+/// An address's failures after `?2`: how many, and the oldest one's time.
+pub(crate) const RECENT_TOKEN_FAILURES: &str =
+    "SELECT COUNT(*), MIN(at_ms) FROM token_failures WHERE address = ?1 AND at_ms > ?2";
+pub(crate) const PRUNE_TOKEN_FAILURES: &str = "DELETE FROM token_failures WHERE at_ms <= ?1";
+
 // ---- reads ----
 
 pub(crate) const LIST_CLUSTERS: &str = concat!(

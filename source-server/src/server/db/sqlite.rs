@@ -15,9 +15,9 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::sql;
 use super::{
     Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, Episode,
-    EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, RowUpdate, SequenceState,
-    VerifiedHeartbeat, check_sequence, decide_enroll, decide_episode, episode_key, from_ms,
-    id_ranges, labels_from_json, schema, to_i64, to_u64,
+    EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, RecentFailures,
+    RowUpdate, SequenceState, VerifiedHeartbeat, check_sequence, decide_enroll, decide_episode,
+    episode_key, from_ms, id_ranges, labels_from_json, schema, to_i64, to_u64,
 };
 use crate::server::status::parse_sync_state;
 use crate::{Error, Result};
@@ -484,6 +484,50 @@ impl Database for SqliteDb {
         }
         Ok(pruned)
     }
+    async fn record_token_failure(&self, address: &str, at: Timestamp) -> Result<()> {
+        let address = address.to_owned();
+        self.with_writer(move |conn| {
+            conn.execute(
+                sql::INSERT_TOKEN_FAILURE,
+                params![address, at.as_millisecond()],
+            )
+            .map(drop)
+            .map_err(db_err("record a wrong token"))
+        })
+        .await
+    }
+
+    async fn recent_token_failures(
+        &self,
+        address: &str,
+        since: Timestamp,
+    ) -> Result<RecentFailures> {
+        let address = address.to_owned();
+        self.with_reader(move |conn| {
+            conn.query_row(
+                sql::RECENT_TOKEN_FAILURES,
+                params![address, since.as_millisecond()],
+                |r| {
+                    Ok(RecentFailures {
+                        count: to_u64(r.get(0)?),
+                        oldest: r.get::<_, Option<i64>>(1)?.map(from_ms),
+                    })
+                },
+            )
+            .map_err(db_err("count wrong tokens"))
+        })
+        .await
+    }
+
+    async fn prune_token_failures(&self, before: Timestamp) -> Result<u64> {
+        self.with_writer(move |conn| {
+            conn.execute(sql::PRUNE_TOKEN_FAILURES, [before.as_millisecond()])
+                .map(|n| n as u64)
+                .map_err(db_err("prune wrong tokens"))
+        })
+        .await
+    }
+
     async fn ping(&self) -> Result<()> {
         self.with_reader(|conn| {
             conn.query_row(sql::PING, [], |_| Ok(()))

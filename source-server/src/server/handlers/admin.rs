@@ -1,7 +1,7 @@
 //! Admin actions, `rekey` and `forget`: authorised by the admin token only (`--admin-token-file`), never by
 //! the registration token that every cluster holds.
 
-use std::net::SocketAddr;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use hyper::body::Incoming;
@@ -21,10 +21,10 @@ pub(super) async fn handle(
     app: &Arc<App>,
     request: Request<Incoming>,
     cluster: &str,
-    peer: SocketAddr,
+    client: IpAddr,
     rekey: bool,
 ) -> Response<Body> {
-    if let Some(limited) = rate_limited(app, peer) {
+    if let Some(limited) = rate_limited(app, client).await {
         return limited;
     }
     let offered = auth::credential(
@@ -47,7 +47,7 @@ pub(super) async fn handle(
         );
     };
     if !offered.is_some_and(|t| admin_token.verify(&t)) {
-        return token_failed(app, peer, "admin token");
+        return token_failed(app, client, "admin token").await;
     }
     let result = if rekey {
         app.db.allow_rekey(cluster).await

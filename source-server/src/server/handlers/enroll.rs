@@ -1,7 +1,7 @@
 //! Enrolment: the registration token (rate-limited per address) binds a cluster name to its identity key,
 //! once, or again after an admin's rekey.
 
-use std::net::SocketAddr;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -23,9 +23,9 @@ pub(super) async fn handle(
     app: &Arc<App>,
     request: Request<Incoming>,
     cluster: &str,
-    peer: SocketAddr,
+    client: IpAddr,
 ) -> Response<Body> {
-    if let Some(limited) = rate_limited(app, peer) {
+    if let Some(limited) = rate_limited(app, client).await {
         return limited;
     }
     let body = match read_body(request, MAX_SMALL_BODY).await {
@@ -40,7 +40,7 @@ pub(super) async fn handle(
         app.metrics
             .enrollments_refused
             .fetch_add(1, Ordering::Relaxed);
-        return token_failed(app, peer, "registration token");
+        return token_failed(app, client, "registration token").await;
     }
     let checked = match ingest::check_enroll(cluster, &enroll) {
         Ok(checked) => checked,

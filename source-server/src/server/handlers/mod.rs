@@ -19,9 +19,9 @@ mod read;
 mod rollout;
 mod store;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -30,7 +30,11 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use serde::Serialize;
 
+use jiff::Timestamp;
+
 use super::App;
+use super::db::Database;
+use super::forwarded;
 use super::ingest::Refusal;
 use super::route::{self, Route};
 
@@ -57,9 +61,18 @@ pub(super) async fn handle(
         Route::Livez => text(StatusCode::OK, "ok\n"),
         Route::Readyz => read::readyz(app).await,
         Route::Heartbeat(cluster) => heartbeat::handle(app, request, &cluster).await,
-        Route::Enroll(cluster) => enroll::handle(app, request, &cluster, peer).await,
-        Route::Rekey(cluster) => admin::handle(app, request, &cluster, peer, true).await,
-        Route::Forget(cluster) => admin::handle(app, request, &cluster, peer, false).await,
+        Route::Enroll(cluster) => {
+            let client = client_of(app, &request, peer);
+            enroll::handle(app, request, &cluster, client).await
+        }
+        Route::Rekey(cluster) => {
+            let client = client_of(app, &request, peer);
+            admin::handle(app, request, &cluster, client, true).await
+        }
+        Route::Forget(cluster) => {
+            let client = client_of(app, &request, peer);
+            admin::handle(app, request, &cluster, client, false).await
+        }
         Route::ApiRollout(channel) => rollout::handle(app, &request, &channel, false).await,
         Route::RolloutPage(channel) => rollout::handle(app, &request, &channel, true).await,
         Route::FleetPage
@@ -133,12 +146,36 @@ pub(super) async fn read_body(request: Request<Incoming>, limit: u64) -> Result<
     }
 }
 
-pub(super) fn rate_limited(app: &App, peer: SocketAddr) -> Option<Response<Body>> {
-    let retry = app
-        .limiter
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .check(peer.ip(), Instant::now())?;
+/// The client a request is from: the peer, or the client a trusted load balancer names
+/// ([`crate::server::forwarded`]).
+fn client_of(app: &App, request: &Request<Incoming>, peer: SocketAddr) -> IpAddr {
+    let forwarded = request
+        .headers()
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|value| value.to_str().ok());
+    forwarded::client_address(peer.ip(), forwarded, &app.trusted_proxies)
+}
+
+/// Answers 429 when `client` offered too many wrong tokens lately (counted in the database, so on every
+/// replica), 503 when the count cannot be read.
+pub(super) async fn rate_limited(app: &App, client: IpAddr) -> Option<Response<Body>> {
+    let now = Timestamp::now();
+    let since = app.limiter.window_start(now);
+    let retry = match app
+        .db
+        .recent_token_failures(&client.to_string(), since)
+        .await
+    {
+        Ok(recent) => app.limiter.blocked(recent, now)?,
+        Err(error) => {
+            tracing::error!(%error, "cannot read the record of wrong tokens; refusing");
+            return Some(refusal_response(&Refusal::Unavailable(
+                "the database is unavailable".to_owned(),
+            )));
+        }
+    };
+    tracing::info!(%client, retry_after = retry.as_secs(), "refused: too many wrong tokens from this address");
     let mut response = json_error(
         StatusCode::TOO_MANY_REQUESTS,
         "rate_limited",
@@ -152,12 +189,15 @@ pub(super) fn rate_limited(app: &App, peer: SocketAddr) -> Option<Response<Body>
 }
 
 /// Counts a wrong `token` (`"registration token"` or `"admin token"`) against the address and answers 401.
-pub(super) fn token_failed(app: &App, peer: SocketAddr, token: &str) -> Response<Body> {
-    app.limiter
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .fail(peer.ip(), Instant::now());
-    tracing::warn!(%peer, "wrong {token}");
+pub(super) async fn token_failed(app: &App, client: IpAddr, token: &str) -> Response<Body> {
+    if let Err(error) = app
+        .db
+        .record_token_failure(&client.to_string(), Timestamp::now())
+        .await
+    {
+        tracing::error!(%error, "cannot record a wrong token");
+    }
+    tracing::warn!(%client, "wrong {token}");
     json_error(
         StatusCode::UNAUTHORIZED,
         "bad_token",

@@ -11,9 +11,11 @@
 //! Neither waits for Deployments to become Available: kubectl returns once its objects are applied, and the
 //! agent's sync is finished then too.
 //!
-//! For context, a third run applies the same objects from a bare in-process server-side apply client at the
-//! agent's concurrency (16): no process start, no discovery, nothing verified or persisted. It is the floor
-//! this machine's apiserver allows any client; the agent's time is best read against it. CPU use of the
+//! The baseline the agent is judged against applies the same objects from a bare in-process server-side apply
+//! client at the agent's concurrency (16): no process start, no discovery, nothing verified or persisted. It
+//! is the floor this machine's apiserver allows any client. It runs twice, just before and just after the
+//! agent (into namespaces of its own each time), and the agent is compared with the mean of the two: the
+//! machine's speed drifts over a run, and the cluster holds more objects after the agent than before. CPU use of the
 //! control plane, the contestant and everything else on the machine is recorded for each run
 //! ([`crate::cpu`]), so a miss can be traced to the agent, the apiserver or a noisy neighbour.
 
@@ -133,8 +135,9 @@ const BARE_CONCURRENCY: usize = 16;
 pub async fn bare_client_apply(
     kube: &LocalKube,
     client: &kube::Client,
+    prefix: &str,
 ) -> anyhow::Result<(Duration, CpuUse)> {
-    let objects = workload::objects(workload::BARE_PREFIX)?;
+    let objects = workload::objects(prefix)?;
     let apply = PatchParams::apply("bench-bare").force();
     let apply_one = |object: Value| {
         let client = client.clone();
@@ -178,7 +181,7 @@ pub async fn bare_client_apply(
         .await?;
     let elapsed = started.elapsed();
     let cpu = meter.stop(localkube_pid(kube)?, Contestant::Benchmark)?;
-    let present = count_objects(kube, workload::BARE_PREFIX).await?;
+    let present = count_objects(kube, prefix).await?;
     anyhow::ensure!(
         present == workload::OBJECTS,
         "{present} of the bare client's objects are present"

@@ -28,8 +28,8 @@ pub const CLUSTER: &str = "bench-cluster";
 pub const AGENT_PREFIX: &str = "wv";
 /// Namespace prefix of kubectl's objects.
 pub const KUBECTL_PREFIX: &str = "kc";
-/// Namespace prefix of the bare in-process client's objects.
-pub const BARE_PREFIX: &str = "bare";
+/// Namespace prefixes of the bare in-process client's two runs, just before and just after the agent's.
+pub const BARE_PREFIXES: [&str; 2] = ["bare", "bare2"];
 /// The ConfigMap entry the drift trials change.
 pub const DRIFT_KEY: &str = "key-0";
 
