@@ -210,6 +210,19 @@ pub fn fleet_page(view: &FleetView, selector: &str, states: &[ClusterState]) -> 
         view.total
     );
     out.push_str("</nav>");
+    let channels: std::collections::BTreeSet<&str> = view
+        .clusters
+        .iter()
+        .filter_map(|c| c.channel.as_deref())
+        .collect();
+    if !channels.is_empty() {
+        out.push_str("<p class=\"muted\" id=\"rollouts\">Rollouts:");
+        for channel in channels {
+            let channel = escape(channel);
+            let _ = write!(out, " <a href=\"/rollouts/{channel}\">{channel}</a>");
+        }
+        out.push_str("</p>");
+    }
 
     let _ = write!(
         out,
