@@ -7,7 +7,7 @@
 //!    clusters are Synced on it and its signed time has come; a waiting agent reports
 //!    `Pending (wave 2, opens in …)`; `windvane rollout status` exits 1 until every cluster has it, then 0;
 //! 2. a canary that goes Degraded holds wave 2 past its time, and the server's rollout view (API and page)
-//!    and the waiting agent say why;
+//!    and the waiting agent say why; the fleet page links the rollout; server and agent metrics show it;
 //! 3. with the server stopped during a gated rollout, the waiting agents do not advance (they say they cannot
 //!    read the rollout status); they advance once it is back;
 //! 4. `windvane rollout halt` stops the next waves of the current serial; `resume` lets them go on;
@@ -340,6 +340,24 @@ async fn degraded_canary_holds(fleet: &Fleet) -> anyhow::Result<()> {
     assert!(
         page.contains("canary-1 (canary) is Degraded"),
         "the page says why"
+    );
+    let (_, fleet_page) = fleet.server.get("/").await?;
+    assert!(
+        fleet_page.contains("href=\"/rollouts/stable\""),
+        "the fleet page links the rollout"
+    );
+    let (_, metrics) = fleet.server.get("/metrics").await?;
+    for sample in [
+        "windvane_rollout_serial{channel=\"stable\"} 3",
+        "windvane_rollout_complete{channel=\"stable\"} 0",
+        "windvane_rollout_clusters{channel=\"stable\",wave=\"1\",phase=\"failed\"} 1",
+    ] {
+        assert!(metrics.contains(sample), "server metrics have {sample}");
+    }
+    let agent = fleet.clusters[1].agent()?.metrics().await?;
+    assert!(
+        agent.contains("windvane_rollout_waiting_wave 2"),
+        "agent metrics"
     );
     Ok(())
 }
