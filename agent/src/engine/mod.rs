@@ -7,6 +7,7 @@
 
 mod accept;
 mod pending;
+mod prevent;
 mod reconcile;
 mod timers;
 
@@ -64,6 +65,8 @@ pub struct EngineConfig {
     /// Where a `gate: healthy` reads the rollout view (the heartbeat server); without one such a gate
     /// stays closed.
     pub rollout_server: Option<crate::wave::GateServer>,
+    /// The group whose members may make a two-person break-glass change to a prevented object.
+    pub break_glass_group: String,
 }
 
 /// The release being enforced.
@@ -100,6 +103,8 @@ pub struct Engine {
     healer: Healer,
     /// A verified release waiting for this cluster's rollout wave.
     pending: Option<pending::Pending>,
+    /// The prevention policy kept in the cluster.
+    prevention: prevent::Prevention,
 }
 
 impl Engine {
@@ -145,6 +150,7 @@ impl Engine {
             metrics,
             healer,
             pending: None,
+            prevention: prevent::Prevention::default(),
         };
         match engine.state.load_known_good().await {
             Ok(Some(known_good)) => match engine.verify_known_good(&known_good) {
@@ -237,6 +243,7 @@ impl Engine {
     async fn run_due_timers(&mut self) {
         if self.timers.backstop_due(Instant::now()) {
             self.healer.backstop(&self.status).await;
+            self.reassert_prevention().await;
             self.publish_drift();
             self.timers.backstop_ran(Instant::now(), random_unit());
         }

@@ -34,6 +34,8 @@ pub enum Route {
     ApiRollout(String),
     /// `GET /rollouts/<channel>`: the rollout page.
     RolloutPage(String),
+    /// `GET /api/v1/break-glass`
+    ApiBreakGlass,
     /// `POST /api/v1/clusters/<name>/enroll`
     Enroll(String),
     /// `POST /api/v1/clusters/<name>/heartbeat`
@@ -108,6 +110,7 @@ pub fn route(method: &Method, path: &str) -> Route {
         ["rollouts", channel] if check_channel_name(channel).is_ok() => {
             read(Route::RolloutPage((*channel).to_owned()))
         }
+        ["api", "v1", "break-glass"] => read(Route::ApiBreakGlass),
         ["api", "v1", "clusters", name] if valid_cluster_name(name) => {
             read(Route::ApiCluster((*name).to_owned()))
         }
@@ -357,6 +360,10 @@ mod tests {
         assert_eq!(route(&Method::GET, "/api/v1/clusters"), Route::ApiClusters);
         assert_eq!(route(&Method::GET, "/api/v1/fleet"), Route::ApiFleet);
         assert_eq!(route(&Method::GET, "/api/v1/drift"), Route::ApiDrift);
+        assert_eq!(
+            route(&Method::GET, "/api/v1/break-glass"),
+            Route::ApiBreakGlass
+        );
         assert_eq!(route(&Method::GET, "/"), Route::FleetPage);
         assert_eq!(
             route(&Method::GET, "/clusters/prod-eu"),
