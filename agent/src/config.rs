@@ -462,6 +462,7 @@ impl RunArgs {
                     ..SourceLimits::default()
                 },
                 identity_name: identity_name.clone(),
+                rollout_server: None,
             },
             kubeconfig: self.agent.kubeconfig.clone(),
             admin_listen: self

@@ -45,8 +45,9 @@ pub struct FetcherConfig {
 pub enum Fetched {
     /// `304 Not Modified`: nothing was read or verified; the source is fresh.
     NotModified,
-    /// The pointer verified and names the release already enforced.
-    Current,
+    /// The pointer verified and names the release already enforced (or held for its wave); it may carry a
+    /// newer control of it (a halt or resume).
+    Current(Box<AcceptedRelease>),
     /// A new release, verified. The engine persists it, then applies it.
     Release(Box<NewRelease>),
     /// The store could not be reached, failed, was busy or passed its deadline: the source is stale.
@@ -178,7 +179,7 @@ impl Fetcher {
             .as_ref()
             .is_some_and(|(serial, _)| *serial == accepted.pointer.serial)
         {
-            return (Fetched::Current, None);
+            return (Fetched::Current(Box::new(accepted)), None);
         }
         match self.fetch_bundle(&accepted).await {
             Ok((bundle_bytes, bundle)) => {

@@ -35,5 +35,6 @@ pub mod revert_request;
 pub mod source;
 pub mod state;
 pub mod watch;
+pub mod wave;
 
 pub use error::{Error, Result};

@@ -211,7 +211,17 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
             shutdown.clone(),
         );
     }
-    let engine = Engine::start(config.engine.clone(), client, status_tx, metrics).await?;
+    let mut engine_config = config.engine.clone();
+    // A wave gate reads the rollout view from the heartbeat server, with the registration token.
+    engine_config.rollout_server =
+        config
+            .reporter
+            .as_ref()
+            .map(|r| windvane_agent::wave::GateServer {
+                url: r.server.clone(),
+                token: r.token.clone(),
+            });
+    let engine = Engine::start(engine_config, client, status_tx, metrics).await?;
     tokio::select! {
         result = engine.run(shutdown) => result.context("sync engine")?,
         lost = elector.keep() => return Err(lost).context("stopping: leadership lost"),

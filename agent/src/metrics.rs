@@ -74,6 +74,8 @@ struct Values {
     apply: BTreeMap<String, u64>,
     release_serial: Option<u64>,
     source_stale: bool,
+    /// The wave (1-based) a held release waits for; 0 when none waits.
+    rollout_waiting_wave: u32,
     objects: BTreeMap<SyncState, u64>,
     sync: Histogram,
     /// Drift detected, by (kind, manager label).
@@ -94,6 +96,7 @@ impl Default for Values {
             apply: BTreeMap::new(),
             release_serial: None,
             source_stale: false,
+            rollout_waiting_wave: 0,
             objects: BTreeMap::new(),
             sync: Histogram::new(SYNC_BUCKETS),
             drift_detected: BTreeMap::new(),
@@ -136,6 +139,11 @@ impl Metrics {
     /// The serial of the release being enforced.
     pub fn set_release_serial(&self, serial: u64) {
         self.lock().release_serial = Some(serial);
+    }
+
+    /// The wave a held release waits for (`waiting`), or none.
+    pub fn set_rollout_wave(&self, wave: u32, waiting: bool) {
+        self.lock().rollout_waiting_wave = if waiting { wave } else { 0 };
     }
 
     /// Whether the source is stale: it cannot be reached, so the last known good release is enforced.
@@ -218,6 +226,17 @@ impl Metrics {
         if let Some(serial) = values.release_serial {
             let _ = writeln!(out, "windvane_release_serial {serial}");
         }
+        header(
+            out,
+            "windvane_rollout_waiting_wave",
+            "gauge",
+            "The rollout wave (1-based) a verified newer release waits for on this cluster, 0 when none waits.",
+        );
+        let _ = writeln!(
+            out,
+            "windvane_rollout_waiting_wave {}",
+            values.rollout_waiting_wave
+        );
         header(
             out,
             "windvane_source_stale",
@@ -374,6 +393,9 @@ mod tests {
         assert!(text.contains("windvane_enrolments_total{result=\"enrolled\"} 1"));
         assert!(text.contains("windvane_release_serial 7"));
         assert!(text.contains("windvane_source_stale 0"));
+        assert!(text.contains("windvane_rollout_waiting_wave 0"));
+        metrics.set_rollout_wave(2, true);
+        assert!(metrics.render().contains("windvane_rollout_waiting_wave 2"));
         metrics.set_source_stale(true);
         assert!(metrics.render().contains("windvane_source_stale 1"));
         assert!(text.contains("windvane_objects{state=\"Synced\"} 3"));

@@ -181,7 +181,7 @@ pub async fn run(
     let url = format!("{base}/api/v1/clusters/{cluster}/heartbeat");
     let mut interval = config.interval;
     let mut drift_acknowledged: Option<Timestamp> = None;
-    let mut last_sent: Option<(SyncState, BTreeMap<SyncState, u64>)> = None;
+    let mut last_sent: Option<(SyncState, BTreeMap<SyncState, u64>, Option<String>)> = None;
     let mut next = tokio::time::Instant::now();
     let mut failures = 0u32;
     let mut earliest = tokio::time::Instant::now();
@@ -189,7 +189,9 @@ pub async fn run(
     loop {
         let current = {
             let status = status.borrow_and_update();
-            (status.cluster_state(), status.counts())
+            // A held release's wait is news too: a wave gate elsewhere may be waiting on it.
+            let pending = status.source.pending.as_ref().map(|p| p.message.clone());
+            (status.cluster_state(), status.counts(), pending)
         };
         let changed = last_sent.as_ref() != Some(&current);
         let now = tokio::time::Instant::now();

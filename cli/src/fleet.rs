@@ -142,6 +142,30 @@ pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// `GET url` (with a bearer token when given) read as JSON of type `T`; a non-success status is an error
+/// carrying the server's message.
+pub(crate) fn get_json<T: serde::de::DeserializeOwned>(
+    url: &str,
+    token: Option<&str>,
+) -> anyhow::Result<T> {
+    runtime()?.block_on(async {
+        let mut request = http_client()?.get(url);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.with_context(|| format!("GET {url}"))?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .with_context(|| format!("GET {url}"))?;
+        if !status.is_success() {
+            bail!("GET {url}: {status}: {}", error_message(&body));
+        }
+        serde_json::from_slice(&body).with_context(|| format!("GET {url}: not the expected JSON"))
+    })
+}
+
 /// Reads the body of `GET /api/v1/fleet` as the typed fleet view.
 fn parse_fleet(url: &str, body: &[u8]) -> anyhow::Result<FleetView> {
     serde_json::from_slice(body).with_context(|| {

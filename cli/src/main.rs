@@ -5,6 +5,7 @@ mod engines;
 mod fleet;
 mod keygen;
 mod release;
+mod rollout;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,6 +36,12 @@ enum Command {
     Status(fleet::StatusArgs),
     /// Admin actions on an enrolled cluster (rekey, forget) at a source server.
     Cluster(fleet::ClusterArgs),
+    /// A channel's progressive rollout: status (exit 0 only when complete), halt, resume.
+    Rollout(rollout::RolloutArgs),
+    /// Publish the bundle the channel carried before the current one, as a new serial.
+    Rollback(rollout::RollbackArgs),
+    /// Sign the exact bundle of one channel's current release on another channel.
+    Promote(rollout::PromoteArgs),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +71,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Render(args) => release::render(args),
         Command::Status(args) => return fleet::status(args),
         Command::Cluster(args) => fleet::cluster(args),
+        Command::Rollout(args) => return rollout::rollout(args),
+        Command::Rollback(args) => rollout::rollback(args),
+        Command::Promote(args) => rollout::promote(args),
     }
     .map(|()| ExitCode::SUCCESS)
 }

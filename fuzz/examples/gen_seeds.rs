@@ -49,6 +49,7 @@ fn main() {
             size: bundle_bytes.len() as u64,
         },
         allow_empty: false,
+        rollout: None,
     };
     let current = pointer(HIGHEST_ACCEPTED + 1, sha256_hex(&bundle_bytes), 24 * 7);
     let same_serial = pointer(

@@ -35,6 +35,7 @@ fuzz_target!(|data: &[u8]| {
                     size: data.len() as u64,
                 },
                 allow_empty: false,
+                rollout: None,
             };
             verify_bundle(data, &pointer, DEFAULT_MAX_BUNDLE_BYTES, limits).inspect(|bundle| {
                 assert_eq!(bundle.fleet, FLEET);

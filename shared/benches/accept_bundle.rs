@@ -84,6 +84,7 @@ fn verified_pointer(bundle: &[u8]) -> ReleasePointer {
             size: bundle.len() as u64,
         },
         allow_empty: false,
+        rollout: None,
     };
     let mut trusted = TrustedKeys::new();
     trusted.insert(key.verifying_key()).expect("strong key");

@@ -38,6 +38,9 @@ pub struct Bundle {
     pub api_version: String,
     pub fleet: String,
     pub apps: Vec<App>,
+    /// `fleet.yaml`'s `rollout:` section; `windvane publish` copies it into the signed pointer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::rollout::Rollout>,
 }
 
 /// One app of a fleet: which clusters get it, with which values, under which policy.

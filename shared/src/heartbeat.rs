@@ -104,6 +104,9 @@ pub struct SourceReport {
     pub stale_since: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_refusal: Option<Refusal>,
+    /// A newer release the agent verified but does not apply yet: its wave has not opened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<crate::rollout::PendingReport>,
 }
 
 /// Why the agent refused a release: a stable reason code (`rollback`, `expired`, …) and the message.

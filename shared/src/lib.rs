@@ -20,6 +20,7 @@ pub mod keys;
 pub mod prerender;
 pub mod release;
 pub mod render;
+pub mod rollout;
 pub mod selector;
 pub mod source;
 pub mod status;

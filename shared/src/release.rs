@@ -50,6 +50,9 @@ pub struct ReleasePointer {
     /// Whether a bundle with no objects may prune everything (guard against publishing an empty
     /// tree).
     pub allow_empty: bool,
+    /// The rollout plan (waves, halt), from the bundle's `rollout:`; absent: every cluster at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::rollout::Rollout>,
 }
 
 /// The bundle a pointer binds: its digest (which is also its file name) and exact size.
@@ -350,6 +353,7 @@ mod tests {
                 size: len_u64(bytes),
             },
             allow_empty: false,
+            rollout: None,
         }
     }
 

@@ -957,6 +957,7 @@ mod tests {
             api_version: BUNDLE_API_VERSION.to_owned(),
             fleet: "f".to_owned(),
             apps: vec![c, b, a],
+            rollout: None,
         };
         let names: Vec<&str> = selected_apps(&bundle, &cluster())
             .iter()
@@ -998,6 +999,7 @@ mod tests {
             api_version: BUNDLE_API_VERSION.to_owned(),
             fleet: "f".to_owned(),
             apps: vec![plain, waves, both, elsewhere],
+            rollout: None,
         };
         let cluster = cluster();
         let describe =

@@ -80,6 +80,7 @@ use crate::prerender::{
     ValuesLayer,
 };
 use crate::render;
+use crate::rollout::{Gate, Rollout, Wave};
 use crate::selector::{LabelSelector, Operator, Requirement};
 use crate::yaml::{self, YamlLimits};
 use crate::{Error, Result};
@@ -183,6 +184,7 @@ pub fn load_fleet_dir_with(
         api_version: BUNDLE_API_VERSION.to_owned(),
         fleet: config.fleet,
         apps,
+        rollout: config.rollout,
     };
     bundle.validate(limits)?;
     for app in &bundle.apps {
@@ -636,6 +638,7 @@ fn config_error(field: &str, detail: impl Into<String>) -> Error {
 struct FleetConfig {
     fleet: String,
     apps: Vec<AppConfig>,
+    rollout: Option<Rollout>,
 }
 
 struct AppConfig {
@@ -675,7 +678,7 @@ enum ChangeConfig {
 
 fn read_fleet_config(value: &Value, limits: BundleLimits) -> Result<FleetConfig> {
     let top = Object::new(value, "")?;
-    top.only(&["fleet", "apps"])?;
+    top.only(&["fleet", "apps", "rollout"])?;
     let fleet = top.required_str("fleet")?;
     check_name(&fleet).map_err(|detail| config_error("fleet", detail))?;
     let mut apps = Vec::new();
@@ -699,7 +702,86 @@ fn read_fleet_config(value: &Value, limits: BundleLimits) -> Result<FleetConfig>
         }
         apps.push(app);
     }
-    Ok(FleetConfig { fleet, apps })
+    let rollout = top
+        .get("rollout")
+        .map(|v| read_rollout(v, "rollout"))
+        .transpose()?;
+    Ok(FleetConfig {
+        fleet,
+        apps,
+        rollout,
+    })
+}
+
+/// `rollout:`: `waves`, each with `name`, `selector`, `percent` (1–100), `soak` (a duration) and `gate`
+/// (`healthy` or `none`).
+fn read_rollout(value: &Value, at: &str) -> Result<Rollout> {
+    let fields = Object::new(value, at)?;
+    fields.only(&["waves"])?;
+    let items = fields.optional_list("waves")?;
+    if items.is_empty() {
+        return Err(config_error(
+            &fields.path("waves"),
+            "missing: list the waves, e.g. [{name: canary, selector: {matchLabels: {tier: canary}}, soak: 10m}]",
+        ));
+    }
+    let mut waves = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let wave = Object::new(item, &format!("{}[{index}]", fields.path("waves")))?;
+        wave.only(&["name", "selector", "percent", "soak", "gate"])?;
+        let selector = match wave.get("selector") {
+            Some(v) => read_selector(v, &wave.path("selector"))?,
+            None => LabelSelector::default(),
+        };
+        selector.validate(&format!("{}.selector", wave.at))?;
+        let percent = match wave.get("percent") {
+            None => None,
+            Some(Value::Number(n)) if n.as_u64().is_some_and(|p| (1..=100).contains(&p)) => {
+                n.as_u64().map(|p| p as u32)
+            }
+            Some(other) => {
+                return Err(wrong_type(
+                    &wave.path("percent"),
+                    "a whole number from 1 to 100",
+                    other,
+                ));
+            }
+        };
+        let soak = match wave.get("soak") {
+            None => std::time::Duration::ZERO,
+            Some(Value::String(text)) => {
+                parse_duration(text).map_err(|e| config_error(&wave.path("soak"), e.to_string()))?
+            }
+            Some(other) => {
+                return Err(wrong_type(
+                    &wave.path("soak"),
+                    "a duration such as 10m",
+                    other,
+                ));
+            }
+        };
+        let gate = match wave.optional_str("gate")?.as_deref() {
+            None | Some("none") => Gate::None,
+            Some("healthy") => Gate::Healthy,
+            Some(other) => {
+                return Err(config_error(
+                    &wave.path("gate"),
+                    format!("{other:?} is not a gate; use healthy or none"),
+                ));
+            }
+        };
+        waves.push(Wave {
+            name: wave.optional_str("name")?,
+            selector,
+            percent,
+            soak,
+            gate,
+        });
+    }
+    Ok(Rollout {
+        waves,
+        ..Rollout::default()
+    })
 }
 
 fn read_app(value: &Value, at: &str) -> Result<AppConfig> {
@@ -1149,6 +1231,60 @@ mod tests {
             .next()
             .map_or(Value::Object(Map::new()), |(_, v)| v);
         read_fleet_config(&value, BundleLimits::default())
+    }
+
+    #[test]
+    fn reads_the_rollout_waves_and_names_bad_fields() {
+        let rollout = config(
+            "fleet: acme\nrollout:\n  waves:\n    - name: canary\n      selector: {matchLabels: {tier: canary}}\n      soak: 20s\n      gate: healthy\n    - percent: 40\n      soak: 1m\n    - {}\n",
+        )
+        .expect("config")
+        .rollout
+        .expect("rollout");
+        assert_eq!(rollout.waves.len(), 3);
+        assert_eq!(rollout.waves[0].name.as_deref(), Some("canary"));
+        assert_eq!(rollout.waves[0].gate, Gate::Healthy);
+        assert_eq!(rollout.waves[0].soak, std::time::Duration::from_secs(20));
+        assert_eq!(rollout.waves[1].percent, Some(40));
+        assert_eq!(rollout.waves[1].gate, Gate::None);
+        assert!(config("fleet: acme\n").expect("config").rollout.is_none());
+        for (yaml_text, field, says) in [
+            (
+                "rollout: {waves: [{percent: 0}]}",
+                "rollout.waves[0].percent",
+                "1 to 100",
+            ),
+            (
+                "rollout: {waves: [{percent: 101}]}",
+                "rollout.waves[0].percent",
+                "1 to 100",
+            ),
+            (
+                "rollout: {waves: [{soak: 10}]}",
+                "rollout.waves[0].soak",
+                "duration",
+            ),
+            (
+                "rollout: {waves: [{soak: 10 minutes}]}",
+                "rollout.waves[0].soak",
+                "",
+            ),
+            (
+                "rollout: {waves: [{gate: green}]}",
+                "rollout.waves[0].gate",
+                "healthy or none",
+            ),
+            (
+                "rollout: {waves: [{sok: 1m}]}",
+                "rollout.waves[0].sok",
+                "did you mean soak",
+            ),
+            ("rollout: {waves: []}", "rollout.waves", "missing"),
+        ] {
+            let (found, detail) = field_error(&format!("fleet: acme\n{yaml_text}\n"));
+            assert_eq!(found, field, "{yaml_text}");
+            assert!(detail.contains(says), "{yaml_text}: {detail}");
+        }
     }
 
     fn field_error(yaml_text: &str) -> (String, String) {

@@ -69,6 +69,7 @@ fn pointer() -> ReleasePointer {
             size: 6,
         },
         allow_empty: false,
+        rollout: None,
     }
 }
 

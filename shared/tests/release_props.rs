@@ -55,6 +55,7 @@ fn pointer(bundle: &[u8]) -> ReleasePointer {
             size: bundle.len() as u64,
         },
         allow_empty: false,
+        rollout: None,
     }
 }
 

@@ -49,6 +49,23 @@ pub enum Error {
     /// The store has no pointer for this channel.
     #[error("{location}: no release published on channel {channel:?}")]
     NoSuchChannel { location: String, channel: String },
+    /// `windvane rollback` found no earlier bundle in the channel's history.
+    #[error(
+        "channel {channel:?} has no earlier release in its history (channels/{channel}.history) to roll back to"
+    )]
+    NoHistory { channel: String },
+    /// A halt or resume of a release that has no rollout.
+    #[error(
+        "channel {channel:?} serial {serial} has no rollout: every cluster takes it at once, there is nothing to halt or resume"
+    )]
+    NoRollout { channel: String, serial: u64 },
+    /// A halt of a halted rollout, or a resume of a running one.
+    #[error("channel {channel:?} serial {serial} is already {}", if *.halted { "halted" } else { "running (not halted)" })]
+    AlreadyInState {
+        channel: String,
+        serial: u64,
+        halted: bool,
+    },
     /// Fetching from a store URL failed.
     #[error("GET {url}: {detail}")]
     Http { url: String, detail: String },

@@ -18,7 +18,10 @@ use windvane_shared::digest::sha256_hex;
 use windvane_shared::keys::TrustedKeys;
 use windvane_shared::release::{self, BundleRef, ReleasePointer};
 
+mod control;
 mod error;
+
+pub use control::{history_path, previous_bundle, set_halted};
 
 pub use error::{Error, Result};
 
@@ -117,6 +120,7 @@ pub fn publish(root: &Path, request: &PublishRequest<'_>) -> Result<Published> {
                 size: bundle_bytes.len() as u64,
             },
             allow_empty: request.allow_empty,
+            rollout: request.bundle.rollout.clone(),
         };
         let envelope_bytes = pointer.sign(request.key).to_json_bytes();
 
@@ -133,6 +137,10 @@ pub fn publish(root: &Path, request: &PublishRequest<'_>) -> Result<Published> {
             }
             return Err(error);
         }
+        // The history only serves `windvane rollback`: a failure to record it does not undo the release.
+        if let Err(error) = control::record(root, request.channel, &pointer) {
+            tracing_free_warning(&error);
+        }
         Ok(Published {
             pointer,
             previous_serial: previous.map(|p| p.serial),
@@ -145,6 +153,10 @@ pub fn publish(root: &Path, request: &PublishRequest<'_>) -> Result<Published> {
         }
     }
     result
+}
+
+fn tracing_free_warning(error: &Error) {
+    eprintln!("warning: could not record the channel history: {error}");
 }
 
 /// Creates the store's directories that are missing, returning those it created (to undo on failure).

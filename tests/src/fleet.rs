@@ -112,6 +112,15 @@ impl Publisher {
         Ok(store::publish(&self.store(), &request)?.pointer)
     }
 
+    /// Writes the release signing key (PKCS#8 PEM, mode 0600) for the `windvane` command line; its path.
+    pub fn key_path(&self) -> anyhow::Result<PathBuf> {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.dir.path().join("release.key");
+        std::fs::write(&path, windvane_shared::keys::signing_key_to_pem(&self.key))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        Ok(path)
+    }
+
     /// The channel pointer file.
     pub fn pointer_path(&self, channel: &str) -> PathBuf {
         self.store().join(store::channel_path(channel))

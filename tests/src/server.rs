@@ -211,6 +211,7 @@ pub fn write_store(root: &Path, serial: u64) -> (Vec<u8>, String) {
             size: bundle.len() as u64,
         },
         allow_empty: true,
+        rollout: None,
     };
     let envelope = pointer
         .sign(&signing_key_from_seed([200; 32]))

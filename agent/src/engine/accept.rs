@@ -44,13 +44,25 @@ impl Engine {
                 self.mark_source_fresh();
                 false
             }
-            Fetched::Current => {
+            Fetched::Current(accepted) => {
+                self.on_control(&accepted);
                 self.metrics.source_fetch("ok");
                 self.clear_refusal();
                 self.mark_source_fresh();
                 false
             }
-            Fetched::Release(release) => self.accept(*release).await,
+            Fetched::Release(release) => match self.gate_plan(&release.accepted) {
+                Some(plan) => {
+                    self.hold(*release, plan);
+                    self.clear_refusal();
+                    self.mark_source_fresh();
+                    false
+                }
+                None => {
+                    self.pending = None;
+                    self.accept(*release).await
+                }
+            },
             Fetched::Unavailable(error) => {
                 self.metrics.source_fetch(error.reason());
                 warn!(%error, "source unavailable; enforcing the last known good release");
@@ -70,7 +82,7 @@ impl Engine {
 
     /// Takes a release the fetcher verified: persists it as last known good before anything is applied, and
     /// tells the fetcher whether it did. True when it was taken.
-    async fn accept(&mut self, release: NewRelease) -> bool {
+    pub(super) async fn accept(&mut self, release: NewRelease) -> bool {
         let NewRelease {
             pointer_bytes,
             bundle_bytes,
@@ -89,6 +101,7 @@ impl Engine {
             let _ = taken.send(false);
             return false;
         }
+        let accepted_serial = accepted.pointer.serial;
         info!(serial = accepted.pointer.serial, sha256 = %accepted.pointer.bundle.sha256, keyid = %accepted.keyid, "accepted a new release");
         self.metrics.source_fetch("ok");
         self.metrics.set_release_serial(accepted.pointer.serial);
@@ -99,6 +112,16 @@ impl Engine {
         self.fresh_bundle = Some(bundle);
         self.clear_refusal();
         self.mark_source_fresh();
+        self.status.send_modify(|status| {
+            if status
+                .source
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.serial <= accepted_serial)
+            {
+                status.source.pending = None;
+            }
+        });
         let _ = taken.send(true);
         true
     }

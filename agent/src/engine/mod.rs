@@ -6,6 +6,7 @@
 //! enforcement: the last known good keeps being applied and healed, and the refusal is reported.
 
 mod accept;
+mod pending;
 mod prevent;
 mod reconcile;
 mod timers;
@@ -61,6 +62,9 @@ pub struct EngineConfig {
     pub hold_cap: Duration,
     /// How often the backstop dry-runs every object (±20 % jitter).
     pub backstop_interval: Duration,
+    /// Where a `gate: healthy` reads the rollout view (the heartbeat server); without one such a gate
+    /// stays closed.
+    pub rollout_server: Option<crate::wave::GateServer>,
     /// The group whose members may make a two-person break-glass change to a prevented object.
     pub break_glass_group: String,
 }
@@ -97,6 +101,8 @@ pub struct Engine {
     status: StatusTx,
     metrics: Arc<Metrics>,
     healer: Healer,
+    /// A verified release waiting for this cluster's rollout wave.
+    pending: Option<pending::Pending>,
     /// The prevention policy kept in the cluster.
     prevention: prevent::Prevention,
 }
@@ -143,6 +149,7 @@ impl Engine {
             status,
             metrics,
             healer,
+            pending: None,
             prevention: prevent::Prevention::default(),
         };
         match engine.state.load_known_good().await {
@@ -198,6 +205,20 @@ impl Engine {
                 Some(change) = self.changes.recv() => self.on_change(change).await,
                 Some(found) = fetched.recv() => {
                     if self.on_fetched(found).await {
+                        self.timers.new_release();
+                        self.sync().await;
+                    }
+                }
+                event = pending::next_gate_event(&mut self.pending) => {
+                    let opened = match event {
+                        Some(event) => self.on_gate(event).await,
+                        None => {
+                            error!("the rollout wave gate stopped; dropping the held release");
+                            self.pending = None;
+                            false
+                        }
+                    };
+                    if opened {
                         self.timers.new_release();
                         self.sync().await;
                     }

@@ -216,6 +216,19 @@ pub fn fleet_page(
         view.total
     );
     out.push_str("</nav>");
+    let channels: std::collections::BTreeSet<&str> = view
+        .clusters
+        .iter()
+        .filter_map(|c| c.channel.as_deref())
+        .collect();
+    if !channels.is_empty() {
+        out.push_str("<p class=\"muted\" id=\"rollouts\">Rollouts:");
+        for channel in channels {
+            let channel = escape(channel);
+            let _ = write!(out, " <a href=\"/rollouts/{channel}\">{channel}</a>");
+        }
+        out.push_str("</p>");
+    }
 
     let _ = write!(
         out,
@@ -378,6 +391,17 @@ pub fn cluster_page(detail: &ClusterDetail, now: Timestamp) -> String {
                 format!("<span class=\"warn\">{}</span>", opt_time(Some(since))),
             );
         }
+        if let Some(pending) = &report.source.pending {
+            let channel = escape(&report.source.channel);
+            fact(
+                "Rollout",
+                format!(
+                    "<span class=\"warn\">serial {}: {}</span> <a href=\"/rollouts/{channel}\">rollout of {channel}</a>",
+                    pending.serial,
+                    escape(&pending.message)
+                ),
+            );
+        }
         if let Some(refusal) = &report.source.last_refusal {
             fact(
                 "Last refused release",
@@ -484,6 +508,64 @@ pub fn cluster_page(detail: &ClusterDetail, now: Timestamp) -> String {
         "<p class=\"muted\">JSON: <a href=\"/api/v1/clusters/{0}\">/api/v1/clusters/{0}</a></p></main>",
         escape(&row.name)
     );
+    footer(&mut out);
+    out
+}
+
+/// The rollout page of a channel (`/rollouts/{channel}`): each wave with when it opens, its counts, why it is
+/// held, and its clusters.
+pub fn rollout_page(view: &windvane_shared::rollout::RolloutView) -> String {
+    let mut out = String::new();
+    head(&mut out, &format!("Windvane · rollout of {}", view.channel));
+    header(&mut out, Timestamp::now());
+    let status = if view.complete {
+        "complete"
+    } else if view.halted {
+        "halted"
+    } else {
+        "in progress"
+    };
+    let _ = write!(
+        out,
+        "<main><h2>Rollout of channel {} · serial {} · {status}</h2><p class=\"meta\">issued {}</p>",
+        escape(&view.channel),
+        view.serial,
+        escape(&view.issued_at.to_string())
+    );
+    for wave in &view.waves {
+        let _ = write!(
+            out,
+            "<section><h3>{} — {}, opens {}</h3><p>done {} · pending {} · failed {} · unknown {}{}</p>",
+            escape(&wave.name),
+            if wave.opened { "open" } else { "not open" },
+            escape(&wave.opens_at.to_string()),
+            wave.done,
+            wave.pending,
+            wave.failed,
+            wave.unknown,
+            wave.held
+                .as_deref()
+                .map(|h| format!(" · <strong class=\"held\">held: {}</strong>", escape(h)))
+                .unwrap_or_default()
+        );
+        out.push_str(
+            "<table><tr><th>cluster</th><th>state</th><th>serial</th><th>rollout</th></tr>",
+        );
+        for cluster in &wave.clusters {
+            let _ = write!(
+                out,
+                "<tr><td><a href=\"/clusters/{0}\">{0}</a></td><td>{1}</td><td>{2}</td><td>{3:?}</td></tr>",
+                escape(&cluster.name),
+                badge(cluster.state),
+                cluster
+                    .applied_serial
+                    .map_or("–".to_owned(), |s| s.to_string()),
+                cluster.phase
+            );
+        }
+        out.push_str("</table></section>");
+    }
+    out.push_str("</main>");
     footer(&mut out);
     out
 }

@@ -30,6 +30,10 @@ pub enum Route {
     ApiCluster(String),
     /// `GET /api/v1/drift`
     ApiDrift,
+    /// `GET /api/v1/rollouts/<channel>`
+    ApiRollout(String),
+    /// `GET /rollouts/<channel>`: the rollout page.
+    RolloutPage(String),
     /// `GET /api/v1/break-glass`
     ApiBreakGlass,
     /// `POST /api/v1/clusters/<name>/enroll`
@@ -100,6 +104,12 @@ pub fn route(method: &Method, path: &str) -> Route {
         ["api", "v1", "fleet"] => read(Route::ApiFleet),
         ["api", "v1", "clusters"] => read(Route::ApiClusters),
         ["api", "v1", "drift"] => read(Route::ApiDrift),
+        ["api", "v1", "rollouts", channel] if check_channel_name(channel).is_ok() => {
+            read(Route::ApiRollout((*channel).to_owned()))
+        }
+        ["rollouts", channel] if check_channel_name(channel).is_ok() => {
+            read(Route::RolloutPage((*channel).to_owned()))
+        }
         ["api", "v1", "break-glass"] => read(Route::ApiBreakGlass),
         ["api", "v1", "clusters", name] if valid_cluster_name(name) => {
             read(Route::ApiCluster((*name).to_owned()))
@@ -221,6 +231,26 @@ mod tests {
     use super::*;
 
     const DIGEST: &str = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+
+    #[test]
+    fn rollout_paths_route_by_channel() {
+        assert_eq!(
+            route(&Method::GET, "/api/v1/rollouts/prod"),
+            Route::ApiRollout("prod".into())
+        );
+        assert_eq!(
+            route(&Method::GET, "/rollouts/prod"),
+            Route::RolloutPage("prod".into())
+        );
+        assert_eq!(
+            route(&Method::GET, "/api/v1/rollouts/Bad!"),
+            Route::NotFound
+        );
+        assert_eq!(
+            route(&Method::POST, "/api/v1/rollouts/prod"),
+            Route::MethodNotAllowed(GET_HEAD)
+        );
+    }
 
     #[test]
     fn store_paths_route_to_files() {

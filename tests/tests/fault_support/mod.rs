@@ -194,6 +194,7 @@ pub fn sign_by_hand(
             size: bytes.len() as u64,
         },
         allow_empty,
+        rollout: None,
     };
     std::fs::write(
         store.join(windvane_store::channel_path(channel)),

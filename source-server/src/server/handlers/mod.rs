@@ -16,6 +16,7 @@ mod admin;
 mod enroll;
 mod heartbeat;
 mod read;
+mod rollout;
 mod store;
 
 use std::net::{IpAddr, SocketAddr};
@@ -72,6 +73,8 @@ pub(super) async fn handle(
             let client = client_of(app, &request, peer);
             admin::handle(app, request, &cluster, client, false).await
         }
+        Route::ApiRollout(channel) => rollout::handle(app, &request, &channel, false).await,
+        Route::RolloutPage(channel) => rollout::handle(app, &request, &channel, true).await,
         Route::FleetPage
         | Route::ClusterPage(_)
         | Route::ApiFleet

@@ -169,7 +169,8 @@ pub(super) async fn handle(
                 (app.ingest_capacity - app.ingest.capacity()) as u64,
                 Ordering::Relaxed,
             );
-            let body = metrics::render(&app.metrics, &gauges);
+            let mut body = metrics::render(&app.metrics, &gauges);
+            body.push_str(&super::rollout::metrics(app, &fleet.clusters, now));
             Response::builder()
                 .header(
                     header::CONTENT_TYPE,

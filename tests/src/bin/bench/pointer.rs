@@ -121,6 +121,7 @@ pub fn write_pointer(root: &Path) -> anyhow::Result<Vec<u8>> {
             size: 123_456,
         },
         allow_empty: false,
+        rollout: None,
     };
     let bytes = pointer
         .sign(&signing_key_from_seed([7; 32]))

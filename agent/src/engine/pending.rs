@@ -1,0 +1,145 @@
+//! A verified release that waits for this cluster's rollout wave. It is held in memory, not persisted: the
+//! last known good stays what is enforced and healed, and a restart simply verifies it again and recomputes
+//! the same signed schedule. The wave gate task ([`crate::wave::run`]) says when it may be taken; the
+//! server watcher ([`crate::wave::watch_server`]) runs beside it only when an earlier wave has
+//! `gate: healthy`. A newer control of the same serial (halt, resume) reaches the gate through its plan.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{info, warn};
+use windvane_shared::release::AcceptedRelease;
+
+use super::{AbortOnDrop, Engine};
+use crate::fetcher::NewRelease;
+use crate::wave::{self, GateEvent, GatePlan};
+
+/// Longest time between two reads of the server's rollout view by a waiting agent.
+const GATE_READ_EVERY: Duration = Duration::from_secs(5);
+
+/// A release waiting for its wave, with the tasks that watch for it.
+#[derive(Debug)]
+pub(super) struct Pending {
+    release: NewRelease,
+    plan: watch::Sender<GatePlan>,
+    pub(super) events: mpsc::Receiver<GateEvent>,
+    _tasks: Vec<AbortOnDrop>,
+}
+
+impl Engine {
+    /// This cluster's gate plan for a verified release: `None` when it takes it at once.
+    pub(super) fn gate_plan(&self, accepted: &AcceptedRelease) -> Option<GatePlan> {
+        let pointer = &accepted.pointer;
+        GatePlan::of(
+            pointer.serial,
+            pointer.issued_at,
+            pointer.rollout.as_ref(),
+            &self.config.identity.name,
+            &self.config.identity.labels,
+        )
+    }
+
+    /// Holds a verified release until its wave opens, replacing any release held before. The fetcher is told
+    /// it was taken, so that it does not fetch it again.
+    pub(super) fn hold(&mut self, mut release: NewRelease, plan: GatePlan) {
+        info!(
+            serial = plan.serial,
+            wave = plan.wave + 1,
+            "a new release waits for this cluster's rollout wave; enforcing the last known good"
+        );
+        let (taken_tx, _) = oneshot::channel();
+        let taken = std::mem::replace(&mut release.taken, taken_tx);
+        let _ = taken.send(true);
+        self.metrics.source_fetch("ok");
+        let needs_server = plan.needs_server();
+        let (plan_tx, plan_rx) = watch::channel(plan);
+        let (seen_tx, seen_rx) = watch::channel(None);
+        let (events_tx, events) = mpsc::channel(4);
+        let mut tasks = vec![AbortOnDrop(tokio::spawn(wave::run(
+            plan_rx,
+            seen_rx,
+            events_tx,
+            Timestamp::now(),
+        )))];
+        if needs_server {
+            let every = self.config.poll_interval.min(GATE_READ_EVERY);
+            tasks.push(AbortOnDrop(tokio::spawn(wave::watch_server(
+                self.config.rollout_server.clone(),
+                self.config.channel.clone(),
+                every,
+                seen_tx,
+            ))));
+        }
+        self.pending = Some(Pending {
+            release,
+            plan: plan_tx,
+            events,
+            _tasks: tasks,
+        });
+    }
+
+    /// The fetcher verified the pointer of the serial already held or enforced: a newer control (halt,
+    /// resume) of a held release goes to its gate.
+    pub(super) fn on_control(&mut self, accepted: &AcceptedRelease) {
+        let Some(pending) = &self.pending else {
+            return;
+        };
+        let Some(rollout) = accepted.pointer.rollout.as_ref() else {
+            return;
+        };
+        pending.plan.send_if_modified(|plan| {
+            let newer =
+                plan.serial == accepted.pointer.serial && rollout.control > plan.rollout.control;
+            if newer {
+                info!(
+                    serial = plan.serial,
+                    halted = rollout.halted,
+                    "the rollout's control changed"
+                );
+                plan.rollout = rollout.clone();
+            }
+            newer
+        });
+    }
+
+    /// What the gate said: report the wait, or take the release.
+    pub(super) async fn on_gate(&mut self, event: GateEvent) -> bool {
+        match event {
+            GateEvent::Waiting(report) => {
+                info!(serial = report.serial, wave = report.wave, message = %report.message, "waiting for the rollout wave");
+                self.metrics.set_rollout_wave(report.wave, true);
+                self.status
+                    .send_modify(|status| status.source.pending = Some(report));
+                false
+            }
+            GateEvent::Open(serial) => {
+                let Some(pending) = self.pending.take() else {
+                    return false;
+                };
+                if pending.release.accepted.pointer.serial != serial {
+                    self.pending = Some(pending);
+                    return false;
+                }
+                if pending.release.accepted.pointer.expires_at <= Timestamp::now() {
+                    warn!(
+                        serial,
+                        "the held release expired before its wave opened; not taking it"
+                    );
+                    return false;
+                }
+                info!(serial, "the rollout wave opened; taking the release");
+                self.metrics.set_rollout_wave(0, false);
+                self.accept(pending.release).await
+            }
+        }
+    }
+}
+
+/// The next event of the held release's gate; never, when nothing is held.
+pub(super) async fn next_gate_event(pending: &mut Option<Pending>) -> Option<GateEvent> {
+    match pending {
+        Some(pending) => pending.events.recv().await,
+        None => std::future::pending().await,
+    }
+}

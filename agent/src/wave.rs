@@ -1,0 +1,368 @@
+//! The wave gate: a verified release whose rollout wave has not opened for this cluster waits here, while the
+//! engine keeps enforcing and healing the last known good. The decision is
+//! [`windvane_shared::rollout::decide`] (pure); this module runs it on time. [`run`] is a task per waiting
+//! release: it wakes when the signed schedule opens the wave, when the server's rollout view changes (for a
+//! `gate: healthy`), or when the publisher halts or resumes; it tells the engine what to report while it
+//! waits and when the release may be taken ([`GateEvent`]). [`watch_server`] is the thin HTTP side: it reads
+//! `GET /api/v1/rollouts/CHANNEL` from the source server every few seconds and publishes what it got, or why
+//! it got nothing — an unreachable server keeps the gate closed.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tracing::warn;
+use windvane_shared::rollout::{
+    self, GateInput, PendingReport, Rollout, RolloutView, WaveDecision,
+};
+
+use crate::http::{read_capped, with_deadline};
+
+/// Most bytes of a rollout view the agent reads.
+const MAX_VIEW_BYTES: u64 = 4 * 1024 * 1024;
+/// Total deadline of one read of the rollout view.
+const VIEW_DEADLINE: Duration = Duration::from_secs(10);
+
+/// A waiting release as the gate sees it: its serial, issue time and rollout (the newest control the agent
+/// has verified for it), and this cluster's wave (0-based).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatePlan {
+    pub serial: u64,
+    pub issued_at: Timestamp,
+    pub rollout: Rollout,
+    pub wave: usize,
+}
+
+impl GatePlan {
+    /// The plan of a release with `rollout` for a cluster, or `None` when the cluster takes it at once (no
+    /// rollout, or the first wave).
+    pub fn of(
+        serial: u64,
+        issued_at: Timestamp,
+        rollout: Option<&Rollout>,
+        name: &str,
+        labels: &windvane_shared::selector::Labels,
+    ) -> Option<GatePlan> {
+        let rollout = rollout?;
+        let wave = rollout::wave_of(rollout, name, labels);
+        (wave > 0).then(|| GatePlan {
+            serial,
+            issued_at,
+            rollout: rollout.clone(),
+            wave,
+        })
+    }
+
+    /// Whether the gate needs the server's rollout view.
+    pub fn needs_server(&self) -> bool {
+        rollout::needs_gate(&self.rollout, self.wave)
+    }
+}
+
+/// What the server last said: nothing yet, its view, or why there is none.
+pub type GateObservation = Option<Result<RolloutView, String>>;
+
+/// What the gate tells the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GateEvent {
+    /// Still waiting: what to report.
+    Waiting(PendingReport),
+    /// The wave opened for this serial: take the release.
+    Open(u64),
+}
+
+/// The decision for `plan` at `now`, from what the server last said. Pure.
+pub fn judge(plan: &GatePlan, now: Timestamp, observed: &GateObservation) -> WaveDecision {
+    let input = match observed {
+        None => GateInput::NotAsked,
+        Some(Ok(view)) => GateInput::View(view),
+        Some(Err(why)) => GateInput::Unreachable(why),
+    };
+    rollout::decide(
+        &plan.rollout,
+        plan.serial,
+        plan.issued_at,
+        plan.wave,
+        now,
+        &input,
+    )
+}
+
+/// Waits until the plan's wave opens, then sends [`GateEvent::Open`] and ends. Time is `started_at` plus
+/// tokio's clock since the start (so a paused clock drives it in tests). Sends [`GateEvent::Waiting`] each
+/// time the kind of wait changes. Ends when the engine drops the receiver or the plan sender.
+pub async fn run(
+    mut plan: watch::Receiver<GatePlan>,
+    mut observed: watch::Receiver<GateObservation>,
+    events: mpsc::Sender<GateEvent>,
+    started_at: Timestamp,
+) {
+    let base = Instant::now();
+    let mut last_kind = None;
+    loop {
+        let elapsed = jiff::SignedDuration::try_from(base.elapsed()).unwrap_or_default();
+        let now = started_at.checked_add(elapsed).unwrap_or(Timestamp::MAX);
+        let current = plan.borrow_and_update().clone();
+        let decision = judge(&current, now, &observed.borrow_and_update());
+        if decision == WaveDecision::Open {
+            let _ = events.send(GateEvent::Open(current.serial)).await;
+            return;
+        }
+        let kind = std::mem::discriminant(&decision);
+        if last_kind != Some((kind, current.rollout.control)) {
+            last_kind = Some((kind, current.rollout.control));
+            let report = rollout::pending_report(
+                &current.rollout,
+                current.serial,
+                current.issued_at,
+                current.wave,
+                &decision,
+                now,
+            );
+            if events.send(GateEvent::Waiting(report)).await.is_err() {
+                return;
+            }
+        }
+        let sleep = match &decision {
+            WaveDecision::Scheduled { opens_at } => {
+                let left = opens_at.duration_since(now).unsigned_abs();
+                Some(base.elapsed() + left)
+            }
+            _ => None,
+        };
+        tokio::select! {
+            () = sleep_until(sleep.map(|s| base + s)) => {}
+            changed = plan.changed() => if changed.is_err() { return },
+            changed = observed.changed() => if changed.is_err() {
+                // The watcher ended: nothing new will come; wait on the schedule and the plan only.
+                let (_, rx) = watch::channel(observed.borrow().clone());
+                observed = rx;
+            },
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Where the gate reads the rollout view: the source server's base URL and a token it accepts (the fleet
+/// registration token, or a read token).
+#[derive(Debug, Clone)]
+pub struct GateServer {
+    pub url: String,
+    pub token: String,
+}
+
+/// Reads the channel's rollout view every `every` and publishes it (or why it could not) until the
+/// receivers are gone. Without a server, publishes once that there is none: the gate stays closed.
+pub async fn watch_server(
+    server: Option<GateServer>,
+    channel: String,
+    every: Duration,
+    tx: watch::Sender<GateObservation>,
+) {
+    let Some(server) = server else {
+        let _ = tx.send(Some(Err(
+            "no --server configured to read the rollout status from".to_owned(),
+        )));
+        tx.closed().await;
+        return;
+    };
+    let client = reqwest::Client::new();
+    let url = format!(
+        "{}/api/v1/rollouts/{channel}",
+        server.url.trim_end_matches('/')
+    );
+    loop {
+        let observed = fetch_view(&client, &url, &server.token).await;
+        if let Err(why) = &observed {
+            warn!(%url, %why, "cannot read the rollout status; the wave gate stays closed");
+        }
+        if tx.send(Some(observed)).is_err() {
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = tx.closed() => return,
+        }
+    }
+}
+
+async fn fetch_view(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+) -> Result<RolloutView, String> {
+    let body = with_deadline(url, VIEW_DEADLINE, async {
+        let response = client
+            .get(url)
+            .bearer_auth(token)
+            .send()
+            .await
+            .map_err(|e| crate::http::fetch_error(url, &e))?;
+        let status = response.status();
+        let body = read_capped(url, response, MAX_VIEW_BYTES, "rollout view").await?;
+        if !status.is_success() {
+            return Err(crate::Error::Fetch {
+                url: url.to_owned(),
+                detail: format!("HTTP {status}"),
+            });
+        }
+        Ok(body)
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    serde_json::from_slice(&body).map_err(|e| format!("{url}: not a rollout view: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use windvane_shared::fleet_api::ClusterState;
+    use windvane_shared::rollout::{ClusterFacts, Gate, Wave, rollout_view};
+    use windvane_shared::selector::Labels;
+
+    use super::*;
+
+    fn plan(soak: u64, gate: Gate) -> GatePlan {
+        let mut canary = Wave {
+            soak: Duration::from_secs(soak),
+            gate,
+            ..Wave::default()
+        };
+        canary
+            .selector
+            .match_labels
+            .insert("tier".into(), "canary".into());
+        GatePlan {
+            serial: 3,
+            issued_at: "2026-12-04T10:00:00Z".parse().expect("time"),
+            rollout: Rollout {
+                waves: vec![canary, Wave::default()],
+                ..Rollout::default()
+            },
+            wave: 1,
+        }
+    }
+
+    fn channels(
+        plan: GatePlan,
+        observed: GateObservation,
+    ) -> (
+        watch::Sender<GatePlan>,
+        watch::Sender<GateObservation>,
+        mpsc::Receiver<GateEvent>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let started = plan.issued_at;
+        let (plan_tx, plan_rx) = watch::channel(plan);
+        let (seen_tx, seen_rx) = watch::channel(observed);
+        let (tx, rx) = mpsc::channel(8);
+        let task = tokio::spawn(run(plan_rx, seen_rx, tx, started));
+        (plan_tx, seen_tx, rx, task)
+    }
+
+    #[test]
+    fn the_first_wave_and_releases_without_rollout_need_no_gate() {
+        let labels: Labels = [("tier".to_owned(), "canary".to_owned())].into();
+        let rollout = plan(10, Gate::None).rollout;
+        let issued = Timestamp::UNIX_EPOCH;
+        assert!(GatePlan::of(1, issued, None, "a", &Labels::new()).is_none());
+        assert!(GatePlan::of(1, issued, Some(&rollout), "a", &labels).is_none());
+        let later = GatePlan::of(1, issued, Some(&rollout), "a", &Labels::new()).expect("wave 2");
+        assert_eq!(later.wave, 1);
+        assert!(!later.needs_server());
+        assert!(plan(10, Gate::Healthy).needs_server());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_gate_wakes_when_the_wave_opens_and_not_before() {
+        let (_plan, _seen, mut events, task) = channels(plan(600, Gate::None), None);
+        match events.recv().await {
+            Some(GateEvent::Waiting(report)) => {
+                assert_eq!(report.message, "Pending (wave 2, opens in 10m)");
+                assert_eq!(report.wave, 2);
+            }
+            other => panic!("{other:?}"),
+        }
+        tokio::time::sleep(Duration::from_secs(599)).await;
+        assert!(events.try_recv().is_err(), "opened before its time");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(events.recv().await, Some(GateEvent::Open(3)));
+        task.await.expect("gate task");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_healthy_gate_waits_for_the_server_and_fails_closed() {
+        let plan = plan(10, Gate::Healthy);
+        let rollout = plan.rollout.clone();
+        let (_plan, seen, mut events, _task) = channels(plan, None);
+        assert!(
+            matches!(events.recv().await, Some(GateEvent::Waiting(r)) if r.message.contains("opens in 10s"))
+        );
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert!(
+            matches!(events.recv().await, Some(GateEvent::Waiting(r)) if r.message.contains("gated"))
+        );
+        seen.send(Some(Err("connection refused".into())))
+            .expect("send");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(
+            events.try_recv().is_err(),
+            "opened with the server unreachable"
+        );
+
+        let canary: Labels = [("tier".to_owned(), "canary".to_owned())].into();
+        let facts = |state| ClusterFacts {
+            name: "c1",
+            labels: &canary,
+            state,
+            applied_serial: Some(3),
+            waiting: None,
+        };
+        let issued = "2026-12-04T10:00:00Z".parse().expect("time");
+        let degraded = rollout_view(
+            "prod",
+            3,
+            issued,
+            &rollout,
+            &[facts(ClusterState::Degraded)],
+            issued,
+        );
+        seen.send(Some(Ok(degraded))).expect("send");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(events.try_recv().is_err(), "opened past a Degraded canary");
+        let synced = rollout_view(
+            "prod",
+            3,
+            issued,
+            &rollout,
+            &[facts(ClusterState::Synced)],
+            issued,
+        );
+        seen.send(Some(Ok(synced))).expect("send");
+        assert_eq!(events.recv().await, Some(GateEvent::Open(3)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_halt_holds_the_wave_past_its_time_and_a_resume_lets_it_go() {
+        let mut halted = plan(10, Gate::None);
+        halted.rollout.halted = true;
+        halted.rollout.control = 1;
+        let (plan_tx, _seen, mut events, _task) = channels(halted.clone(), None);
+        assert!(matches!(events.recv().await, Some(GateEvent::Waiting(r)) if r.halted));
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(events.try_recv().is_err(), "opened while halted");
+        let mut resumed = halted;
+        resumed.rollout.halted = false;
+        resumed.rollout.control = 2;
+        plan_tx.send(resumed).expect("send");
+        assert_eq!(events.recv().await, Some(GateEvent::Open(3)));
+    }
+}

@@ -1,0 +1,412 @@
+//! `windvane rollout status|halt|resume` and `windvane rollback`. Status reads the source server's rollout
+//! view (`/api/v1/rollouts/CHANNEL`) and exits 0 only when the rollout is complete; halt and resume re-sign
+//! the channel's current pointer with its rollout halted or running (`windvane_store::set_halted`); rollback
+//! publishes the bundle the channel carried before as a new serial, so that rollback protection stays intact.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use jiff::Timestamp;
+use windvane_shared::bundle::{Bundle, BundleLimits};
+use windvane_shared::keys;
+use windvane_shared::rollout::RolloutView;
+use windvane_store::{self as store, PublishRequest};
+
+/// `windvane rollout …`.
+#[derive(Debug, Args)]
+pub struct RolloutArgs {
+    #[command(subcommand)]
+    action: RolloutAction,
+}
+
+#[derive(Debug, Subcommand)]
+enum RolloutAction {
+    /// Print each wave of the channel's current rollout; exit 0 only when every cluster has it, Synced.
+    Status(StatusArgs),
+    /// Sign a halt of the channel's current serial: clusters that have not taken it stay where they are.
+    Halt(SignArgs),
+    /// Sign a resume of a halted rollout: waiting clusters go on by the signed schedule.
+    Resume(SignArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The source server, e.g. https://windvane.example.com.
+    #[arg(long, env = "WINDVANE_SERVER", value_name = "URL")]
+    server: String,
+    #[arg(long, env = "WINDVANE_CHANNEL", value_name = "CHANNEL")]
+    channel: String,
+    /// File with the server's read token, if it requires one.
+    #[arg(long, env = "WINDVANE_READ_TOKEN_FILE", value_name = "FILE")]
+    read_token_file: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, env = "WINDVANE_OUTPUT", default_value = "table", value_parser = ["table", "json"])]
+    output: String,
+}
+
+#[derive(Debug, Args)]
+pub struct SignArgs {
+    /// The store directory.
+    #[arg(long, value_name = "DIR", env = "WINDVANE_ROOT")]
+    root: PathBuf,
+    #[arg(long, value_name = "CHANNEL", env = "WINDVANE_CHANNEL")]
+    channel: String,
+    /// The release signing key.
+    #[arg(long, value_name = "KEY", env = "WINDVANE_KEY")]
+    key: PathBuf,
+    /// Public keys that may have signed the current pointer besides KEY.
+    #[arg(
+        long = "trusted-key",
+        value_name = "PUB",
+        value_delimiter = ',',
+        env = "WINDVANE_TRUSTED_KEYS"
+    )]
+    trusted_keys: Vec<PathBuf>,
+}
+
+/// `windvane promote`.
+#[derive(Debug, Args)]
+pub struct PromoteArgs {
+    /// The store directory.
+    #[arg(long, value_name = "DIR", env = "WINDVANE_ROOT")]
+    root: PathBuf,
+    /// The channel whose current bundle is promoted, e.g. `staging`.
+    #[arg(long, value_name = "CHANNEL")]
+    from: String,
+    /// The channel it is published on, e.g. `prod`.
+    #[arg(long, value_name = "CHANNEL")]
+    to: String,
+    /// The release signing key.
+    #[arg(long, value_name = "KEY", env = "WINDVANE_KEY")]
+    key: PathBuf,
+    /// Public keys that may have signed the channels' pointers besides KEY.
+    #[arg(
+        long = "trusted-key",
+        value_name = "PUB",
+        value_delimiter = ',',
+        env = "WINDVANE_TRUSTED_KEYS"
+    )]
+    trusted_keys: Vec<PathBuf>,
+    /// Promote only when every cluster this selector picks (at least one) follows --from and is Synced on
+    /// its current serial, as the server shows; needs --server.
+    #[arg(long, value_name = "SEL", requires = "server")]
+    require_synced: Option<String>,
+    /// The source server to check --require-synced against.
+    #[arg(long, env = "WINDVANE_SERVER", value_name = "URL")]
+    server: Option<String>,
+    /// File with the server's read token, if it requires one.
+    #[arg(long, env = "WINDVANE_READ_TOKEN_FILE", value_name = "FILE")]
+    read_token_file: Option<PathBuf>,
+    /// How long agents accept the promoted release.
+    #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = crate::release::parse_duration_arg, env = "WINDVANE_EXPIRES_IN")]
+    expires_in: std::time::Duration,
+}
+
+/// `windvane rollback`.
+#[derive(Debug, Args)]
+pub struct RollbackArgs {
+    #[command(flatten)]
+    sign: SignArgs,
+    /// How long agents accept the rollback release.
+    #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = crate::release::parse_duration_arg, env = "WINDVANE_EXPIRES_IN")]
+    expires_in: std::time::Duration,
+}
+
+pub fn rollout(args: RolloutArgs) -> anyhow::Result<ExitCode> {
+    match args.action {
+        RolloutAction::Status(args) => status(args),
+        RolloutAction::Halt(args) => halt(args, true).map(|()| ExitCode::SUCCESS),
+        RolloutAction::Resume(args) => halt(args, false).map(|()| ExitCode::SUCCESS),
+    }
+}
+
+fn signing_key(args: &SignArgs) -> anyhow::Result<(ed25519_dalek::SigningKey, keys::TrustedKeys)> {
+    let pem = super::read_text(&args.key)?;
+    let key = keys::signing_key_from_pem(&pem, &args.key.display().to_string())?;
+    let mut trusted = keys::TrustedKeys::new();
+    for path in &args.trusted_keys {
+        let pem = super::read_text(path)?;
+        trusted.insert(keys::verifying_key_from_pem(
+            &pem,
+            &path.display().to_string(),
+        )?)?;
+    }
+    Ok((key, trusted))
+}
+
+fn halt(args: SignArgs, halted: bool) -> anyhow::Result<()> {
+    let (key, trusted) = signing_key(&args)?;
+    let pointer = store::set_halted(&args.root, &args.channel, &key, &trusted, halted)
+        .with_context(|| format!("channel {:?} in {}", args.channel, args.root.display()))?;
+    println!(
+        "{} the rollout of serial {} on channel {} (control {})",
+        if halted { "halted" } else { "resumed" },
+        pointer.serial,
+        pointer.channel,
+        pointer.rollout.map_or(0, |r| r.control)
+    );
+    Ok(())
+}
+
+pub fn rollback(args: RollbackArgs) -> anyhow::Result<()> {
+    let sign = &args.sign;
+    let (key, trusted) = signing_key(sign)?;
+    let current = verified_current(&sign.root, &sign.channel, &key, &trusted)?;
+    let previous = store::previous_bundle(&sign.root, &sign.channel, &current.bundle.sha256)?;
+    let bundle = stored_bundle(&sign.root, &previous)?;
+    let request = PublishRequest {
+        channel: &sign.channel,
+        bundle: &bundle,
+        key: &key,
+        also_trusted: &trusted,
+        expires_in: args.expires_in,
+        allow_empty: current.allow_empty,
+        now: Timestamp::now(),
+    };
+    let published = store::publish(&sign.root, &request)?;
+    println!(
+        "rolled back channel {}: serial {} carries bundle {} again (was serial {} with {})",
+        sign.channel, published.pointer.serial, previous, current.serial, current.bundle.sha256
+    );
+    Ok(())
+}
+
+fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let url = format!(
+        "{}/api/v1/rollouts/{}",
+        args.server.trim_end_matches('/'),
+        args.channel
+    );
+    let token = args
+        .read_token_file
+        .as_ref()
+        .map(|p| super::read_text(p).map(|t| t.trim().to_owned()))
+        .transpose()?;
+    let view: RolloutView = crate::fleet::get_json(&url, token.as_deref())?;
+    if args.output == "json" {
+        println!("{}", serde_json::to_string_pretty(&view)?);
+    } else {
+        print!("{}", render(&view));
+    }
+    if view.complete {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("rollout of serial {} not complete", view.serial);
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// The rollout as a table: one block per wave.
+pub fn render(view: &RolloutView) -> String {
+    let mut out = format!(
+        "channel {} serial {} issued {}{}{}\n",
+        view.channel,
+        view.serial,
+        view.issued_at,
+        if view.halted { " · HALTED" } else { "" },
+        if view.complete { " · complete" } else { "" }
+    );
+    for wave in &view.waves {
+        out.push_str(&format!(
+            "{:<12} {:<9} opens {}  done {} pending {} failed {} unknown {}\n",
+            wave.name,
+            if wave.opened { "open" } else { "not open" },
+            wave.opens_at,
+            wave.done,
+            wave.pending,
+            wave.failed,
+            wave.unknown
+        ));
+        if let Some(held) = &wave.held {
+            out.push_str(&format!("  held: {held}\n"));
+        }
+        for cluster in &wave.clusters {
+            out.push_str(&format!(
+                "  {:<24} {:<12} serial {:<6} {:?}\n",
+                cluster.name,
+                cluster.state.as_str(),
+                cluster
+                    .applied_serial
+                    .map_or("-".to_owned(), |s| s.to_string()),
+                cluster.phase
+            ));
+        }
+    }
+    out
+}
+
+/// The current pointer of `channel`, verified with `key` and `trusted`.
+fn verified_current(
+    root: &std::path::Path,
+    channel: &str,
+    key: &ed25519_dalek::SigningKey,
+    trusted: &keys::TrustedKeys,
+) -> anyhow::Result<windvane_shared::release::ReleasePointer> {
+    let path = root.join(store::channel_path(channel));
+    let bytes = std::fs::read(&path).with_context(|| path.display().to_string())?;
+    let mut all = trusted.clone();
+    all.insert(key.verifying_key())?;
+    Ok(windvane_shared::release::verify_signed_pointer(
+        &bytes,
+        &all,
+        windvane_shared::release::DEFAULT_MAX_POINTER_BYTES,
+    )
+    .with_context(|| path.display().to_string())?
+    .pointer)
+}
+
+/// Reads the bundle `sha256` from the store, checking its digest.
+fn stored_bundle(root: &std::path::Path, sha256: &str) -> anyhow::Result<Bundle> {
+    let path = root.join(store::bundle_path(sha256));
+    let bytes = std::fs::read(&path).with_context(|| path.display().to_string())?;
+    if windvane_shared::digest::sha256_hex(&bytes) != sha256 {
+        bail!("{}: the file does not have its digest", path.display());
+    }
+    let bundle = Bundle::from_json_slice(&bytes, BundleLimits::default())
+        .with_context(|| path.display().to_string())?;
+    if windvane_shared::digest::sha256_hex(&bundle.to_json_bytes()) != sha256 {
+        bail!(
+            "{}: the bundle does not serialize back to the same bytes, so it cannot be signed again with the same digest",
+            path.display()
+        );
+    }
+    Ok(bundle)
+}
+
+/// `None` when every cluster of `fleet` (at least one) follows `channel` and is Synced on `serial`;
+/// otherwise why not. Pure.
+pub fn synced_on(
+    fleet: &windvane_shared::fleet_api::FleetView,
+    channel: &str,
+    serial: u64,
+) -> Option<String> {
+    if fleet.clusters.is_empty() {
+        return Some("no cluster matches the selector".to_owned());
+    }
+    let behind: Vec<String> = fleet
+        .clusters
+        .iter()
+        .filter(|c| {
+            c.state != windvane_shared::fleet_api::ClusterState::Synced
+                || c.channel.as_deref() != Some(channel)
+                || c.applied_serial != Some(serial)
+        })
+        .map(|c| {
+            format!(
+                "{} is {} on {} serial {}",
+                c.name,
+                c.state,
+                c.channel.as_deref().unwrap_or("no channel"),
+                c.applied_serial.map_or("-".to_owned(), |s| s.to_string())
+            )
+        })
+        .collect();
+    (!behind.is_empty()).then(|| behind.join(", "))
+}
+
+pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
+    let pem = super::read_text(&args.key)?;
+    let key = keys::signing_key_from_pem(&pem, &args.key.display().to_string())?;
+    let mut trusted = keys::TrustedKeys::new();
+    for path in &args.trusted_keys {
+        let pem = super::read_text(path)?;
+        trusted.insert(keys::verifying_key_from_pem(
+            &pem,
+            &path.display().to_string(),
+        )?)?;
+    }
+    let source = verified_current(&args.root, &args.from, &key, &trusted)?;
+    if let (Some(selector), Some(server)) = (&args.require_synced, &args.server) {
+        let query: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair("selector", selector)
+            .finish();
+        let url = format!("{}/api/v1/fleet?{query}", server.trim_end_matches('/'));
+        let token = args
+            .read_token_file
+            .as_ref()
+            .map(|p| super::read_text(p).map(|t| t.trim().to_owned()))
+            .transpose()?;
+        let fleet: windvane_shared::fleet_api::FleetView =
+            crate::fleet::get_json(&url, token.as_deref())?;
+        if let Some(why) = synced_on(&fleet, &args.from, source.serial) {
+            bail!(
+                "not promoting serial {} of {}: not every {selector} cluster is Synced on it: {why}",
+                source.serial,
+                args.from
+            );
+        }
+    }
+    let bundle = stored_bundle(&args.root, &source.bundle.sha256)?;
+    let request = PublishRequest {
+        channel: &args.to,
+        bundle: &bundle,
+        key: &key,
+        also_trusted: &trusted,
+        expires_in: args.expires_in,
+        allow_empty: source.allow_empty,
+        now: Timestamp::now(),
+    };
+    let published = store::publish(&args.root, &request)?;
+    println!(
+        "promoted {} serial {} to {} serial {}: bundle {}",
+        args.from,
+        source.serial,
+        args.to,
+        published.pointer.serial,
+        published.pointer.bundle.sha256
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use windvane_shared::fleet_api::FleetView;
+
+    fn fleet(rows: &[(&str, &str, &str, u64)]) -> FleetView {
+        let clusters: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(name, state, channel, serial)| {
+                serde_json::json!({
+                    "name": name, "fleet": "acme", "labels": {}, "state": state, "graceSeconds": 90,
+                    "channel": channel, "appliedSerial": serial, "driftTotal": 0,
+                    "enrolledAt": "2026-12-04T10:00:00Z", "keyid": "k", "sequence": 1
+                })
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "generatedAt": "2026-12-04T10:00:00Z", "total": rows.len(), "counts": {}, "clusters": clusters
+        }))
+        .expect("fleet")
+    }
+
+    #[test]
+    fn promotion_requires_every_selected_cluster_synced_on_the_source_serial() {
+        let all = fleet(&[
+            ("s1", "Synced", "staging", 4),
+            ("s2", "Synced", "staging", 4),
+        ]);
+        assert_eq!(synced_on(&all, "staging", 4), None);
+        for (rows, says) in [
+            (
+                vec![
+                    ("s1", "Synced", "staging", 4),
+                    ("s2", "OutOfSync", "staging", 4),
+                ],
+                "s2 is OutOfSync",
+            ),
+            (
+                vec![("s1", "Synced", "staging", 3)],
+                "s1 is Synced on staging serial 3",
+            ),
+            (vec![("s1", "Unknown", "staging", 4)], "s1 is Unknown"),
+            (vec![("s1", "Synced", "prod", 4)], "on prod"),
+            (vec![], "no cluster"),
+        ] {
+            let why = synced_on(&fleet(&rows), "staging", 4).expect("refused");
+            assert!(why.contains(says), "{why}");
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! The rollout view of a channel: `GET /api/v1/rollouts/CHANNEL` (JSON, read by waiting agents' wave gates
+//! and by `windvane rollout status`) and `GET /rollouts/CHANNEL` (the page). The release and its plan come
+//! from the channel's pointer in the server's own store (read, not verified: the server is no authority on
+//! releases, and an agent opens a wave only at its own signed time, whatever this says); the clusters and
+//! their states from the database, as the fleet view computes them (Unknown when silent). Built by
+//! [`windvane_shared::rollout::rollout_view`].
+//!
+//! Access: the read token when one is set — or the fleet registration token, which every agent holds.
+
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use jiff::Timestamp;
+use windvane_shared::release::ReleasePointer;
+use windvane_shared::rollout::{ClusterFacts, Rollout, RolloutView, rollout_view};
+
+use crate::server::App;
+use crate::server::db::Database;
+use crate::server::view::ClusterRow;
+use crate::server::{auth, page, view};
+
+use super::{Body, html, json, json_error};
+
+pub(super) async fn handle(
+    app: &Arc<App>,
+    request: &Request<Incoming>,
+    channel: &str,
+    is_page: bool,
+) -> Response<Body> {
+    if !allowed(app, request) {
+        return json_error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the read token or the registration token is required (Authorization: Bearer …)",
+        );
+    }
+    let pointer = match current_pointer(app, channel) {
+        Ok(pointer) => pointer,
+        Err(detail) => return json_error(StatusCode::NOT_FOUND, "unknown_channel", &detail),
+    };
+    match build(app, channel, &pointer).await {
+        Ok(view) if is_page => html(page::rollout_page(&view)),
+        Ok(view) => json(StatusCode::OK, &view),
+        Err(error) => {
+            tracing::error!(%error, "rollout view failed");
+            json_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                &error.to_string(),
+            )
+        }
+    }
+}
+
+fn allowed(app: &App, request: &Request<Incoming>) -> bool {
+    let Some(read_token) = app.read_token.as_ref() else {
+        return true;
+    };
+    let offered = auth::credential(
+        request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes),
+    );
+    offered.is_some_and(|t| read_token.verify(&t) || app.registration_token.verify(&t))
+}
+
+/// The channel's pointer payload as the store holds it.
+fn current_pointer(app: &App, channel: &str) -> Result<ReleasePointer, String> {
+    let file = app
+        .files
+        .pointer(channel)
+        .map_err(|_| format!("channel {channel} has no release in the store"))?;
+    let envelope = windvane_shared::dsse::Envelope::from_json_slice(&file.body)
+        .map_err(|e| format!("channel {channel}: {e}"))?;
+    let payload = envelope
+        .payload_bytes()
+        .map_err(|e| format!("channel {channel}: {e}"))?;
+    serde_json::from_slice(&payload).map_err(|e| format!("channel {channel}: {e}"))
+}
+
+async fn build(app: &App, channel: &str, pointer: &ReleasePointer) -> crate::Result<RolloutView> {
+    let now = Timestamp::now();
+    let rows: Vec<ClusterRow> = app
+        .db
+        .list_clusters()
+        .await?
+        .into_iter()
+        .map(|c| view::cluster_row(c, now, app.unknown_after, &|_| None))
+        .collect();
+    Ok(view_of(channel, pointer, &rows, now))
+}
+
+/// The rollout view of `pointer` over the clusters of its fleet that follow `channel` (or have never said
+/// which channel they follow: a silent cluster must hold a gate, not vanish from it).
+fn view_of(
+    channel: &str,
+    pointer: &ReleasePointer,
+    rows: &[ClusterRow],
+    now: Timestamp,
+) -> RolloutView {
+    let facts: Vec<ClusterFacts> = rows
+        .iter()
+        .filter(|r| r.fleet == pointer.fleet && r.channel.as_deref().is_none_or(|ch| ch == channel))
+        .map(|row| ClusterFacts {
+            name: &row.name,
+            labels: &row.labels,
+            state: row.state,
+            applied_serial: row.applied_serial,
+            waiting: None,
+        })
+        .collect();
+    let single = Rollout::default();
+    let rollout = pointer.rollout.as_ref().unwrap_or(&single);
+    rollout_view(
+        channel,
+        pointer.serial,
+        pointer.issued_at,
+        rollout,
+        &facts,
+        now,
+    )
+}
+
+/// The rollout metrics of every channel the fleet's clusters follow, in Prometheus text:
+/// `windvane_rollout_clusters{channel,wave,phase}`, `windvane_rollout_serial{channel}`,
+/// `windvane_rollout_complete{channel}` and `windvane_rollout_halted{channel}`.
+pub(super) fn metrics(app: &App, rows: &[ClusterRow], now: Timestamp) -> String {
+    let channels: std::collections::BTreeSet<&str> =
+        rows.iter().filter_map(|r| r.channel.as_deref()).collect();
+    let views: Vec<RolloutView> = channels
+        .into_iter()
+        .filter(|ch| windvane_store::check_channel_name(ch).is_ok())
+        .filter_map(|ch| {
+            current_pointer(app, ch)
+                .ok()
+                .map(|p| view_of(ch, &p, rows, now))
+        })
+        .collect();
+    render_metrics(&views)
+}
+
+/// Prometheus text for rollout views. Pure.
+fn render_metrics(views: &[RolloutView]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    out.push_str("# HELP windvane_rollout_clusters Clusters of each rollout wave of a channel's current release, by phase.\n# TYPE windvane_rollout_clusters gauge\n");
+    for view in views {
+        for wave in &view.waves {
+            for (phase, count) in [
+                ("done", wave.done),
+                ("pending", wave.pending),
+                ("failed", wave.failed),
+                ("unknown", wave.unknown),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "windvane_rollout_clusters{{channel=\"{}\",wave=\"{}\",phase=\"{phase}\"}} {count}",
+                    view.channel,
+                    wave.index + 1
+                );
+            }
+        }
+    }
+    for (name, help) in [
+        (
+            "windvane_rollout_serial",
+            "Serial of the channel's current release.",
+        ),
+        (
+            "windvane_rollout_complete",
+            "1 when every cluster of the channel has its current release, Synced.",
+        ),
+        (
+            "windvane_rollout_halted",
+            "1 while the publisher has halted the current release's rollout.",
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for view in views {
+            let value = match name {
+                "windvane_rollout_serial" => view.serial,
+                "windvane_rollout_complete" => u64::from(view.complete),
+                _ => u64::from(view.halted),
+            };
+            let _ = writeln!(out, "{name}{{channel=\"{}\"}} {value}", view.channel);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use windvane_shared::fleet_api::ClusterState;
+
+    fn row(name: &str, state: ClusterState, serial: u64, channel: Option<&str>) -> ClusterRow {
+        serde_json::from_value(serde_json::json!({
+            "name": name, "fleet": "acme", "labels": BTreeMap::<String, String>::new(),
+            "state": state, "graceSeconds": 90, "appliedSerial": serial,
+            "channel": channel, "driftTotal": 0, "enrolledAt": "2026-12-04T10:00:00Z",
+            "keyid": "k", "sequence": 1
+        }))
+        .expect("row")
+    }
+
+    #[test]
+    fn the_view_takes_the_channels_clusters_and_the_silent_ones_and_renders_metrics() {
+        let pointer: ReleasePointer = serde_json::from_value(serde_json::json!({
+            "fleet": "acme", "channel": "prod", "serial": 4,
+            "issuedAt": "2026-12-04T10:00:00Z", "expiresAt": "2026-12-05T10:00:00Z",
+            "bundle": {"sha256": "0".repeat(64), "size": 1}, "allowEmpty": false
+        }))
+        .expect("pointer");
+        let rows = [
+            row("a", ClusterState::Synced, 4, Some("prod")),
+            row("b", ClusterState::Synced, 3, Some("prod")),
+            row("c", ClusterState::Synced, 9, Some("staging")),
+            row("d", ClusterState::NeverSeen, 0, None),
+        ];
+        let now = "2026-12-04T10:01:00Z".parse().expect("time");
+        let view = view_of("prod", &pointer, &rows, now);
+        assert_eq!(view.waves.len(), 1);
+        let names: Vec<&str> = view.waves[0]
+            .clusters
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(names, ["a", "b", "d"]);
+        assert_eq!(
+            (
+                view.waves[0].done,
+                view.waves[0].pending,
+                view.waves[0].unknown
+            ),
+            (1, 1, 1)
+        );
+        let text = render_metrics(&[view]);
+        assert!(
+            text.contains(
+                "windvane_rollout_clusters{channel=\"prod\",wave=\"1\",phase=\"done\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("windvane_rollout_complete{channel=\"prod\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("windvane_rollout_serial{channel=\"prod\"} 4"),
+            "{text}"
+        );
+    }
+}
