@@ -21,6 +21,7 @@ pub mod prerender;
 pub mod release;
 pub mod render;
 pub mod selector;
+pub mod sops;
 pub mod source;
 pub mod status;
 pub mod yaml;

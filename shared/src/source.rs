@@ -348,6 +348,10 @@ pub(crate) fn manifests_of(file: &str, text: &str) -> Result<Vec<Manifest>> {
     };
     let mut manifests = Vec::new();
     for (document, object) in documents {
+        // A SOPS document travels encrypted; its identity must be readable without the key.
+        if crate::sops::is_encrypted(&object) {
+            crate::sops::check_identity_in_clear(file, document, &object)?;
+        }
         if let Some(kind) = list_kind(&object) {
             let Some(items) = object.get("items").and_then(Value::as_array) else {
                 return Err(Error::Manifest {
