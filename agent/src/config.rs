@@ -61,6 +61,10 @@ pub struct AgentArgs {
     /// Namespace of the agent's own state (Secrets, Lease). [default: windvane-system]
     #[arg(long, value_name = "NS", env = "WINDVANE_NAMESPACE")]
     pub namespace: Option<String>,
+    /// Secret in the agent's namespace whose `*.agekey` entries hold the age identities that open
+    /// SOPS-encrypted manifests (read at every sync). Without it, SOPS objects fail and the rest applies.
+    #[arg(long, value_name = "NAME", env = "WINDVANE_AGE_KEY_SECRET")]
+    pub age_key_secret: Option<String>,
     /// Kinds the agent may apply: `*`, `Kind`, `group/Kind`, `group/*` (core group: `core/Kind`). [default: *]
     #[arg(
         long = "allow-kinds",
@@ -139,6 +143,9 @@ pub struct DiffConfig {
     pub identity: ClusterIdentity,
     pub allowlist: Allowlist,
     pub kubeconfig: Option<PathBuf>,
+    /// The agent's namespace and its age identity Secret, to open SOPS objects as the agent does.
+    pub namespace: String,
+    pub age_key_secret: Option<String>,
 }
 
 impl DiffArgs {
@@ -154,6 +161,8 @@ impl DiffArgs {
             identity: agent.identity,
             allowlist: agent.allowlist,
             kubeconfig: self.agent.kubeconfig.clone(),
+            namespace: agent.namespace,
+            age_key_secret: agent.age_key_secret,
         })
     }
 }
@@ -171,6 +180,7 @@ struct FileConfig {
     #[serde(default)]
     labels: BTreeMap<String, String>,
     namespace: Option<String>,
+    age_key_secret: Option<String>,
     #[serde(default)]
     allow_kinds: Vec<String>,
     #[serde(default)]
@@ -281,6 +291,7 @@ struct AgentSettings {
     identity: ClusterIdentity,
     allowlist: Allowlist,
     namespace: String,
+    age_key_secret: Option<String>,
 }
 
 impl AgentArgs {
@@ -315,6 +326,10 @@ impl AgentArgs {
                 .clone()
                 .or(file.namespace.clone())
                 .unwrap_or_else(|| "windvane-system".to_owned()),
+            age_key_secret: self
+                .age_key_secret
+                .clone()
+                .or(file.age_key_secret.clone()),
         })
     }
 }
@@ -445,6 +460,7 @@ impl RunArgs {
                 identity: agent.identity,
                 allowlist: agent.allowlist,
                 namespace: agent.namespace,
+                age_key_secret: agent.age_key_secret,
                 prune_budget,
                 apply: ApplyOptions::default(),
                 source_limits: SourceLimits {

@@ -29,6 +29,7 @@ pub mod packed;
 pub mod plan;
 pub mod report;
 pub mod reporter;
+pub mod secrets;
 pub mod source;
 pub mod state;
 pub mod watch;

@@ -60,6 +60,8 @@ pub struct EngineConfig {
     pub hold_cap: Duration,
     /// How often the backstop dry-runs every object (±20 % jitter).
     pub backstop_interval: Duration,
+    /// The Secret (in `namespace`) holding the age identities that open SOPS objects ([`crate::secrets`]).
+    pub age_key_secret: Option<String>,
 }
 
 /// The release being enforced.
