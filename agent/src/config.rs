@@ -326,10 +326,7 @@ impl AgentArgs {
                 .clone()
                 .or(file.namespace.clone())
                 .unwrap_or_else(|| "windvane-system".to_owned()),
-            age_key_secret: self
-                .age_key_secret
-                .clone()
-                .or(file.age_key_secret.clone()),
+            age_key_secret: self.age_key_secret.clone().or(file.age_key_secret.clone()),
         })
     }
 }

@@ -36,12 +36,9 @@ pub async fn run(
 ) -> Result<DiffSummary> {
     let (serial, mut bundle) = fetch_release(config).await?;
     // SOPS objects open with the agent's own identities; those that do not are counted as failed, by name.
-    let keyring = crate::secrets::load_keyring(
-        &client,
-        &config.namespace,
-        config.age_key_secret.as_deref(),
-    )
-    .await;
+    let keyring =
+        crate::secrets::load_keyring(&client, &config.namespace, config.age_key_secret.as_deref())
+            .await;
     let sealed = crate::secrets::open_selected(&mut bundle, &config.identity, &keyring);
     drop(keyring);
     let shares = windvane_shared::desired::cluster_share(&bundle, &config.identity);

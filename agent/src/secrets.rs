@@ -164,7 +164,10 @@ mod tests {
         let (two, two_public) = Keyring::generate();
         let (keyring, problems) = keyring_of(&secret(&[
             ("old.agekey", &one),
-            ("new.agekey", &format!("# public key: {two_public}\n{two}\n")),
+            (
+                "new.agekey",
+                &format!("# public key: {two_public}\n{two}\n"),
+            ),
             ("README", "ignored"),
         ]));
         assert!(problems.is_empty(), "{problems:?}");

@@ -5,6 +5,7 @@ mod engines;
 mod fleet;
 mod keygen;
 mod release;
+mod seal;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,6 +36,10 @@ enum Command {
     Status(fleet::StatusArgs),
     /// Admin actions on an enrolled cluster (rekey, forget) at a source server.
     Cluster(fleet::ClusterArgs),
+    /// Encrypt a manifest file's data/stringData to clusters' or groups' age recipients (a SOPS file).
+    Seal(seal::SealArgs),
+    /// Generate an age identity file (for a cluster's or a group's key Secret) and print its recipient.
+    AgeKeygen(seal::AgeKeygenArgs),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +69,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Render(args) => release::render(args),
         Command::Status(args) => return fleet::status(args),
         Command::Cluster(args) => fleet::cluster(args),
+        Command::Seal(args) => seal::seal(args),
+        Command::AgeKeygen(args) => seal::age_keygen(args),
     }
     .map(|()| ExitCode::SUCCESS)
 }
