@@ -185,4 +185,66 @@ mod tests {
         let (_, problems) = keyring_of(&secret(&[("other", "x")]));
         assert!(problems[0].contains("no age identity"), "{problems:?}");
     }
+
+    /// A sealed SOPS document (made by `seal`, which the real sops reads: shared's tests).
+    fn sealed(name: &str, namespace: Option<&str>, recipient: &str) -> serde_json::Value {
+        let mut metadata = json!({"name": name});
+        if let Some(namespace) = namespace {
+            metadata["namespace"] = json!(namespace);
+        }
+        let plain = json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata,
+            "data": {"password": "aHVudGVyMg=="}});
+        let recipient = windvane_shared::sops::parse_recipient(recipient, "test").unwrap();
+        windvane_shared::sops::seal(
+            &[plain],
+            &[recipient],
+            windvane_shared::sops::KUBERNETES_ENCRYPTED_REGEX,
+            "2026-12-04T20:00:00Z",
+            "x",
+        )
+        .unwrap()
+        .remove(0)
+    }
+
+    #[test]
+    fn selected_apps_open_and_the_rest_stand_in_without_content() {
+        let (secret, mine) = Keyring::generate();
+        let (_, theirs) = Keyring::generate();
+        let mut keyring = Keyring::default();
+        keyring.add_text(&secret, "test").unwrap();
+        let manifest = |file: &str, object: serde_json::Value| json!({"file": file, "document": 0, "object": object});
+        let mut bundle: Bundle = serde_json::from_value(json!({
+            "apiVersion": "windvane.io/bundle/v1", "fleet": "acme",
+            "apps": [
+                {"name": "app", "namespace": "team", "manifests": [
+                    manifest("a.yaml", sealed("mine", Some("x"), &mine)),
+                    manifest("b.yaml", sealed("theirs", None, &theirs)),
+                ]},
+                {"name": "other", "selector": {"matchLabels": {"env": "dev"}}, "manifests": [
+                    manifest("c.yaml", sealed("elsewhere", None, &theirs)),
+                ]},
+            ],
+        }))
+        .unwrap();
+        let identity = ClusterIdentity::default();
+        let failed = open_selected(&mut bundle, &identity, &keyring);
+        // Only the selected app is opened; the unopened object stands in by identity only.
+        assert_eq!(failed.len(), 1);
+        let (object, message) = &failed[0];
+        assert_eq!(object.id.to_string(), "Secret team/theirs");
+        assert!(
+            message.contains(&theirs) && message.contains(&mine),
+            "{message}"
+        );
+        assert_eq!(object.body().get("data"), None);
+        let app = &bundle.apps[0];
+        assert_eq!(app.manifests.len(), 1);
+        assert_eq!(app.manifests[0].object["data"]["password"], "aHVudGVyMg==");
+        assert!(app.manifests[0].object.get("sops").is_none());
+        assert!(windvane_shared::sops::is_encrypted(
+            &bundle.apps[1].manifests[0].object
+        ));
+        let result = failed_result(failed[0].0.clone(), failed[0].1.clone());
+        assert!(matches!(result.outcome, Outcome::Failed(_)));
+    }
 }
