@@ -787,5 +787,20 @@ pub fn check_identity_in_clear(file: &str, document: usize, object: &Value) -> R
     Ok(())
 }
 
+/// Refuses SOPS documents in what Helm or kustomize wrote: engines' output is not opened by agents (an
+/// engine may have changed the file, so its MAC could not hold), and must not reach a cluster encrypted.
+pub fn refuse_in_engine_output(manifests: &[crate::bundle::Manifest]) -> Result<()> {
+    match manifests.iter().find(|m| is_encrypted(&m.object)) {
+        Some(manifest) => Err(Error::Manifest {
+            file: manifest.file.clone(),
+            document: manifest.document,
+            detail: "a SOPS-encrypted document in Helm or kustomize output is not supported; put \
+                     encrypted Secrets in a plain folder app"
+                .to_owned(),
+        }),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -414,3 +414,40 @@ fn an_app_opens_what_it_can_and_hands_back_the_rest() {
     assert_eq!(sealed[0].id.as_ref().unwrap().name, "other");
     assert!(sealed[0].error.to_string().contains(&stranger));
 }
+
+#[test]
+fn build_refuses_sops_lists_and_sops_in_engine_output() {
+    let (_, recipient) = Keyring::generate();
+    let list = "apiVersion: v1\nkind: List\nitems:\n  - apiVersion: v1\n    kind: Secret\n    metadata: {name: a}\n    data: {k: dg==}\n";
+    let text = sops_encrypt(
+        list,
+        &[
+            "--age",
+            &recipient,
+            "--encrypted-regex",
+            "^(data|stringData)$",
+        ],
+    );
+    let error = crate::source::manifests_of("list.yaml", &text).unwrap_err();
+    assert!(error.to_string().contains("SOPS-encrypted List"), "{error}");
+    let secret = sops_encrypt(
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: a}\ndata: {k: dg==}\n",
+        &[
+            "--age",
+            &recipient,
+            "--encrypted-regex",
+            KUBERNETES_ENCRYPTED_REGEX,
+        ],
+    );
+    let error = crate::prerender::kustomize_manifests("overlay", &secret).unwrap_err();
+    assert!(
+        error.to_string().contains("Helm or kustomize output"),
+        "{error}"
+    );
+    let all = sops_encrypt(
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: a}\n",
+        &["--age", &recipient],
+    );
+    let error = crate::source::manifests_of("all.yaml", &all).unwrap_err();
+    assert!(error.to_string().contains("--encrypted-regex"), "{error}");
+}
