@@ -520,7 +520,10 @@ fn decrypt_typed(text: &str, key: &[u8; 32], additional: &str) -> std::result::R
     let plain = String::from_utf8(plain).map_err(|_| ())?;
     Ok(match kind.as_str() {
         "str" | "bytes" | "time" => Value::String(plain),
-        "int" => Value::Number(plain.parse::<i64>().map_err(|_| ())?.into()),
+        "int" => Value::Number(match plain.parse::<i64>() {
+            Ok(int) => int.into(),
+            Err(_) => plain.parse::<u64>().map_err(|_| ())?.into(),
+        }),
         "float" => {
             Value::Number(Number::from_f64(plain.parse::<f64>().map_err(|_| ())?).ok_or(())?)
         }
