@@ -248,6 +248,29 @@ impl Cluster {
         }
     }
 
+    /// A JSON merge patch of `body` as manager `windvane` (removing annotations that other managers own);
+    /// returns the object as written.
+    #[instrument(skip(self, resolved, body), fields(object = %id))]
+    pub async fn merge_patch(
+        &self,
+        id: &ObjectRef,
+        resolved: &Resolved,
+        body: &Value,
+    ) -> std::result::Result<Value, ApplyFailure> {
+        let api = self.api(resolved, id.namespace.as_deref());
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        match api.patch(&id.name, &params, &Patch::Merge(body)).await {
+            Ok(object) => Ok(serde_json::to_value(object).unwrap_or(Value::Null)),
+            Err(error) => Err(ApplyFailure {
+                retriable: is_retriable(&error),
+                message: api_message(&error),
+            }),
+        }
+    }
+
     /// Reads the live object; `None` when it does not exist.
     pub async fn get(&self, id: &ObjectRef, resolved: &Resolved) -> Result<Option<Value>> {
         let api = self.api(resolved, id.namespace.as_deref());

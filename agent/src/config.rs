@@ -110,6 +110,10 @@ pub struct RunArgs {
     /// Longest an operator's `windvane.io/hold-until` annotation is honoured. [default: 24h]
     #[arg(long, value_name = "DURATION", env = "WINDVANE_HOLD_CAP")]
     pub hold_cap: Option<String>,
+    /// The group whose members may make a two-person break-glass change to an object under prevention.
+    /// [default: windvane:break-glass]
+    #[arg(long, value_name = "GROUP", env = "WINDVANE_BREAK_GLASS_GROUP")]
+    pub break_glass_group: Option<String>,
     /// The source server that receives heartbeats, e.g. https://windvane.example.com. Without it the agent
     /// runs standalone and reports only through its admin endpoints and Events.
     #[arg(long, value_name = "URL", env = "WINDVANE_SERVER")]
@@ -191,6 +195,7 @@ struct FileConfig {
     prune_budget: Option<f64>,
     log_format: Option<String>,
     hold_cap: Option<String>,
+    break_glass_group: Option<String>,
     backstop_interval: Option<String>,
     server: Option<String>,
     registration_token_file: Option<PathBuf>,
@@ -450,6 +455,11 @@ impl RunArgs {
                     "--backstop-interval",
                     SECOND,
                 )?,
+                break_glass_group: self
+                    .break_glass_group
+                    .clone()
+                    .or(file.break_glass_group.clone())
+                    .unwrap_or_else(|| crate::prevent::DEFAULT_BREAK_GLASS_GROUP.to_owned()),
                 source_url: agent.source_url,
                 channel: agent.channel,
                 fleet: agent.fleet,

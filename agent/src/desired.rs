@@ -20,6 +20,8 @@ pub struct Desired {
     /// True when the app prunes and the object is not marked `windvane.io/prune: disabled`.
     pub prune: bool,
     pub drift_grace_period: Option<Duration>,
+    /// Changes to the fields Windvane owns are refused at admission ([`crate::prevent`]).
+    pub prevent: bool,
     /// The pointers `ignoreDifferences` leaves to other managers: never sent, handed over before Windvane's
     /// ownership of them is dropped ([`crate::handover`]).
     pub ignored_pointers: Vec<String>,
@@ -40,6 +42,7 @@ impl Desired {
             self_heal: object.self_heal,
             prune: object.prune,
             drift_grace_period: object.drift_grace_period,
+            prevent: object.prevent,
             ignored_pointers: object.ignored_pointers,
             default_namespace: object.default_namespace,
         }

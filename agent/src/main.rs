@@ -31,6 +31,18 @@ enum Command {
     /// Show what the agent would change on this cluster (server-side dry run), like `terraform plan`.
     /// Exit status: 0 no difference, 1 differences, 2 error.
     Diff(Box<DiffArgs>),
+    /// Ask the agent to revert one object's alert-only drift once (writes windvane.io/revert=now on it).
+    Heal(HealArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct HealArgs {
+    /// The object: KIND/NAMESPACE/NAME, or KIND/NAME when cluster-scoped (KIND may be Kind.group).
+    #[arg(long, value_name = "KIND/NS/NAME")]
+    object: String,
+    /// Kubeconfig to use [default: $KUBECONFIG, ~/.kube/config, in-cluster].
+    #[arg(long, value_name = "FILE", env = "KUBECONFIG")]
+    kubeconfig: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -38,6 +50,7 @@ fn main() -> ExitCode {
     let args = match cli.command {
         Command::Run(args) => args,
         Command::Diff(args) => return diff(&args),
+        Command::Heal(args) => return heal(&args),
     };
     let config = match args.resolve() {
         Ok(config) => config,
@@ -100,6 +113,41 @@ fn diff(args: &DiffArgs) -> ExitCode {
         }
         Ok(summary) if summary.changed + summary.created > 0 => ExitCode::from(1),
         Ok(_) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `heal`: writes the revert request; exit 0 once written, 2 on any error.
+fn heal(args: &HealArgs) -> ExitCode {
+    let object = match windvane_agent::heal_cli::parse_object(&args.object) {
+        Ok(object) => object,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let outcome = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| {
+            runtime.block_on(async {
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                let client = kube_client(args.kubeconfig.as_ref()).await?;
+                Ok(windvane_agent::heal_cli::request(client, &object).await?)
+            })
+        });
+    match outcome {
+        Ok(manager) => {
+            println!(
+                "asked the agent to revert {} once (recorded as {manager})",
+                args.object
+            );
+            ExitCode::SUCCESS
+        }
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::from(2)

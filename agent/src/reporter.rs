@@ -684,6 +684,8 @@ mod tests {
                 detected_at: at(i),
                 reverted_at: None,
                 action: windvane_shared::heartbeat::DriftAction::Reported,
+                break_glass: None,
+                revert_requested_by: None,
             });
         }
         let config = test_config();

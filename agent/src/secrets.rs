@@ -122,6 +122,8 @@ fn stand_in(sealed: &Sealed, policy: &Policy, namespace: Option<&str>) -> Option
         self_heal: policy.self_heal,
         prune: false,
         drift_grace_period: None,
+        // Never sent, so never under admission prevention.
+        prevent: false,
         ignored_pointers: Vec::new(),
         file: sealed.file.clone(),
         document: sealed.document,

@@ -133,6 +133,14 @@ pub struct Policy {
     /// Fields that belong to someone else (an HPA's `/spec/replicas`): never sent, so never owned.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ignore_differences: Vec<IgnoreDifference>,
+    /// Refuse changes to the fields Windvane owns at admission (a ValidatingAdmissionPolicy the agent keeps),
+    /// except by the agent and the break-glass path.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub prevent: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 fn is_true(value: &bool) -> bool {
@@ -150,6 +158,7 @@ impl Default for Policy {
             prune: false,
             drift_grace_period: None,
             ignore_differences: Vec::new(),
+            prevent: false,
         }
     }
 }

@@ -31,6 +31,8 @@ pub const PRUNE_ANNOTATION: &str = "windvane.io/prune";
 pub const WAVE_ANNOTATION: &str = "windvane.io/wave";
 /// Set by an operator on a live object: an RFC 3339 time until which drift on it is not reverted.
 pub const HOLD_UNTIL_ANNOTATION: &str = "windvane.io/hold-until";
+/// `"true"` (or `"false"`) turns admission-time prevention on (off) for one object, over the app's policy.
+pub const PREVENT_ANNOTATION: &str = "windvane.io/prevent";
 
 /// One object as Windvane applies it, with the policy that governs it.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,6 +46,9 @@ pub struct DesiredObject {
     /// True when the app prunes and the object is not marked `windvane.io/prune: disabled`.
     pub prune: bool,
     pub drift_grace_period: Option<Duration>,
+    /// True when changes to the fields Windvane owns are refused at admission (`policy.prevent` or the
+    /// object's `windvane.io/prevent` annotation).
+    pub prevent: bool,
     /// The pointers of the `ignoreDifferences` rules that match the object: removed from the body (when there),
     /// because another manager owns them.
     pub ignored_pointers: Vec<String>,
@@ -202,6 +207,16 @@ pub fn desired_object_from(
             )));
         }
     };
+    let prevent = match annotation(PREVENT_ANNOTATION).as_deref() {
+        None => policy.prevent,
+        Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(manifest_error(format!(
+                "{id}: annotation {PREVENT_ANNOTATION} must be \"true\" or \"false\", got {other:?}"
+            )));
+        }
+    };
     let prune = match annotation(PRUNE_ANNOTATION).as_deref() {
         None => policy.prune,
         Some("disabled") => false,
@@ -237,6 +252,7 @@ pub fn desired_object_from(
         self_heal,
         prune,
         drift_grace_period: policy.drift_grace_period,
+        prevent,
         ignored_pointers,
         file,
         document,
@@ -356,6 +372,36 @@ mod tests {
         let bad = deployment(json!({WAVE_ANNOTATION: "first"}));
         let err = desired_object("acme", "api", &policy, &rendered(bad)).unwrap_err();
         assert!(err.to_string().contains("windvane.io/wave"), "{err}");
+    }
+
+    #[test]
+    fn prevent_comes_from_the_policy_or_the_annotation() {
+        let on = Policy {
+            prevent: true,
+            ..Policy::default()
+        };
+        let plain = rendered(deployment(json!({})));
+        assert!(desired_object("acme", "api", &on, &plain).unwrap().prevent);
+        assert!(
+            !desired_object("acme", "api", &Policy::default(), &plain)
+                .unwrap()
+                .prevent
+        );
+        let opted_in = rendered(deployment(json!({PREVENT_ANNOTATION: "true"})));
+        assert!(
+            desired_object("acme", "api", &Policy::default(), &opted_in)
+                .unwrap()
+                .prevent
+        );
+        let opted_out = rendered(deployment(json!({PREVENT_ANNOTATION: "false"})));
+        assert!(
+            !desired_object("acme", "api", &on, &opted_out)
+                .unwrap()
+                .prevent
+        );
+        let bad = rendered(deployment(json!({PREVENT_ANNOTATION: "yes"})));
+        let err = desired_object("acme", "api", &on, &bad).unwrap_err();
+        assert!(err.to_string().contains("windvane.io/prevent"), "{err}");
     }
 
     #[test]

@@ -177,6 +177,23 @@ pub struct DriftRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reverted_at: Option<Timestamp>,
     pub action: DriftAction,
+    /// A two-person break-glass change on a prevented object: who, who approved, the ticket and until when
+    /// it is held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub break_glass: Option<BreakGlassRecord>,
+    /// Who asked for a manual revert (`windvane.io/revert=now`): the field manager that wrote the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revert_requested_by: Option<String>,
+}
+
+/// The names of a break-glass change, as the admission policy let them onto the object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BreakGlassRecord {
+    pub by: String,
+    pub approver: String,
+    pub ticket: String,
+    pub until: Timestamp,
 }
 
 /// The server's answer to an accepted heartbeat.

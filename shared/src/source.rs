@@ -25,6 +25,7 @@
 //!       driftGracePeriod: 30s      # wait before reverting drift; absent = at once
 //!       ignoreDifferences:         # fields owned by someone else, never sent
 //!         - {group: apps, kind: Deployment, name: api, jsonPointers: [/spec/replicas]}
+//!       prevent: false             # refuse changes to Windvane's fields at admission (break-glass aside)
 //!   - name: web                    # a Helm chart: path is a chart directory or .tgz in the tree
 //!     path: charts/web
 //!     namespace: web
@@ -917,7 +918,13 @@ fn read_selector(value: &Value, at: &str) -> Result<LabelSelector> {
 
 fn read_policy(value: &Value, at: &str) -> Result<Policy> {
     let fields = Object::new(value, at)?;
-    fields.only(&["selfHeal", "prune", "driftGracePeriod", "ignoreDifferences"])?;
+    fields.only(&[
+        "selfHeal",
+        "prune",
+        "driftGracePeriod",
+        "ignoreDifferences",
+        "prevent",
+    ])?;
     let defaults = Policy::default();
     let self_heal = fields
         .optional_bool("selfHeal")?
@@ -967,6 +974,7 @@ fn read_policy(value: &Value, at: &str) -> Result<Policy> {
         prune,
         drift_grace_period,
         ignore_differences,
+        prevent: fields.optional_bool("prevent")?.unwrap_or(defaults.prevent),
     })
 }
 
@@ -1178,7 +1186,7 @@ mod tests {
             "fleet: acme\napps:\n  - name: mon\n    path: apps/mon\n    selector:\n      matchLabels: {env: prod}\n      \
              matchExpressions: [{key: region, operator: NotIn, values: [cn]}, {key: gpu, operator: Exists}]\n    \
              values: {retention: 15d, replicas: 2}\n    customizations:\n      - selector: {matchLabels: {region: eu}}\n        \
-             values: {retention: 30d}\n    policy: {selfHeal: false, prune: true, driftGracePeriod: 30s, ignoreDifferences: \
+             values: {retention: 30d}\n    policy: {selfHeal: false, prune: true, prevent: true, driftGracePeriod: 30s, ignoreDifferences: \
              [{group: apps, kind: Deployment, name: api, jsonPointers: [/spec/replicas]}]}\n",
         )
         .unwrap_or_else(|e| panic!("{e}"));
@@ -1191,7 +1199,7 @@ mod tests {
             json!({"retention": "15d", "replicas": 2})
         );
         assert_eq!(app.customizations[0].selector.to_string(), "region=eu");
-        assert!(!app.policy.self_heal && app.policy.prune);
+        assert!(!app.policy.self_heal && app.policy.prune && app.policy.prevent);
         assert_eq!(
             app.policy.drift_grace_period,
             Some(std::time::Duration::from_secs(30))

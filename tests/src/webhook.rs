@@ -18,13 +18,16 @@ use crate::poll::eventually;
 
 #[derive(Debug, Default)]
 pub struct Received {
-    /// Accepted deliveries per path.
+    /// Accepted deliveries per path, as JSON (`null` for a body that is not one JSON value).
     pub by_path: HashMap<String, Vec<Value>>,
+    /// Accepted deliveries per path, as text (JSON lines, for one).
+    pub raw_by_path: HashMap<String, Vec<String>>,
     /// Attempts seen per (path, id), to fail the first one on /flaky.
     attempts: HashMap<(String, String), u32>,
 }
 
-/// A webhook receiver on a loopback port; `/flaky` answers 500 to the first attempt of each notification.
+/// A webhook receiver on a loopback port; `/flaky` answers 500 to the first attempt of each notification (of
+/// the first body, for bodies without an `id`).
 pub async fn receiver() -> (String, Arc<Mutex<Received>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -61,6 +64,12 @@ pub async fn receiver() -> (String, Arc<Mutex<Received>>) {
                         let status = if path == "/flaky" && *attempt == 1 {
                             500
                         } else {
+                            let text = String::from_utf8_lossy(&body).into_owned();
+                            state
+                                .raw_by_path
+                                .entry(path.clone())
+                                .or_default()
+                                .push(text);
                             state.by_path.entry(path).or_default().push(value);
                             200
                         };

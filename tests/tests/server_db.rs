@@ -1,7 +1,7 @@
 //! The database contract, run the same way against SQLite and against PostgreSQL (a throwaway cluster from
 //! Debian's packages, started by the harness; the test fails if it cannot start): enrolment decisions, batch
 //! ingest with sequence and key checks inside the transaction, summaries, drift log, rekey/forget,
-//! notification claims per alert episode, and pruning.
+//! notification claims per alert episode, the notification outbox, and pruning.
 
 use std::collections::BTreeMap;
 
@@ -13,10 +13,19 @@ use windvane_source_server::server::db::EpisodeClaim::{self, Close, Open, Within
 use windvane_source_server::server::db::postgres::PostgresDb;
 use windvane_source_server::server::db::sqlite::SqliteDb;
 use windvane_source_server::server::db::{
-    Database, EnrollOutcome, Enrollment, IngestOutcome, VerifiedHeartbeat,
+    Database, EnrollOutcome, Enrollment, IngestOutcome, NewDelivery, Settled, VerifiedHeartbeat,
 };
 use windvane_tests::heartbeat_agent::SimulatedAgent;
 use windvane_tests::postgres::Postgres;
+
+/// One delivery to sink `ops` for a claim in `episode`.
+fn queued(episode: u64) -> Vec<NewDelivery> {
+    vec![NewDelivery {
+        notification_id: format!("gamma/Failed#{episode}/3"),
+        sink: "ops".into(),
+        body: "{}".into(),
+    }]
+}
 
 fn enrollment(agent: &SimulatedAgent, fleet: &str) -> Enrollment {
     Enrollment {
@@ -107,6 +116,8 @@ async fn contract(db: &impl Database) {
         detected_at: Timestamp::now(),
         reverted_at: None,
         action: DriftAction::Reported,
+        break_glass: None,
+        revert_requested_by: None,
     }];
     let mut ghost = SimulatedAgent::new("ghost", 4, &[]);
     let g1 = verified(&mut ghost, SyncState::Synced);
@@ -151,12 +162,12 @@ async fn contract(db: &impl Database) {
         (Some(SyncState::OutOfSync), 1)
     );
 
-    let drift = db.drift(None, None, 10).await.expect("drift");
+    let drift = db.drift(None, None, 10, 0).await.expect("drift");
     assert_eq!(drift.len(), 1);
     assert_eq!(drift[0].cluster, "beta");
     assert_eq!(drift[0].record.manager.as_deref(), Some("kubectl-edit"));
     assert!(
-        db.drift(Some("alpha"), None, 10)
+        db.drift(Some("alpha"), None, 10, 0)
             .await
             .expect("drift")
             .is_empty()
@@ -165,16 +176,24 @@ async fn contract(db: &impl Database) {
         .checked_add(jiff::SignedDuration::from_hours(1))
         .expect("time");
     assert!(
-        db.drift(None, Some(later), 10)
+        db.drift(None, Some(later), 10, 0)
             .await
             .expect("drift")
             .is_empty()
     );
 
+    // A page past the end is empty; the retention deletes what was detected before it.
+    assert!(db.drift(None, None, 10, 1).await.expect("drift").is_empty());
+    assert_eq!(
+        db.prune_drift(Timestamp::UNIX_EPOCH).await.expect("prune"),
+        0
+    );
+    assert_eq!(db.drift(None, None, 10, 0).await.expect("drift").len(), 1);
+
     // Notification claims: once each per serial and alert episode; a recovery starts the next episode.
     let now = Timestamp::now();
     let claim = |trigger: &'static str, serial: u64, claim: EpisodeClaim| {
-        db.claim_notification("beta", trigger, serial, now, claim)
+        db.claim_notification("beta", trigger, serial, now, claim, |_| Vec::new())
     };
     assert_eq!(claim("OutOfSync", 3, Open).await.expect("claim"), Some(1));
     assert_eq!(claim("OutOfSync", 3, Open).await.expect("claim"), None);
@@ -205,6 +224,60 @@ async fn contract(db: &impl Database) {
     assert_eq!(claim("OutOfSync", 3, Open).await.expect("claim"), None);
     assert_eq!(claim("Recovered", 3, Close).await.expect("claim"), Some(2));
 
+    // The outbox: a claim queues its deliveries in its transaction (a repeated claim queues nothing); each is
+    // taken once per lease, taken again when its attempt asks for a retry, and never again once delivered.
+    assert!(
+        db.lead_notifications().await.expect("lead"),
+        "the only server leads"
+    );
+    assert_eq!(
+        db.claim_notification("gamma", "Failed", 3, now, Open, queued)
+            .await
+            .expect("claim"),
+        Some(1)
+    );
+    assert_eq!(
+        db.claim_notification("gamma", "Failed", 3, now, Open, queued)
+            .await
+            .expect("claim"),
+        None
+    );
+    let lease = now
+        .checked_add(jiff::SignedDuration::from_secs(60))
+        .expect("time");
+    let due = db.take_due_deliveries(now, lease, 10).await.expect("take");
+    assert_eq!(due.len(), 1, "{due:?}");
+    assert_eq!(
+        (
+            due[0].notification_id.as_str(),
+            due[0].sink.as_str(),
+            due[0].attempts
+        ),
+        ("gamma/Failed#1/3", "ops", 1)
+    );
+    assert!(
+        db.take_due_deliveries(now, lease, 10)
+            .await
+            .expect("take")
+            .is_empty(),
+        "leased while its attempt runs"
+    );
+    db.settle_delivery(due[0].id, Settled::RetryAt(now), now)
+        .await
+        .expect("settle");
+    let again = db.take_due_deliveries(now, lease, 10).await.expect("take");
+    assert_eq!((again.len(), again[0].attempts), (1, 2), "{again:?}");
+    db.settle_delivery(again[0].id, Settled::Delivered, now)
+        .await
+        .expect("settle");
+    assert!(
+        db.take_due_deliveries(later, later, 10)
+            .await
+            .expect("take")
+            .is_empty(),
+        "delivered once"
+    );
+
     // Rekey: the next enrolment binds the new key and restarts the sequence.
     assert!(db.allow_rekey("alpha").await.expect("rekey"));
     assert!(!db.allow_rekey("nobody").await.expect("rekey"));
@@ -227,19 +300,23 @@ async fn contract(db: &impl Database) {
         ]
     );
 
+    // The drift retention deletes what was detected before its cut-off.
+    assert_eq!(db.prune_drift(later).await.expect("prune drift"), 1);
+    assert!(db.drift(None, None, 10, 0).await.expect("drift").is_empty());
+
     // Forget removes everything about the cluster.
     assert!(db.forget("beta").await.expect("forget"));
     assert!(!db.forget("beta").await.expect("forget"));
     assert_eq!(db.get_cluster("beta").await.expect("get"), None);
     assert!(
-        db.drift(Some("beta"), None, 10)
+        db.drift(Some("beta"), None, 10, 0)
             .await
             .expect("drift")
             .is_empty()
     );
     assert_eq!(db.heartbeat_count(Some("beta")).await.expect("count"), 0);
     assert_eq!(
-        db.claim_notification("beta", "OutOfSync", 3, now, Open)
+        db.claim_notification("beta", "OutOfSync", 3, now, Open, |_| Vec::new())
             .await
             .expect("claim"),
         Some(1),

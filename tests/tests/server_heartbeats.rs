@@ -419,6 +419,8 @@ async fn drift_is_logged_and_queried() {
         detected_at: detected,
         reverted_at: None,
         action: DriftAction::Reported,
+        break_glass: None,
+        revert_requested_by: None,
     }];
     assert_eq!(
         agent

@@ -147,6 +147,8 @@ async fn the_fleet_page_renders_in_chromium_with_counts_and_no_console_errors() 
                 detected_at: now,
                 reverted_at: None,
                 action: DriftAction::Reported,
+                break_glass: None,
+                revert_requested_by: None,
             }];
             hb.last_error = Some(
                 "drift on Deployment monitoring/prometheus held for review <not reverted>".into(),

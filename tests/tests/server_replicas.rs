@@ -2,8 +2,8 @@
 //! `/readyz`), as a fleet that outgrows one server runs them: any replica takes any heartbeat; a heartbeat
 //! replayed to the other replica is refused; wrong tokens are counted for the fleet, not per replica, by the
 //! client's address that the trusted balancer forwards (a forged `X-Forwarded-For` does not help); each
-//! notification is sent once for the fleet; the page and API agree whichever replica answers; and when a
-//! replica dies the balancer's other replica carries on, notifications included.
+//! notification is sent once for the fleet, by the one replica leading the sender; the page and API agree
+//! whichever replica answers; and when the leading replica dies the other takes over, notifications included.
 
 use std::time::{Duration, Instant};
 
@@ -12,6 +12,7 @@ use windvane_shared::status::SyncState;
 use windvane_tests::haproxy::{LoadBalancer, PROXY_SOURCE};
 use windvane_tests::heartbeat_agent::SimulatedAgent;
 use windvane_tests::http::{client, get_json, json_body};
+use windvane_tests::poll::wait_for as wait_until;
 use windvane_tests::postgres::Postgres;
 use windvane_tests::server::{Options, ServerProcess};
 use windvane_tests::webhook::{receiver, stays_quiet, triggers, wait_for};
@@ -36,6 +37,35 @@ fn replicas(pg: &Postgres, hooks: &str) -> Vec<ServerProcess> {
 
 /// Heartbeats a replica accepted, from its `/metrics`.
 async fn accepted_heartbeats(http: &reqwest::Client, server: &ServerProcess) -> f64 {
+    metric(
+        http,
+        server,
+        "windvane_heartbeats_total{result=\"accepted\"}",
+    )
+    .await
+}
+
+/// The index of the one replica that leads the notification sender, once exactly one does.
+async fn sole_leader(http: &reqwest::Client, servers: &[ServerProcess]) -> usize {
+    let what = "exactly one replica leading the notification sender";
+    let found = wait_until(what, Duration::from_secs(10), || async {
+        let mut leaders = Vec::new();
+        for (i, server) in servers.iter().enumerate() {
+            if metric(http, server, "windvane_notification_sender_leader").await == 1.0 {
+                leaders.push(i);
+            }
+        }
+        Ok((leaders.len() == 1).then(|| leaders[0]))
+    })
+    .await;
+    found.unwrap_or_else(|error| {
+        let logs: Vec<String> = servers.iter().map(ServerProcess::logs).collect();
+        panic!("{error:#}; replica logs:\n{}", logs.join("\n----\n"))
+    })
+}
+
+/// One series of a replica's `/metrics` (0 when absent).
+async fn metric(http: &reqwest::Client, server: &ServerProcess, series: &str) -> f64 {
     let metrics = http
         .get(format!("{}/metrics", server.url))
         .send()
@@ -46,7 +76,7 @@ async fn accepted_heartbeats(http: &reqwest::Client, server: &ServerProcess) -> 
         .expect("metrics body");
     metrics
         .lines()
-        .find_map(|line| line.strip_prefix("windvane_heartbeats_total{result=\"accepted\"} "))
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|value| value.trim().parse().ok())
         .unwrap_or(0.0)
 }
@@ -120,9 +150,12 @@ async fn replicas_behind_a_load_balancer_act_as_one_server() {
     wrong_tokens_are_counted_for_the_fleet(&http, &lb, &servers).await;
     notifications_are_sent_once_for_the_fleet(&http, &lb, &mut agents, &received).await;
 
-    // One replica dies: the balancer stops sending to it, and the other carries on — silence included:
-    // prod-1 keeps beating through the balancer, prod-0 and prod-2 fall silent and turn Unknown once each.
-    servers[0].kill9();
+    // The replica leading the notification sender dies: the balancer stops sending to the dead one, the
+    // other takes the lead and carries on — silence included: prod-1 keeps beating through the balancer,
+    // prod-0 and prod-2 fall silent and turn Unknown, notified once each by the new leader.
+    let leader = sole_leader(&http, &servers).await;
+    servers[leader].kill9();
+    let survivor = &servers[1 - leader];
     let deadline = Instant::now() + Duration::from_secs(30);
     while triggers(&received, "/hook").len() < 4 {
         assert!(
@@ -140,6 +173,10 @@ async fn replicas_behind_a_load_balancer_act_as_one_server() {
     )
     .await;
     agents[1].beat(&http, &lb, SyncState::Synced).await;
+    assert_eq!(
+        metric(&http, survivor, "windvane_notification_sender_leader").await,
+        1.0
+    );
     let fleet = get_json(&http, &format!("{lb}/api/v1/fleet")).await;
     assert_eq!(fleet["counts"]["Unknown"], 2, "{fleet}");
     assert_eq!(fleet["counts"]["Synced"], 1, "{fleet}");

@@ -6,6 +6,7 @@
 //! enforcement: the last known good keeps being applied and healed, and the refusal is reported.
 
 mod accept;
+mod prevent;
 mod reconcile;
 mod timers;
 
@@ -62,6 +63,8 @@ pub struct EngineConfig {
     pub backstop_interval: Duration,
     /// The Secret (in `namespace`) holding the age identities that open SOPS objects ([`crate::secrets`]).
     pub age_key_secret: Option<String>,
+    /// The group whose members may make a two-person break-glass change to a prevented object.
+    pub break_glass_group: String,
 }
 
 /// The release being enforced.
@@ -96,6 +99,8 @@ pub struct Engine {
     status: StatusTx,
     metrics: Arc<Metrics>,
     healer: Healer,
+    /// The prevention policy kept in the cluster.
+    prevention: prevent::Prevention,
 }
 
 impl Engine {
@@ -140,6 +145,7 @@ impl Engine {
             status,
             metrics,
             healer,
+            prevention: prevent::Prevention::default(),
         };
         match engine.state.load_known_good().await {
             Ok(Some(known_good)) => match engine.verify_known_good(&known_good) {
@@ -218,6 +224,7 @@ impl Engine {
     async fn run_due_timers(&mut self) {
         if self.timers.backstop_due(Instant::now()) {
             self.healer.backstop(&self.status).await;
+            self.reassert_prevention().await;
             self.publish_drift();
             self.timers.backstop_ran(Instant::now(), random_unit());
         }

@@ -117,6 +117,10 @@ impl Engine {
         } else {
             Next::Retry
         };
+        // Reported, not retried: a cluster that cannot enforce prevention still detects and heals.
+        if let Err(why) = self.keep_prevention(&report.results, serial).await {
+            errors.push(format!("prevention: {why}"));
+        }
         self.record_status(enforced, &report, errors, &prune);
         let elapsed = started.elapsed();
         self.metrics.observe_sync(elapsed);

@@ -15,14 +15,16 @@ use kube::runtime::events::EventType;
 use serde_json::Value;
 use tokio::time::Instant;
 use tracing::{info, warn};
-use windvane_shared::heartbeat::{DriftAction, DriftRecord};
+use windvane_shared::heartbeat::{BreakGlassRecord, DriftAction, DriftRecord};
 use windvane_shared::status::SyncState;
 
 use crate::desired::Desired;
 use crate::drift::{self, Attribution, Baseline, ContestTracker, resource_version};
 use crate::health::assess;
 use crate::inventory::ObjectKey;
+use crate::prevent;
 use crate::report::object_state;
+use crate::revert_request;
 
 /// Most drift records kept in memory for the heartbeat and `/status`.
 const MAX_DRIFT_RECORDS: usize = 1_000;
@@ -262,8 +264,33 @@ impl DriftMachine {
             out.extend(held);
             return out;
         }
+        if !desired.self_heal
+            && let Some(who) = live.and_then(revert_request::requested_by)
+        {
+            out.extend(self.revert_on_request(key, &drift, &who));
+            return out;
+        }
         out.extend(self.heal(key, &desired, &drift, now, cause));
         out
+    }
+
+    /// Alert-only drift that an operator asked to revert (`windvane.io/revert=now`): reverted once, with
+    /// who asked recorded.
+    fn revert_on_request(&mut self, key: &ObjectKey, drift: &Drift, who: &str) -> Vec<Action> {
+        info!(requested_by = %who, "manual revert requested");
+        if let Some(episode) = self.episodes.get(key)
+            && let Some(record) = record_mut(&mut self.records, self.first_record, episode.record)
+        {
+            record.revert_requested_by = Some(who.to_owned());
+        }
+        let note = format!("revert of alert-only drift requested by {who}");
+        vec![
+            event(key, drift, EventType::Normal, "RevertRequested", note),
+            Action::Revert {
+                key: key.clone(),
+                fields: drift.fields.clone(),
+            },
+        ]
     }
 
     /// The fields `key` lost against its baseline; empty when none (the baseline then follows what it owns
@@ -339,25 +366,53 @@ impl DriftMachine {
         drift: &Drift,
         now: Now,
     ) -> Option<Vec<Action>> {
+        let break_glass = self
+            .desired
+            .get(key)
+            .filter(|d| d.prevent)
+            .and_then(|_| prevent::break_glass(live));
         let until = match drift::hold_until(live, now.wall, self.hold_cap) {
-            Ok(until) => until?,
+            Ok(Some(until)) => until,
+            // A break-glass change without a hold of its own is held for the cap from its detection.
+            Ok(None) if !has_hold(live) && break_glass.is_some() => {
+                let detected = self.open_drift(key).map_or(now.wall, |r| r.detected_at);
+                prevent::break_glass_until(detected, now.wall, self.hold_cap)?
+            }
+            Ok(None) => return None,
             Err(message) => {
                 warn!(%message, "ignoring a malformed hold");
                 return None;
             }
         };
-        let setter = drift::hold_setter(live).unwrap_or_else(|| "unknown".to_owned());
+        let setter = match &break_glass {
+            Some(names) => names.to_string(),
+            None => format!(
+                "held by {}",
+                drift::hold_setter(live).unwrap_or_else(|| "unknown".to_owned())
+            ),
+        };
         let mut out = Vec::new();
         if !matches!(drift.phase, Phase::Held(_)) {
-            let note = format!("held by {setter} until {until}: drift is not reverted until then");
+            let note = format!("{setter} until {until}: drift is not reverted until then");
             out.push(event(key, drift, EventType::Normal, "DriftHeld", note));
             self.set_action(key, DriftAction::Held);
             info!(%until, %setter, "drift held");
         }
+        if let Some(names) = break_glass
+            && let Some(episode) = self.episodes.get(key)
+            && let Some(record) = record_mut(&mut self.records, self.first_record, episode.record)
+        {
+            record.break_glass = Some(BreakGlassRecord {
+                by: names.by,
+                approver: names.approver,
+                ticket: names.ticket,
+                until,
+            });
+        }
         let at = now.at + until.duration_since(now.wall).unsigned_abs();
         self.set_phase(key, Phase::Held(at));
         self.schedule(key, at);
-        let message = format!("held by {setter} until {until}");
+        let message = format!("{setter} until {until}");
         out.push(set_state(key, SyncState::Held, message));
         Some(out)
     }
@@ -611,9 +666,18 @@ impl DriftMachine {
             detected_at: now,
             reverted_at: None,
             action: DriftAction::Reported,
+            break_glass: None,
+            revert_requested_by: None,
         });
         self.first_record + self.records.len() as u64 - 1
     }
+}
+
+/// True when the object carries a `windvane.io/hold-until` annotation (expired or not).
+fn has_hold(live: &Value) -> bool {
+    live.pointer("/metadata/annotations")
+        .and_then(|a| a.get(windvane_shared::desired::HOLD_UNTIL_ANNOTATION))
+        .is_some()
 }
 
 /// The record with sequence number `number`, if it is still kept.

@@ -276,12 +276,38 @@ impl Healer {
             return Vec::new();
         };
         let id = &desired.id;
+        // A break-glass change ends with its revert: its approval is not to be used again. A manual revert
+        // request is consumed by it.
+        let clear = self.live.get(key).and_then(|live| {
+            let break_glass = desired.prevent && crate::prevent::break_glass(&live).is_some();
+            let requested = crate::revert_request::requested_by(&live).is_some();
+            match (break_glass, requested) {
+                (false, false) => None,
+                (true, false) => Some(crate::prevent::clear_break_glass()),
+                (false, true) => Some(crate::revert_request::clear()),
+                (true, true) => {
+                    let mut patch = crate::prevent::clear_break_glass();
+                    patch["metadata"]["annotations"][crate::revert_request::REVERT_ANNOTATION] =
+                        Value::Null;
+                    Some(patch)
+                }
+            }
+        });
         let written = match self.cluster.resolve(&id.api_version, &id.kind).await {
-            Ok(resolved) => self
-                .cluster
-                .apply(id, &resolved, desired.raw_body(), false)
-                .await
-                .map_err(|failure| failure.message),
+            Ok(resolved) => {
+                let applied = self
+                    .cluster
+                    .apply(id, &resolved, desired.raw_body(), false)
+                    .await;
+                match (applied, &clear) {
+                    (Ok(_), Some(patch)) => {
+                        info!("reverted; clearing the break-glass or revert request annotations");
+                        self.cluster.merge_patch(id, &resolved, patch).await
+                    }
+                    (applied, _) => applied,
+                }
+                .map_err(|failure| failure.message)
+            }
             Err(error) => Err(error.to_string()),
         };
         match written {

@@ -73,6 +73,7 @@ fn desired_object(self_heal: bool, grace: Option<Duration>) -> DesiredObject {
         self_heal,
         prune: true,
         drift_grace_period: grace,
+        prevent: false,
         ignored_pointers: Vec::new(),
         file: "shop/settings.yaml".into(),
         document: 0,
@@ -581,5 +582,156 @@ fn an_episode_whose_record_was_evicted_points_at_no_younger_record() {
         machine.open_drift(&key()).is_none(),
         "the evicted record is gone, not replaced by another object's: {:?}",
         machine.open_drift(&key()).map(|r| &r.name)
+    );
+}
+
+fn broken_glass(by: &str, approver: &str, resource_version: u64) -> Value {
+    let mut changed = taken_by("kubectl-patch", resource_version);
+    changed["metadata"]["annotations"] = json!({
+        "windvane.io/break-glass-ticket": "INC-7",
+        "windvane.io/break-glass-by": by,
+        "windvane.io/break-glass-approver": approver,
+    });
+    changed
+}
+
+fn prevented() -> Desired {
+    let mut object = desired_object(true, None);
+    object.prevent = true;
+    Desired::of(object)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_two_person_break_glass_is_held_for_the_cap_naming_both_and_the_ticket() {
+    let clock = Clock::new();
+    let mut machine = machine(prevented());
+    let changed = broken_glass("alice", "bob", 2);
+    let actions = machine.on_event(&key(), Some(&changed), clock.now(), Cause::Watch);
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "Normal DriftHeld", "state Held"]
+    );
+    assert_eq!(
+        message(&actions),
+        "break-glass by alice, approved by bob, ticket INC-7 until 2026-12-04T10:00:00Z"
+    );
+    assert_eq!(machine.records()[0].action, DriftAction::Held);
+    let names = machine.records()[0].break_glass.clone().unwrap();
+    assert_eq!(
+        (
+            names.by.as_str(),
+            names.approver.as_str(),
+            names.ticket.as_str()
+        ),
+        ("alice", "bob", "INC-7")
+    );
+    assert_eq!(names.until, clock.wall_after(24 * HOUR));
+    assert_eq!(machine.next_timer(), Some(clock.start + 24 * HOUR));
+
+    // At the end of the cap it is reverted, however often it is looked at meanwhile.
+    advance(HOUR).await;
+    let again = machine.on_event(
+        &key(),
+        Some(&broken_glass("alice", "bob", 3)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert_eq!(summary(&again), ["state Held"]);
+    advance(23 * HOUR).await;
+    let actions = machine.on_event(
+        &key(),
+        Some(&broken_glass("alice", "bob", 3)),
+        clock.now(),
+        Cause::Timer,
+    );
+    assert_eq!(summary(&actions), ["revert /data/mode"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn break_glass_holds_only_prevented_objects_with_two_people() {
+    let clock = Clock::new();
+    // Without prevention nobody checked who wrote the names: not a hold.
+    let mut plain = machine(desired(true, None));
+    let actions = plain.on_event(
+        &key(),
+        Some(&broken_glass("alice", "bob", 2)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "revert /data/mode"]
+    );
+    // One person approving themself: not a hold.
+    let mut alone = machine(prevented());
+    let actions = alone.on_event(
+        &key(),
+        Some(&broken_glass("alice", "alice", 2)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "revert /data/mode"]
+    );
+    // An expired hold of its own ends a break-glass at once.
+    let mut expired = machine(prevented());
+    let mut changed = broken_glass("alice", "bob", 2);
+    changed["metadata"]["annotations"]["windvane.io/hold-until"] = json!(clock.wall.to_string());
+    let actions = expired.on_event(&key(), Some(&changed), clock.now(), Cause::Watch);
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "revert /data/mode"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn alert_only_drift_is_reverted_once_when_an_operator_asks() {
+    let clock = Clock::new();
+    let mut machine = machine(desired(false, None));
+    let taken = taken_by("kubectl-edit", 2);
+    let actions = machine.on_event(&key(), Some(&taken), clock.now(), Cause::Watch);
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "state OutOfSync"]
+    );
+
+    let mut asked = taken_by("kubectl-edit", 3);
+    asked["metadata"]["annotations"] = json!({"windvane.io/revert": "now"});
+    asked["metadata"]["managedFields"]
+        .as_array_mut()
+        .unwrap()
+        .push(entry(
+            "oncall-carol",
+            "Update",
+            json!({"f:metadata": {"f:annotations": {"f:windvane.io/revert": {}}}}),
+        ));
+    let actions = machine.on_event(&key(), Some(&asked), clock.now(), Cause::Watch);
+    assert_eq!(
+        summary(&actions),
+        ["Normal RevertRequested", "revert /data/mode"]
+    );
+    let Action::Event { note, .. } = &actions[0] else {
+        unreachable!()
+    };
+    assert_eq!(note, "revert of alert-only drift requested by oncall-carol");
+    assert_eq!(
+        machine.records()[0].revert_requested_by.as_deref(),
+        Some("oncall-carol")
+    );
+    let fields = ["/data/mode".to_owned()];
+    machine.reverted(&key(), &in_step(4), &fields, clock.now());
+    assert_eq!(machine.records()[0].action, DriftAction::Reverted);
+
+    // The next drift, without a request, is only reported again.
+    let actions = machine.on_event(
+        &key(),
+        Some(&taken_by("kubectl-edit", 5)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "state OutOfSync"]
     );
 }

@@ -80,7 +80,7 @@ struct ServeArgs {
     /// (Authorization: Bearer TOKEN, or HTTP Basic with TOKEN as the password).
     #[arg(long, env = "WINDVANE_READ_TOKEN_FILE", value_name = "FILE")]
     read_token_file: Option<PathBuf>,
-    /// Notifications config (JSON or YAML): sinks (webhook, slack), triggers, severities, selectors.
+    /// Notifications config (JSON or YAML): sinks (webhook, slack, pagerduty), triggers, severities, selectors.
     #[arg(long, env = "WINDVANE_NOTIFICATIONS", value_name = "FILE")]
     notifications: Option<PathBuf>,
     /// Fixed grace period before a silent cluster is Unknown (default: 3 x the cluster's own interval).
@@ -105,6 +105,12 @@ struct ServeArgs {
         value_delimiter = ','
     )]
     trusted_proxies: Vec<AddressBlock>,
+    /// Audit export: every drift record as a JSON line, appended to this file or POSTed to this http(s) URL.
+    #[arg(long, env = "WINDVANE_AUDIT_EXPORT", value_name = "FILE|URL")]
+    audit_export: Option<String>,
+    /// Delete drift log rows detected longer ago than this (default: keep them all).
+    #[arg(long, env = "WINDVANE_DRIFT_RETENTION", value_name = "DUR", value_parser = duration)]
+    drift_retention: Option<std::time::Duration>,
     /// Log format.
     #[arg(long, env = "WINDVANE_LOG_FORMAT", value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -165,6 +171,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ingest_queue: args.ingest_queue,
         max_batch: args.max_batch,
         trusted_proxies: args.trusted_proxies,
+        audit_export: args
+            .audit_export
+            .as_deref()
+            .map(server::audit::AuditTarget::parse),
+        drift_retention: args.drift_retention,
     };
     if config.admin_token.is_none() {
         tracing::warn!(

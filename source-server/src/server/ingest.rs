@@ -437,6 +437,7 @@ pub async fn run_writer(
     max_batch: usize,
     metrics: Arc<Metrics>,
     notifier: Option<mpsc::Sender<notify::Event>>,
+    audit: Option<mpsc::Sender<Vec<String>>>,
 ) {
     let mut jobs: Vec<IngestJob> = Vec::with_capacity(max_batch);
     let mut slow = SlowCommits::default();
@@ -467,6 +468,26 @@ pub async fn run_writer(
         match result {
             Ok(outcomes) => {
                 for ((heartbeat, reply), outcome) in batch.iter().zip(replies).zip(outcomes) {
+                    if let (IngestOutcome::Accepted { .. }, Some(audit)) = (&outcome, &audit)
+                        && !heartbeat.heartbeat.drift.is_empty()
+                    {
+                        let h = &heartbeat.heartbeat;
+                        let lines = h
+                            .drift
+                            .iter()
+                            .map(|r| {
+                                super::audit::line(
+                                    &h.cluster,
+                                    h.source.applied_serial,
+                                    heartbeat.received_at,
+                                    r,
+                                )
+                            })
+                            .collect();
+                        if audit.try_send(lines).is_err() {
+                            tracing::warn!(cluster = %h.cluster, "audit export queue full; drift lines dropped");
+                        }
+                    }
                     if let (IngestOutcome::Accepted { previous }, Some(notifier)) =
                         (&outcome, &notifier)
                     {

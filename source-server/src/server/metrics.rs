@@ -4,7 +4,7 @@
 //! [`render`]. Every name starts with `windvane_`.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::status::ClusterState;
@@ -65,6 +65,8 @@ pub struct Metrics {
     pub notifications_sent: AtomicU64,
     pub notifications_failed: AtomicU64,
     pub notifications_dropped: AtomicU64,
+    /// Whether this replica leads the notification sender ([`crate::server::outbox`]).
+    pub notification_sender_leader: AtomicBool,
     pub ingest_batches: AtomicU64,
     pub ingest_queue_depth: AtomicU64,
     /// Pointer polls being held (`Prefer: wait`).
@@ -130,6 +132,7 @@ impl Default for Metrics {
             notifications_sent: AtomicU64::new(0),
             notifications_failed: AtomicU64::new(0),
             notifications_dropped: AtomicU64::new(0),
+            notification_sender_leader: AtomicBool::new(false),
             ingest_batches: AtomicU64::new(0),
             ingest_queue_depth: AtomicU64::new(0),
             held_polls: AtomicU64::new(0),
@@ -247,6 +250,13 @@ pub fn render(metrics: &Metrics, fleet: &FleetGauges) -> String {
             load(value)
         );
     }
+    out.push_str("# HELP windvane_notification_sender_leader 1 on the replica that sends the fleet's notifications.\n");
+    out.push_str("# TYPE windvane_notification_sender_leader gauge\n");
+    let _ = writeln!(
+        out,
+        "windvane_notification_sender_leader {}",
+        u8::from(metrics.notification_sender_leader.load(Ordering::Relaxed))
+    );
 
     counter(
         &mut out,

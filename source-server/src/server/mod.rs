@@ -10,7 +10,9 @@
 //! ([`verify`]). Status is computed at read time from what the database
 //! holds ([`status`], [`view`]), so every replica shows the same fleet.
 
+pub mod audit;
 pub mod auth;
+pub mod break_glass;
 mod conns;
 pub mod db;
 mod files;
@@ -20,7 +22,9 @@ pub mod ingest;
 mod long_poll;
 pub mod metrics;
 pub mod notify;
+pub mod outbox;
 pub mod page;
+pub mod pagerduty;
 pub mod route;
 pub mod status;
 pub mod verify;
@@ -84,6 +88,10 @@ pub struct ServeConfig {
     /// Load balancers in front of the server: their `X-Forwarded-For` names the client (for the token
     /// limiter and the logs); nobody else's is believed.
     pub trusted_proxies: Vec<AddressBlock>,
+    /// Every stored drift record also goes out as a JSON line here.
+    pub audit_export: Option<audit::AuditTarget>,
+    /// Drift log rows detected longer ago than this are deleted (hourly); `None` keeps them.
+    pub drift_retention: Option<Duration>,
 }
 
 /// Shared state of all requests.
@@ -169,14 +177,23 @@ impl Server {
             )));
             tx
         });
+        let audit_tx = config.audit_export.map(|target| {
+            let (tx, rx) = mpsc::channel(8192);
+            background.push(tokio::spawn(audit::run(target, rx)));
+            tx
+        });
         let writer = tokio::spawn(ingest::run_writer(
             Arc::clone(&db),
             ingest_rx,
             config.max_batch.max(1),
             Arc::clone(&metrics),
             notifier_tx,
+            audit_tx,
         ));
-        background.push(tokio::spawn(prune_loop(Arc::clone(&db))));
+        background.push(tokio::spawn(prune_loop(
+            Arc::clone(&db),
+            config.drift_retention,
+        )));
 
         let verifier = verify::BatchVerifier::start(Some(Arc::clone(&metrics)));
         let app = Arc::new(App {
@@ -305,11 +322,21 @@ impl Server {
     }
 }
 
-/// Deletes heartbeat-log rows older than the retention, hourly.
-async fn prune_loop(db: Arc<Db>) {
+/// Deletes heartbeat-log rows older than the retention, and drift rows older than `drift_retention`, hourly.
+async fn prune_loop(db: Arc<Db>, drift_retention: Option<Duration>) {
     let mut tick = tokio::time::interval(Duration::from_secs(3600));
     loop {
         tick.tick().await;
+        if let Some(retention) = drift_retention {
+            let before = jiff::Timestamp::now()
+                .checked_sub(jiff::SignedDuration::try_from(retention).unwrap_or_default())
+                .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+            match db.prune_drift(before).await {
+                Ok(n) if n > 0 => tracing::info!(rows = n, "pruned the drift log"),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "pruning the drift log failed"),
+            }
+        }
         let before = jiff::Timestamp::now()
             .checked_sub(
                 jiff::SignedDuration::try_from(db::HEARTBEAT_LOG_RETENTION).unwrap_or_default(),

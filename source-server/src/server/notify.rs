@@ -1,7 +1,8 @@
 //! Notifications: which state changes and drift page someone, deduplicated, and delivered to webhooks.
 //!
-//! Configured from a JSON (or YAML) file ([`Config`]): sinks — a generic JSON webhook or a Slack-compatible
-//! incoming webhook — each optionally limited to some triggers, a minimum severity and a label selector.
+//! Configured from a JSON (or YAML) file ([`Config`]): sinks — a generic JSON webhook, a Slack-compatible
+//! incoming webhook or PagerDuty Events v2 ([`super::pagerduty`]) — each optionally limited to some
+//! triggers, a minimum and a maximum severity and a label selector.
 //! Triggers: a cluster enters OutOfSync, Degraded, Failed, Contested or Unknown; it recovers (reaches Synced
 //! after any of those); drift on RBAC (`rbac.authorization.k8s.io`), NetworkPolicy, admission webhook
 //! configurations or `securityContext` fields (always severity critical).
@@ -12,23 +13,24 @@
 //! `(cluster, trigger, release serial)` within the cluster's alert episode — one episode runs from entering an
 //! alerting state until the cluster is Synced again, and the episodes are stored
 //! ([`crate::server::db::decide_episode`]) — so it is sent once per episode across restarts and replicas,
-//! and a cluster that goes Unknown, recovers and goes Unknown again in one release alerts twice. Claimed
-//! notifications go to delivery tasks that retry with exponential backoff. Ingestion never waits for any of this: events travel
-//! through a bounded queue and are dropped (and counted) when it is full; deliveries run on their own tasks.
+//! and a cluster that goes Unknown, recovers and goes Unknown again in one release alerts twice. A claim
+//! queues one delivery per sink in the database's outbox in the same transaction; the replica leading the
+//! sender delivers them, with retries and exponential backoff ([`crate::server::outbox`]). Ingestion never
+//! waits for any of this: events travel through a bounded queue and are dropped (and counted) when it is full.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use windvane_shared::heartbeat::DriftRecord;
 
-use super::db::{Database, Db, EpisodeClaim, VerifiedHeartbeat, episode_key};
+use super::db::{Database, Db, EpisodeClaim, NewDelivery, VerifiedHeartbeat, episode_key};
 use super::metrics::Metrics;
+use super::outbox;
 use super::status::{self, ClusterFacts, ClusterState, Filter};
 use crate::{Error, Result};
 
@@ -50,6 +52,13 @@ pub enum Trigger {
     Recovered,
     /// Security-relevant drift on one object.
     Drift { object: String },
+    /// A two-person break-glass change on a prevented object: `opened` (held), `expiring` (its hold ends
+    /// within the hour) or `reverted`; `episode` tells one change from the next on the same object.
+    BreakGlass {
+        object: String,
+        phase: &'static str,
+        episode: String,
+    },
 }
 
 impl Trigger {
@@ -59,6 +68,7 @@ impl Trigger {
             Trigger::Entered(state) => state.as_str(),
             Trigger::Recovered => "Recovered",
             Trigger::Drift { .. } => "Drift",
+            Trigger::BreakGlass { .. } => "BreakGlass",
         }
     }
 
@@ -66,6 +76,11 @@ impl Trigger {
     pub fn key(&self) -> String {
         match self {
             Trigger::Drift { object } => format!("Drift {object}"),
+            Trigger::BreakGlass {
+                object,
+                phase,
+                episode,
+            } => format!("BreakGlass {phase} {object} {episode}"),
             other => other.name().to_owned(),
         }
     }
@@ -75,7 +90,7 @@ impl Trigger {
         match self {
             Trigger::Entered(_) => EpisodeClaim::Open,
             Trigger::Recovered => EpisodeClaim::Close,
-            Trigger::Drift { .. } => EpisodeClaim::Within,
+            Trigger::Drift { .. } | Trigger::BreakGlass { .. } => EpisodeClaim::Within,
         }
     }
 }
@@ -88,6 +103,8 @@ pub enum SinkKind {
     Webhook,
     /// POSTs `{"text": …}` to a Slack-compatible incoming webhook.
     Slack,
+    /// POSTs a PagerDuty Events API v2 event ([`super::pagerduty`]): trigger, and resolve on recovery.
+    Pagerduty,
 }
 
 /// One destination.
@@ -106,6 +123,15 @@ pub struct Sink {
     /// A label selector: only clusters it matches.
     #[serde(default)]
     pub selector: Option<String>,
+    /// Only notifications up to this severity (route critical to PagerDuty, the rest to Slack).
+    #[serde(default)]
+    pub max_severity: Option<Severity>,
+    /// PagerDuty: the integration's routing key (or `routingKeyFile`).
+    #[serde(default, skip_serializing)]
+    pub routing_key: Option<String>,
+    /// PagerDuty: a file holding the routing key, relative to the config file.
+    #[serde(default)]
+    pub routing_key_file: Option<std::path::PathBuf>,
 }
 
 fn default_severity() -> Severity {
@@ -119,7 +145,7 @@ pub struct Config {
     pub sinks: Vec<Sink>,
 }
 
-const TRIGGER_NAMES: [&str; 7] = [
+const TRIGGER_NAMES: [&str; 8] = [
     "OutOfSync",
     "Degraded",
     "Failed",
@@ -127,6 +153,7 @@ const TRIGGER_NAMES: [&str; 7] = [
     "Unknown",
     "Recovered",
     "Drift",
+    "BreakGlass",
 ];
 
 impl Config {
@@ -137,7 +164,21 @@ impl Config {
             detail,
         };
         let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-        let config = Config::parse(&text).map_err(bad)?;
+        let mut config = Config::parse(&text).map_err(bad)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for sink in &mut config.sinks {
+            if let Some(file) = &sink.routing_key_file {
+                let file = base.join(file);
+                let key = std::fs::read_to_string(&file).map_err(|e| {
+                    bad(format!(
+                        "sink {}: routingKeyFile {}: {e}",
+                        sink.name,
+                        file.display()
+                    ))
+                })?;
+                sink.routing_key = Some(key.trim().to_owned());
+            }
+        }
         Ok(config)
     }
 
@@ -171,6 +212,13 @@ impl Config {
             if !(sink.url.starts_with("http://") || sink.url.starts_with("https://")) {
                 return Err(format!(
                     "sink {}: url must be http:// or https://",
+                    sink.name
+                ));
+            }
+            let keyed = sink.routing_key.is_some() || sink.routing_key_file.is_some();
+            if sink.kind == SinkKind::Pagerduty && !keyed {
+                return Err(format!(
+                    "sink {}: a pagerduty sink needs routingKey or routingKeyFile",
                     sink.name
                 ));
             }
@@ -242,6 +290,10 @@ pub struct Event {
     pub serial: u64,
     pub message: Option<String>,
     pub drift: Vec<DriftRecord>,
+    /// Drift records of break-glass changes in a heartbeat: held (opened) or reverted.
+    pub break_glass: Vec<DriftRecord>,
+    /// Open break-glass changes whose hold ends within the hour (from the scan).
+    pub break_glass_expiring: Vec<DriftRecord>,
     pub at: Timestamp,
 }
 
@@ -265,6 +317,13 @@ impl Event {
                 .filter(|d| drift_severity(d) == Severity::Critical)
                 .cloned()
                 .collect(),
+            break_glass: h
+                .drift
+                .iter()
+                .filter(|d| d.break_glass.is_some())
+                .cloned()
+                .collect(),
+            break_glass_expiring: Vec::new(),
             at: hb.received_at,
         }
     }
@@ -393,7 +452,51 @@ impl Tracker {
                 Some(record.clone()),
             ));
         }
+        let break_glass = event.break_glass.iter().map(|r| (r, false));
+        let expiring = event.break_glass_expiring.iter().map(|r| (r, true));
+        for (record, expiring) in break_glass.chain(expiring) {
+            if let Some(notification) = self.break_glass(event, previous, record, expiring) {
+                out.push(notification);
+            }
+        }
         out
+    }
+
+    /// The notification of a break-glass record: opened when held, reverted, or `expiring` (a held record
+    /// whose hold ends within the hour, as the scan finds it).
+    fn break_glass(
+        &self,
+        event: &Event,
+        previous: Option<ClusterState>,
+        record: &DriftRecord,
+        expiring: bool,
+    ) -> Option<Notification> {
+        use windvane_shared::heartbeat::DriftAction;
+        let names = record.break_glass.as_ref()?;
+        let phase = match record.action {
+            DriftAction::Held if expiring => "expiring",
+            DriftAction::Held => "opened",
+            DriftAction::Reverted if !expiring => "reverted",
+            _ => return None,
+        };
+        let object = object_name(record);
+        let summary = format!(
+            "break-glass {phase} on cluster {}: {object} by {}, approved by {}, ticket {}, until {}",
+            event.cluster, names.by, names.approver, names.ticket, names.until
+        );
+        let trigger = Trigger::BreakGlass {
+            object,
+            phase,
+            episode: record.detected_at.to_string(),
+        };
+        Some(self.notification(
+            event,
+            trigger,
+            Severity::Warning,
+            previous,
+            summary,
+            Some(record.clone()),
+        ))
     }
 
     /// Forgets a cluster (after `windvane cluster forget`).
@@ -457,7 +560,21 @@ pub fn sink_wants(sink: &Sink, notification: &Notification) -> bool {
         }
         None => true,
     };
-    trigger_ok && notification.severity >= sink.min_severity && selector_ok
+    let below_max = sink
+        .max_severity
+        .is_none_or(|max| notification.severity <= max);
+    trigger_ok && notification.severity >= sink.min_severity && below_max && selector_ok
+}
+
+/// The request body for `sink` (PagerDuty needs the sink's routing key).
+pub fn sink_body(sink: &Sink, notification: &Notification) -> serde_json::Value {
+    match sink.kind {
+        SinkKind::Pagerduty => super::pagerduty::event(
+            notification,
+            sink.routing_key.as_deref().unwrap_or_default(),
+        ),
+        kind => body_for(kind, notification),
+    }
 }
 
 /// The request body for a sink.
@@ -480,6 +597,7 @@ pub fn body_for(kind: SinkKind, notification: &Notification) -> serde_json::Valu
             }
             serde_json::json!({ "text": text })
         }
+        SinkKind::Pagerduty => super::pagerduty::event(notification, ""),
     }
 }
 
@@ -518,7 +636,12 @@ pub async fn run(
             return;
         }
     };
-    let deliveries = Arc::new(Semaphore::new(32));
+    let _sender = outbox::spawn(
+        Arc::clone(&settings.config),
+        Arc::clone(&db),
+        Arc::clone(&metrics),
+        client,
+    );
     let mut tracker = Tracker::default();
     match db.open_episodes().await {
         Ok(alerting) => tracker.seed_alerting(alerting),
@@ -526,6 +649,7 @@ pub async fn run(
             tracing::warn!(%error, "cannot read the open alert episodes; recoveries of clusters alerting before this start may not be notified");
         }
     }
+    let mut last_break_glass_scan = None;
     let mut scan = tokio::time::interval(settings.scan_every);
     scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -534,13 +658,20 @@ pub async fn run(
                 Some(event) => tracker.observe(&event),
                 None => return,
             },
-            _ = scan.tick() => match scan_events(&db, settings.unknown_after).await {
-                Ok(events) => events.iter().flat_map(|e| tracker.observe(e)).collect(),
-                Err(error) => {
-                    tracing::warn!(%error, "notification scan failed");
-                    Vec::new()
+            _ = scan.tick() => {
+                let break_glass = last_break_glass_scan
+                    .is_none_or(|t: std::time::Instant| t.elapsed() >= settings.scan_every * BREAK_GLASS_EVERY);
+                if break_glass {
+                    last_break_glass_scan = Some(std::time::Instant::now());
                 }
-            },
+                match scan_events(&db, settings.unknown_after, break_glass).await {
+                    Ok(events) => events.iter().flat_map(|e| tracker.observe(e)).collect(),
+                    Err(error) => {
+                        tracing::warn!(%error, "notification scan failed");
+                        Vec::new()
+                    }
+                }
+            }
         };
         for notification in candidates {
             let sinks: Vec<Sink> = settings
@@ -555,50 +686,56 @@ pub async fn run(
             if sinks.is_empty() && notification.claim == EpisodeClaim::Within {
                 continue;
             }
-            let notification = match db
+            let queued = notification.clone();
+            let deliveries = move |episode: u64| {
+                let notification = queued.in_episode(episode);
+                sinks
+                    .iter()
+                    .map(|sink| NewDelivery {
+                        notification_id: notification.id.clone(),
+                        sink: sink.name.clone(),
+                        body: sink_body(sink, &notification).to_string(),
+                    })
+                    .collect()
+            };
+            match db
                 .claim_notification(
                     &notification.cluster,
                     &notification.trigger_key,
                     notification.serial,
                     notification.at,
                     notification.claim,
+                    deliveries,
                 )
                 .await
             {
-                Ok(Some(episode)) => notification.in_episode(episode),
-                Ok(None) => continue,
+                Ok(Some(episode)) => {
+                    let severity = notification.severity;
+                    let id = notification.in_episode(episode).id;
+                    tracing::info!(%id, ?severity, "notifying");
+                }
+                Ok(None) => {}
                 Err(error) => {
                     tracing::warn!(%error, id = %notification.id, "cannot claim notification; not sending it");
-                    continue;
                 }
-            };
-            if sinks.is_empty() {
-                continue;
-            }
-            tracing::info!(id = %notification.id, severity = ?notification.severity, "notifying");
-            let notification = Arc::new(notification);
-            for sink in sinks {
-                let (client, metrics, notification) = (
-                    client.clone(),
-                    Arc::clone(&metrics),
-                    Arc::clone(&notification),
-                );
-                let permits = Arc::clone(&deliveries);
-                tokio::spawn(async move {
-                    let Ok(_permit) = permits.acquire_owned().await else {
-                        return;
-                    };
-                    deliver(&client, &sink, &notification, &metrics).await;
-                });
             }
         }
     }
 }
 
 /// The current state of every cluster as events (no drift: that comes with heartbeats).
-async fn scan_events(db: &Db, unknown_after: Option<Duration>) -> Result<Vec<Event>> {
+async fn scan_events(
+    db: &Db,
+    unknown_after: Option<Duration>,
+    break_glass: bool,
+) -> Result<Vec<Event>> {
     let now = Timestamp::now();
     let clusters = db.list_clusters().await?;
+    let expiring = if break_glass {
+        expiring_break_glass(db, now).await?
+    } else {
+        HashMap::new()
+    };
     Ok(clusters
         .into_iter()
         .map(|c| {
@@ -618,57 +755,50 @@ async fn scan_events(db: &Db, unknown_after: Option<Duration>) -> Result<Vec<Eve
                 )
             });
             Event {
-                cluster: c.name,
                 labels: c.labels,
                 state: verdict.state,
                 previous: None,
                 serial: c.applied_serial.unwrap_or(0),
                 message: message.or(c.last_error),
                 drift: Vec::new(),
+                break_glass: Vec::new(),
+                break_glass_expiring: expiring.get(&c.name).cloned().unwrap_or_default(),
+                cluster: c.name,
                 at: now,
             }
         })
         .collect())
 }
 
-async fn deliver(
-    client: &reqwest::Client,
-    sink: &Sink,
-    notification: &Notification,
-    metrics: &Metrics,
-) {
-    let body = body_for(sink.kind, notification);
-    for attempt in 1..=MAX_ATTEMPTS {
-        let result = client
-            .post(&sink.url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body.to_string())
-            .send()
-            .await;
-        let retry = match result {
-            Ok(response) if response.status().is_success() => {
-                metrics.notifications_sent.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            Ok(response) => {
-                let status = response.status();
-                tracing::warn!(sink = %sink.name, id = %notification.id, %status, attempt, "notification refused");
-                status.is_server_error()
-                    || status == reqwest::StatusCode::TOO_MANY_REQUESTS
-                    || status == reqwest::StatusCode::REQUEST_TIMEOUT
-            }
-            Err(error) => {
-                tracing::warn!(sink = %sink.name, id = %notification.id, error = %error, attempt, "notification failed");
-                true
-            }
-        };
-        if !retry || attempt == MAX_ATTEMPTS {
-            break;
+/// Every how many scans the scan also looks for break-glass changes whose hold ends within the hour.
+const BREAK_GLASS_EVERY: u32 = 5;
+
+/// The open break-glass records whose hold ends within the hour, by cluster.
+async fn expiring_break_glass(
+    db: &Db,
+    now: Timestamp,
+) -> Result<HashMap<String, Vec<DriftRecord>>> {
+    let week = now
+        .checked_sub(jiff::SignedDuration::from_hours(24 * 7))
+        .ok();
+    let soon = now
+        .checked_add(jiff::SignedDuration::from_hours(1))
+        .unwrap_or(now);
+    let entries = db.drift(None, week, 500, 0).await?;
+    let mut out: HashMap<String, Vec<DriftRecord>> = HashMap::new();
+    for entry in super::break_glass::open_entries(&entries, now) {
+        if entry
+            .record
+            .break_glass
+            .as_ref()
+            .is_some_and(|b| b.until <= soon)
+        {
+            out.entry(entry.cluster.clone())
+                .or_default()
+                .push(entry.record.clone());
         }
-        tokio::time::sleep(backoff(attempt)).await;
     }
-    metrics.notifications_failed.fetch_add(1, Ordering::Relaxed);
-    tracing::error!(sink = %sink.name, id = %notification.id, "notification not delivered");
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -685,6 +815,8 @@ mod tests {
             serial,
             message: None,
             drift: Vec::new(),
+            break_glass: Vec::new(),
+            break_glass_expiring: Vec::new(),
             at: Timestamp::from_second(1_800_000_000).expect("valid"),
         }
     }
@@ -704,6 +836,8 @@ mod tests {
             detected_at: Timestamp::from_second(1_800_000_000).expect("valid"),
             reverted_at: None,
             action: DriftAction::Reverted,
+            break_glass: None,
+            revert_requested_by: None,
         }
     }
 
@@ -865,6 +999,102 @@ mod tests {
             "c1/Drift rbac.authorization.k8s.io/Role ns/x/3"
         );
         assert!(notes[1].summary.contains("kubectl-edit"));
+    }
+
+    #[test]
+    fn break_glass_notifies_on_open_before_expiry_and_on_revert() {
+        use windvane_shared::heartbeat::BreakGlassRecord;
+        let mut record = drift("apps", "Deployment", &["/spec/template"]);
+        record.action = DriftAction::Held;
+        record.break_glass = Some(BreakGlassRecord {
+            by: "alice".into(),
+            approver: "bob".into(),
+            ticket: "INC-7".into(),
+            until: Timestamp::from_second(1_800_003_600).expect("valid"),
+        });
+        let mut t = Tracker::default();
+        let mut held = event(ClusterState::Held, 3);
+        held.break_glass = vec![record.clone()];
+        let notes = t.observe(&held);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert_eq!(notes[0].trigger, "BreakGlass");
+        assert!(
+            notes[0]
+                .trigger_key
+                .starts_with("BreakGlass opened apps/Deployment ns/x ")
+        );
+        assert!(
+            notes[0]
+                .summary
+                .contains("alice, approved by bob, ticket INC-7"),
+            "{}",
+            notes[0].summary
+        );
+        let mut scanned = event(ClusterState::Held, 3);
+        scanned.break_glass_expiring = vec![record.clone()];
+        let notes = t.observe(&scanned);
+        assert!(notes[0].trigger_key.starts_with("BreakGlass expiring "));
+        record.action = DriftAction::Reverted;
+        let mut reverted = event(ClusterState::Synced, 3);
+        reverted.break_glass = vec![record];
+        let notes = t.observe(&reverted);
+        let keys: Vec<&str> = notes.iter().map(|n| n.trigger_key.as_str()).collect();
+        assert!(
+            keys.iter().any(|k| k.starts_with("BreakGlass reverted ")),
+            "{keys:?}"
+        );
+    }
+
+    #[test]
+    fn pagerduty_sinks_need_a_routing_key_and_route_by_severity() {
+        let missing = Config::parse(
+            r#"{"sinks":[{"name":"pd","type":"pagerduty","url":"https://events.pagerduty.com/v2/enqueue"}]}"#,
+        )
+        .unwrap_err();
+        assert!(missing.contains("routingKey"), "{missing}");
+        let config = Config::parse(
+            r#"{"sinks":[
+                {"name":"pd","type":"pagerduty","url":"http://127.0.0.1:9/v2/enqueue","routingKey":"R",
+                 "minSeverity":"critical"},
+                {"name":"rest","type":"slack","url":"http://127.0.0.1:9/s","maxSeverity":"warning"}]}"#,
+        )
+        .expect("valid");
+        let mut t = Tracker::default();
+        let failed = t.observe(&event(ClusterState::Failed, 1)).remove(0);
+        assert!(sink_wants(&config.sinks[0], &failed));
+        assert!(
+            !sink_wants(&config.sinks[1], &failed),
+            "critical goes to PagerDuty only"
+        );
+        let body = sink_body(&config.sinks[0], &failed);
+        assert_eq!(body["routing_key"], "R");
+        assert_eq!(body["event_action"], "trigger");
+        let out_of_sync = t.observe(&event(ClusterState::OutOfSync, 1)).remove(0);
+        assert!(!sink_wants(&config.sinks[0], &out_of_sync));
+        assert!(sink_wants(&config.sinks[1], &out_of_sync));
+        // The routing key is a secret: never written back out.
+        assert!(
+            !serde_json::to_string(&config.sinks[0])
+                .unwrap()
+                .contains("\"R\"")
+        );
+    }
+
+    #[test]
+    fn routing_keys_are_read_from_a_file_beside_the_config() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("pd.key"), "K3Y\n").expect("write");
+        let path = dir.path().join("notifications.yaml");
+        std::fs::write(
+            &path,
+            "sinks:\n  - {name: pd, type: pagerduty, url: 'http://127.0.0.1:9/e', routingKeyFile: pd.key}\n",
+        )
+        .expect("write");
+        let config = Config::load(&path).expect("loads");
+        assert_eq!(config.sinks[0].routing_key.as_deref(), Some("K3Y"));
+        std::fs::remove_file(dir.path().join("pd.key")).expect("remove");
+        let error = Config::load(&path).unwrap_err().to_string();
+        assert!(error.contains("routingKeyFile"), "{error}");
     }
 
     #[test]

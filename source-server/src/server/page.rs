@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 
 use jiff::Timestamp;
 
+use super::break_glass::OpenBreakGlass;
 use super::status::ClusterState;
 use super::view::{ClusterDetail, ClusterRow, FleetView, human_age};
 
@@ -163,8 +164,13 @@ fn age_cell(row: &ClusterRow) -> String {
     }
 }
 
-/// The fleet page.
-pub fn fleet_page(view: &FleetView, selector: &str, states: &[ClusterState]) -> String {
+/// The fleet page; `break_glass` are the fleet's open break-glass changes, listed above the clusters.
+pub fn fleet_page(
+    view: &FleetView,
+    selector: &str,
+    states: &[ClusterState],
+    break_glass: &[OpenBreakGlass],
+) -> String {
     let mut out = String::with_capacity(16 * 1024 + view.clusters.len() * 512);
     head(&mut out, "Windvane · fleet");
     header(&mut out, view.generated_at);
@@ -231,6 +237,7 @@ pub fn fleet_page(view: &FleetView, selector: &str, states: &[ClusterState]) -> 
         );
     }
     out.push_str("</select><button type=\"submit\">Filter</button> <a href=\"/\">clear</a></form>");
+    break_glass_table(&mut out, break_glass);
 
     if view.clusters.is_empty() {
         out.push_str("<div class=\"empty\">No cluster matches.</div>");
@@ -263,6 +270,36 @@ pub fn fleet_page(view: &FleetView, selector: &str, states: &[ClusterState]) -> 
     out.push_str("</main>");
     footer(&mut out);
     out
+}
+
+/// The open break-glass changes: each is a production change made outside the release, to be reverted or
+/// taken into a release before its hold ends.
+fn break_glass_table(out: &mut String, open: &[OpenBreakGlass]) {
+    if open.is_empty() {
+        return;
+    }
+    let _ = write!(
+        out,
+        "<h2>Open break-glass changes ({})</h2><table id=\"break-glass\"><thead><tr><th>Cluster</th>\
+         <th>Object</th><th>Changed by</th><th>Approved by</th><th>Ticket</th><th>Since</th>\
+         <th>Reverted at</th></tr></thead><tbody>",
+        open.len()
+    );
+    for change in open {
+        let _ = write!(
+            out,
+            "<tr><td><a href=\"/clusters/{cluster}\">{cluster}</a></td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&change.object),
+            escape(&change.by),
+            escape(&change.approver),
+            escape(&change.ticket),
+            opt_time(Some(change.detected_at)),
+            opt_time(Some(change.until)),
+            cluster = escape(&change.cluster),
+        );
+    }
+    out.push_str("</tbody></table>");
 }
 
 fn opt_time(t: Option<Timestamp>) -> String {
@@ -487,7 +524,7 @@ mod tests {
             drift_total: 2,
         }];
         let view = fleet_view(clusters, now, None, &Filter::default(), &|_| Some(2));
-        let html = fleet_page(&view, "team=\"x\"", &[]);
+        let html = fleet_page(&view, "team=\"x\"", &[], &[]);
         assert!(!html.contains("<script>alert"));
         assert!(!html.contains("<img src=x"));
         assert!(html.contains("&lt;script&gt;"));
@@ -497,5 +534,26 @@ mod tests {
         assert!(html.contains("<div class=\"n\">1</div><div class=\"l\">Failed</div>"));
         assert!(html.contains("http-equiv=\"refresh\""));
         assert!(!html.contains("<script"), "no script at all");
+        assert!(!html.contains("break-glass"), "none open, no table");
+    }
+
+    #[test]
+    fn open_break_glass_changes_are_listed_with_who_approved_and_the_ticket() {
+        let now: Timestamp = "2026-12-04T12:00:00Z".parse().expect("time");
+        let view = fleet_view(Vec::new(), now, None, &Filter::default(), &|_| None);
+        let open = [OpenBreakGlass {
+            cluster: "prod-eu".into(),
+            object: "apps/Deployment shop/api".into(),
+            by: "alice".into(),
+            approver: "bob".into(),
+            ticket: "INC-<42>".into(),
+            detected_at: now,
+            until: now + jiff::SignedDuration::from_hours(24),
+        }];
+        let html = fleet_page(&view, "", &[], &open);
+        assert!(html.contains("Open break-glass changes (1)"), "{html}");
+        assert!(html.contains("<a href=\"/clusters/prod-eu\">prod-eu</a>"));
+        assert!(html.contains("<td>alice</td><td>bob</td><td>INC-&lt;42&gt;</td>"));
+        assert!(html.contains("2026-12-05 12:00:00"), "when it is reverted");
     }
 }

@@ -30,6 +30,8 @@ pub enum Route {
     ApiCluster(String),
     /// `GET /api/v1/drift`
     ApiDrift,
+    /// `GET /api/v1/break-glass`
+    ApiBreakGlass,
     /// `POST /api/v1/clusters/<name>/enroll`
     Enroll(String),
     /// `POST /api/v1/clusters/<name>/heartbeat`
@@ -98,6 +100,7 @@ pub fn route(method: &Method, path: &str) -> Route {
         ["api", "v1", "fleet"] => read(Route::ApiFleet),
         ["api", "v1", "clusters"] => read(Route::ApiClusters),
         ["api", "v1", "drift"] => read(Route::ApiDrift),
+        ["api", "v1", "break-glass"] => read(Route::ApiBreakGlass),
         ["api", "v1", "clusters", name] if valid_cluster_name(name) => {
             read(Route::ApiCluster((*name).to_owned()))
         }
@@ -327,6 +330,10 @@ mod tests {
         assert_eq!(route(&Method::GET, "/api/v1/clusters"), Route::ApiClusters);
         assert_eq!(route(&Method::GET, "/api/v1/fleet"), Route::ApiFleet);
         assert_eq!(route(&Method::GET, "/api/v1/drift"), Route::ApiDrift);
+        assert_eq!(
+            route(&Method::GET, "/api/v1/break-glass"),
+            Route::ApiBreakGlass
+        );
         assert_eq!(route(&Method::GET, "/"), Route::FleetPage);
         assert_eq!(
             route(&Method::GET, "/clusters/prod-eu"),

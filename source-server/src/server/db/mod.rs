@@ -122,6 +122,47 @@ pub enum EpisodeClaim {
     Close,
 }
 
+/// A notification's delivery to one sink, queued in the database with its claim (the outbox): whichever replica
+/// leads the sender delivers it, so a replica that dies with deliveries pending leaves them to the next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewDelivery {
+    pub notification_id: String,
+    pub sink: String,
+    /// The request body, as the sink's kind wants it.
+    pub body: String,
+}
+
+/// A delivery taken from the outbox for an attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedDelivery {
+    pub id: i64,
+    pub notification_id: String,
+    pub sink: String,
+    pub body: String,
+    /// Attempts so far, this one included.
+    pub attempts: u32,
+}
+
+/// What became of a delivery attempt, as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Try again at this time.
+    RetryAt(Timestamp),
+    Delivered,
+    GaveUp,
+}
+
+impl Settled {
+    /// The `done` column and the next attempt's time in milliseconds.
+    pub(crate) fn columns(self, now: Timestamp) -> (i64, i64) {
+        match self {
+            Settled::RetryAt(at) => (0, at.as_millisecond()),
+            Settled::Delivered => (1, now.as_millisecond()),
+            Settled::GaveUp => (2, now.as_millisecond()),
+        }
+    }
+}
+
 /// A cluster's current alert episode as stored: its number (0: it never had one) and whether it is open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Episode {
@@ -205,13 +246,17 @@ pub trait Database: Send + Sync + 'static {
         &self,
         cluster: &str,
     ) -> impl Future<Output = Result<Option<(ClusterSummary, Option<String>)>>> + Send;
-    /// Drift entries, newest first, optionally for one cluster and detected at or after `since`.
+    /// Drift entries, newest first, optionally for one cluster and detected at or after `since`; a page of
+    /// `limit` after skipping `offset`.
     fn drift(
         &self,
         cluster: Option<&str>,
         since: Option<Timestamp>,
         limit: u32,
+        offset: u64,
     ) -> impl Future<Output = Result<Vec<DriftEntry>>> + Send;
+    /// Deletes drift log rows detected before `before` (the drift retention).
+    fn prune_drift(&self, before: Timestamp) -> impl Future<Output = Result<u64>> + Send;
     /// Lets the next enrolment of `cluster` bind a new key. False when the cluster is not enrolled.
     fn allow_rekey(&self, cluster: &str) -> impl Future<Output = Result<bool>> + Send;
     /// Removes a cluster and everything stored about it. False when it was not enrolled.
@@ -219,6 +264,9 @@ pub trait Database: Send + Sync + 'static {
     /// Claims the notification `(cluster, trigger, serial)` in the cluster's alert episode, moving the episode as
     /// [`decide_episode`] says, in one transaction: the episode number the first time only (across restarts
     /// and replicas), so each is sent once per episode.
+    ///
+    /// The deliveries `deliveries(episode)` returns are queued in the outbox in the same transaction, so a claimed
+    /// notification is never lost between claiming and sending.
     fn claim_notification(
         &self,
         cluster: &str,
@@ -226,7 +274,26 @@ pub trait Database: Send + Sync + 'static {
         serial: u64,
         at: Timestamp,
         claim: EpisodeClaim,
+        deliveries: impl FnOnce(u64) -> Vec<NewDelivery> + Send + 'static,
     ) -> impl Future<Output = Result<Option<u64>>> + Send;
+    /// Takes up to `limit` deliveries due at `now` for an attempt, each leased until `lease_until`.
+    fn take_due_deliveries(
+        &self,
+        now: Timestamp,
+        lease_until: Timestamp,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<QueuedDelivery>>> + Send;
+    /// Records what became of an attempt.
+    fn settle_delivery(
+        &self,
+        id: i64,
+        settled: Settled,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Whether this replica leads the notification sender now (takes the lead when nobody holds it). SQLite
+    /// has one server, which always leads; on PostgreSQL a session advisory lock decides, released when
+    /// the leader's connection ends.
+    fn lead_notifications(&self) -> impl Future<Output = Result<bool>> + Send;
     /// The clusters whose alert episode is open (a restarted notifier's memory of who is alerting).
     fn open_episodes(&self) -> impl Future<Output = Result<Vec<String>>> + Send;
     /// Heartbeats in the log, for one cluster or all.
@@ -288,8 +355,12 @@ impl Database for Db {
         cluster: Option<&str>,
         since: Option<Timestamp>,
         limit: u32,
+        offset: u64,
     ) -> Result<Vec<DriftEntry>> {
-        delegate!(self, db => db.drift(cluster, since, limit))
+        delegate!(self, db => db.drift(cluster, since, limit, offset))
+    }
+    async fn prune_drift(&self, before: Timestamp) -> Result<u64> {
+        delegate!(self, db => db.prune_drift(before))
     }
     async fn allow_rekey(&self, cluster: &str) -> Result<bool> {
         delegate!(self, db => db.allow_rekey(cluster))
@@ -304,8 +375,23 @@ impl Database for Db {
         serial: u64,
         at: Timestamp,
         claim: EpisodeClaim,
+        deliveries: impl FnOnce(u64) -> Vec<NewDelivery> + Send + 'static,
     ) -> Result<Option<u64>> {
-        delegate!(self, db => db.claim_notification(cluster, trigger, serial, at, claim))
+        delegate!(self, db => db.claim_notification(cluster, trigger, serial, at, claim, deliveries))
+    }
+    async fn take_due_deliveries(
+        &self,
+        now: Timestamp,
+        lease_until: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<QueuedDelivery>> {
+        delegate!(self, db => db.take_due_deliveries(now, lease_until, limit))
+    }
+    async fn settle_delivery(&self, id: i64, settled: Settled, now: Timestamp) -> Result<()> {
+        delegate!(self, db => db.settle_delivery(id, settled, now))
+    }
+    async fn lead_notifications(&self) -> Result<bool> {
+        delegate!(self, db => db.lead_notifications())
     }
     async fn open_episodes(&self) -> Result<Vec<String>> {
         delegate!(self, db => db.open_episodes())
@@ -436,6 +522,17 @@ pub(crate) fn schema(serial: &str, log_id: &str) -> String {
             episode BIGINT NOT NULL,
             open BIGINT NOT NULL
         );
+        CREATE TABLE IF NOT EXISTS outbox (
+            id {serial},
+            notification_id TEXT NOT NULL,
+            sink TEXT NOT NULL,
+            body TEXT NOT NULL,
+            queued_ms BIGINT NOT NULL,
+            attempts BIGINT NOT NULL,
+            next_attempt_ms BIGINT NOT NULL,
+            done BIGINT NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS outbox_due ON outbox (done, next_attempt_ms);
         CREATE TABLE IF NOT EXISTS token_failures (
             address TEXT NOT NULL,
             at_ms BIGINT NOT NULL

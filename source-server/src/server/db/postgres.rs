@@ -14,9 +14,10 @@ use tokio_postgres::{Client, NoTls, Row};
 use super::sql;
 use super::{
     Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, Episode,
-    EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, RecentFailures,
-    RowUpdate, SequenceState, VerifiedHeartbeat, check_sequence, decide_enroll, decide_episode,
-    episode_key, from_ms, id_ranges, labels_from_json, schema, to_i64, to_u64,
+    EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, NewDelivery,
+    QueuedDelivery, RecentFailures, RowUpdate, SequenceState, Settled, VerifiedHeartbeat,
+    check_sequence, decide_enroll, decide_episode, episode_key, from_ms, id_ranges,
+    labels_from_json, schema, to_i64, to_u64,
 };
 use crate::server::status::parse_sync_state;
 use crate::{Error, Result};
@@ -26,7 +27,12 @@ pub struct PostgresDb {
     url: String,
     writer: Mutex<Client>,
     reader: Mutex<Client>,
+    /// The session holding the notification sender's advisory lock, while this replica leads it.
+    leader: Mutex<Option<Client>>,
 }
+
+/// The key of the session advisory lock that the replica leading the notification sender holds.
+const NOTIFIER_LOCK: i64 = 0x7769_6e64_6e6f_7466; // "windnotf"
 
 impl std::fmt::Debug for PostgresDb {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -85,6 +91,7 @@ impl PostgresDb {
             url: url.to_owned(),
             writer: Mutex::new(writer),
             reader: Mutex::new(reader),
+            leader: Mutex::new(None),
         })
     }
 
@@ -316,13 +323,15 @@ impl Database for PostgresDb {
         cluster: Option<&str>,
         since: Option<Timestamp>,
         limit: u32,
+        offset: u64,
     ) -> Result<Vec<DriftEntry>> {
+        let offset = i64::try_from(offset).unwrap_or(i64::MAX);
         let client = self.client(&self.reader).await?;
         let since_ms = since.map_or(i64::MIN, |t| t.as_millisecond());
         let rows = client
             .query(
                 &sql::postgres(sql::SELECT_DRIFT),
-                &[&cluster, &since_ms, &i64::from(limit)],
+                &[&cluster, &since_ms, &i64::from(limit), &offset],
             )
             .await
             .map_err(db_err("read drift log"))?;
@@ -390,6 +399,7 @@ impl Database for PostgresDb {
         serial: u64,
         at: Timestamp,
         claim: EpisodeClaim,
+        deliveries: impl FnOnce(u64) -> Vec<NewDelivery> + Send + 'static,
     ) -> Result<Option<u64>> {
         let mut client = self.client(&self.writer).await?;
         let run = async {
@@ -424,6 +434,18 @@ impl Database for PostgresDb {
                     ],
                 )
                 .await?;
+            if claimed > 0 {
+                let queue = sql::postgres(sql::QUEUE_DELIVERY);
+                for delivery in deliveries(episode) {
+                    let row: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [
+                        &delivery.notification_id,
+                        &delivery.sink,
+                        &delivery.body,
+                        &at.as_millisecond(),
+                    ];
+                    tx.execute(&queue, &row).await?;
+                }
+            }
             tx.commit().await?;
             Ok((claimed > 0).then_some(episode))
         };
@@ -466,7 +488,78 @@ impl Database for PostgresDb {
                 .await
                 .map_err(db_err("prune heartbeat log"))?;
         }
+        let client = self.client(&self.writer).await?;
+        client
+            .execute(
+                &sql::postgres(sql::PRUNE_OUTBOX),
+                &[&before.as_millisecond()],
+            )
+            .await
+            .map_err(db_err("prune settled notification deliveries"))?;
         Ok(pruned)
+    }
+
+    async fn take_due_deliveries(
+        &self,
+        now: Timestamp,
+        lease_until: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<QueuedDelivery>> {
+        let client = self.client(&self.writer).await?;
+        let rows = client
+            .query(
+                &sql::postgres(sql::TAKE_DUE_DELIVERIES),
+                &[
+                    &now.as_millisecond(),
+                    &lease_until.as_millisecond(),
+                    &i64::from(limit),
+                ],
+            )
+            .await
+            .map_err(db_err("take due notification deliveries"))?;
+        Ok(rows
+            .iter()
+            .map(|row| QueuedDelivery {
+                id: row.get(0),
+                notification_id: row.get(1),
+                sink: row.get(2),
+                body: row.get(3),
+                attempts: u32::try_from(row.get::<_, i64>(4)).unwrap_or(u32::MAX),
+            })
+            .collect())
+    }
+
+    async fn settle_delivery(&self, id: i64, settled: Settled, now: Timestamp) -> Result<()> {
+        let (done, next) = settled.columns(now);
+        let client = self.client(&self.writer).await?;
+        client
+            .execute(&sql::postgres(sql::SETTLE_DELIVERY), &[&id, &done, &next])
+            .await
+            .map_err(db_err("settle a notification delivery"))?;
+        Ok(())
+    }
+
+    async fn lead_notifications(&self) -> Result<bool> {
+        let mut leader = self.leader.lock().await;
+        if let Some(client) = leader.as_ref() {
+            // Still holding the lock as long as the session lives.
+            if !client.is_closed() && client.simple_query("SELECT 1").await.is_ok() {
+                return Ok(true);
+            }
+            *leader = None;
+        }
+        let client = connect(&self.url)
+            .await
+            .map_err(db_err("connect to lead notifications"))?;
+        let row = client
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&NOTIFIER_LOCK])
+            .await
+            .map_err(db_err("try the notification sender's lock"))?;
+        let leads: bool = row.get(0);
+        if leads {
+            *leader = Some(client);
+        }
+        Ok(leads)
     }
 
     async fn record_token_failure(&self, address: &str, at: Timestamp) -> Result<()> {
@@ -510,6 +603,17 @@ impl Database for PostgresDb {
             )
             .await
             .map_err(db_err("prune wrong tokens"))
+    }
+
+    async fn prune_drift(&self, before: Timestamp) -> Result<u64> {
+        let client = self.client(&self.writer).await?;
+        client
+            .execute(
+                &sql::postgres(sql::PRUNE_DRIFT),
+                &[&before.as_millisecond()],
+            )
+            .await
+            .map_err(db_err("prune the drift log"))
     }
 
     async fn ping(&self) -> Result<()> {

@@ -78,7 +78,8 @@ pub(crate) const GET_CLUSTER: &str = concat!(
 /// The cast gives PostgreSQL the parameter's type; SQLite accepts it as it is.
 pub(crate) const SELECT_DRIFT: &str = "SELECT cluster, sequence, received_ms, record FROM drift \
      WHERE (CAST(?1 AS TEXT) IS NULL OR cluster = ?1) AND detected_ms >= ?2 \
-     ORDER BY detected_ms DESC, id DESC LIMIT ?3";
+     ORDER BY detected_ms DESC, id DESC LIMIT ?3 OFFSET ?4";
+pub(crate) const PRUNE_DRIFT: &str = "DELETE FROM drift WHERE detected_ms < ?1";
 pub(crate) const COUNT_HEARTBEATS: &str =
     "SELECT COUNT(*) FROM heartbeat_log WHERE (CAST(?1 AS TEXT) IS NULL OR cluster = ?1)";
 pub(crate) const PING: &str = "SELECT 1";
@@ -94,6 +95,19 @@ pub(crate) const UPSERT_EPISODE: &str = "INSERT INTO alert_episodes (cluster, ep
 pub(crate) const CLAIM_NOTIFICATION: &str = "INSERT INTO notifications (cluster, trigger_key, serial, sent_ms) \
      VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING";
 pub(crate) const OPEN_EPISODES: &str = "SELECT cluster FROM alert_episodes WHERE open = 1";
+/// A delivery queued with its claim, due at once.
+pub(crate) const QUEUE_DELIVERY: &str = "INSERT INTO outbox (notification_id, sink, body, queued_ms, attempts, \
+     next_attempt_ms, done) VALUES (?1, ?2, ?3, ?4, 0, ?4, 0)";
+/// Takes up to `?3` due deliveries for an attempt: each is counted and not due again until `?2` (a lease, so a
+/// sender that dies mid-attempt leaves it to the next); returns them.
+pub(crate) const TAKE_DUE_DELIVERIES: &str = "UPDATE outbox SET attempts = attempts + 1, next_attempt_ms = ?2 \
+     WHERE id IN (SELECT id FROM outbox WHERE done = 0 AND next_attempt_ms <= ?1 ORDER BY id LIMIT ?3) \
+     RETURNING id, notification_id, sink, body, attempts";
+/// Settles an attempt: done (`?2`: 0 to try again at `?3`, 1 delivered, 2 given up).
+pub(crate) const SETTLE_DELIVERY: &str =
+    "UPDATE outbox SET done = ?2, next_attempt_ms = ?3 WHERE id = ?1";
+/// Settled deliveries queued at or before `?1`.
+pub(crate) const PRUNE_OUTBOX: &str = "DELETE FROM outbox WHERE done <> 0 AND queued_ms <= ?1";
 
 // ---- retention ----
 

@@ -15,9 +15,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::sql;
 use super::{
     Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, Episode,
-    EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, RecentFailures,
-    RowUpdate, SequenceState, VerifiedHeartbeat, check_sequence, decide_enroll, decide_episode,
-    episode_key, from_ms, id_ranges, labels_from_json, schema, to_i64, to_u64,
+    EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, NewDelivery,
+    QueuedDelivery, RecentFailures, RowUpdate, SequenceState, Settled, VerifiedHeartbeat,
+    check_sequence, decide_enroll, decide_episode, episode_key, from_ms, id_ranges,
+    labels_from_json, schema, to_i64, to_u64,
 };
 use crate::server::status::parse_sync_state;
 use crate::{Error, Result};
@@ -315,20 +316,23 @@ impl Database for SqliteDb {
         cluster: Option<&str>,
         since: Option<Timestamp>,
         limit: u32,
+        offset: u64,
     ) -> Result<Vec<DriftEntry>> {
+        let offset = i64::try_from(offset).unwrap_or(i64::MAX);
         let cluster = cluster.map(str::to_owned);
         let since_ms = since.map_or(i64::MIN, |t| t.as_millisecond());
         self.with_reader(move |conn| {
             let run = || -> rusqlite::Result<Vec<DriftEntry>> {
                 let mut stmt = conn.prepare_cached(sql::SELECT_DRIFT)?;
-                let rows = stmt.query_map(params![cluster, since_ms, i64::from(limit)], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, i64>(2)?,
-                        r.get::<_, String>(3)?,
-                    ))
-                })?;
+                let rows =
+                    stmt.query_map(params![cluster, since_ms, i64::from(limit), offset], |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, i64>(2)?,
+                            r.get::<_, String>(3)?,
+                        ))
+                    })?;
                 let mut out = Vec::new();
                 for row in rows {
                     let (cluster, sequence, received_ms, record) = row?;
@@ -397,6 +401,7 @@ impl Database for SqliteDb {
         serial: u64,
         at: Timestamp,
         claim: EpisodeClaim,
+        deliveries: impl FnOnce(u64) -> Vec<NewDelivery> + Send + 'static,
     ) -> Result<Option<u64>> {
         let (cluster, trigger) = (cluster.to_owned(), trigger.to_owned());
         let operation = format!("claim notification {trigger} for cluster {cluster}");
@@ -430,6 +435,19 @@ impl Database for SqliteDb {
                         at.as_millisecond()
                     ],
                 )?;
+                if claimed > 0 {
+                    for delivery in deliveries(episode) {
+                        tx.execute(
+                            sql::QUEUE_DELIVERY,
+                            params![
+                                delivery.notification_id,
+                                delivery.sink,
+                                delivery.body,
+                                at.as_millisecond()
+                            ],
+                        )?;
+                    }
+                }
                 tx.commit()?;
                 Ok((claimed > 0).then_some(episode))
             };
@@ -482,8 +500,58 @@ impl Database for SqliteDb {
                 })
                 .await?;
         }
+        self.with_writer(move |conn| {
+            conn.execute(sql::PRUNE_OUTBOX, [before_ms])
+                .map_err(db_err("prune settled notification deliveries"))
+        })
+        .await?;
         Ok(pruned)
     }
+
+    async fn take_due_deliveries(
+        &self,
+        now: Timestamp,
+        lease_until: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<QueuedDelivery>> {
+        self.with_writer(move |conn| {
+            let take = |conn: &mut Connection| -> rusqlite::Result<Vec<QueuedDelivery>> {
+                let mut statement = conn.prepare_cached(sql::TAKE_DUE_DELIVERIES)?;
+                let params = params![
+                    now.as_millisecond(),
+                    lease_until.as_millisecond(),
+                    i64::from(limit)
+                ];
+                let rows = statement.query_map(params, |r| {
+                    Ok(QueuedDelivery {
+                        id: r.get(0)?,
+                        notification_id: r.get(1)?,
+                        sink: r.get(2)?,
+                        body: r.get(3)?,
+                        attempts: u32::try_from(r.get::<_, i64>(4)?).unwrap_or(u32::MAX),
+                    })
+                })?;
+                rows.collect()
+            };
+            take(conn).map_err(db_err("take due notification deliveries"))
+        })
+        .await
+    }
+
+    async fn settle_delivery(&self, id: i64, settled: Settled, now: Timestamp) -> Result<()> {
+        let (done, next) = settled.columns(now);
+        self.with_writer(move |conn| {
+            conn.execute(sql::SETTLE_DELIVERY, params![id, done, next])
+                .map(drop)
+                .map_err(db_err("settle a notification delivery"))
+        })
+        .await
+    }
+
+    async fn lead_notifications(&self) -> Result<bool> {
+        Ok(true)
+    }
+
     async fn record_token_failure(&self, address: &str, at: Timestamp) -> Result<()> {
         let address = address.to_owned();
         self.with_writer(move |conn| {
@@ -528,6 +596,15 @@ impl Database for SqliteDb {
         .await
     }
 
+    async fn prune_drift(&self, before: Timestamp) -> Result<u64> {
+        let before_ms = before.as_millisecond();
+        self.with_writer(move |conn| {
+            conn.execute(sql::PRUNE_DRIFT, params![before_ms])
+                .map(|n| n as u64)
+                .map_err(db_err("prune the drift log"))
+        })
+        .await
+    }
     async fn ping(&self) -> Result<()> {
         self.with_reader(|conn| {
             conn.query_row(sql::PING, [], |_| Ok(()))

@@ -78,6 +78,7 @@ pub(super) async fn handle(
         | Route::ApiClusters
         | Route::ApiCluster(_)
         | Route::ApiDrift
+        | Route::ApiBreakGlass
         | Route::Metrics => {
             if let Some(denied) = read::check_read_token(app, &request) {
                 return denied;

@@ -84,7 +84,10 @@ pub(super) async fn handle(
                 &latest_serial(app),
             );
             match route {
-                Route::FleetPage => html(page::fleet_page(&fleet, &selector, &filter.states)),
+                Route::FleetPage => {
+                    let open = open_break_glass(app, now).await?;
+                    html(page::fleet_page(&fleet, &selector, &filter.states, &open))
+                }
                 Route::ApiFleet => json(StatusCode::OK, &fleet),
                 _ => json(
                     StatusCode::OK,
@@ -102,7 +105,7 @@ pub(super) async fn handle(
                     &format!("cluster {name} is not enrolled"),
                 ));
             };
-            let drift = app.db.drift(Some(&name), None, DRIFT_LIMIT).await?;
+            let drift = app.db.drift(Some(&name), None, DRIFT_LIMIT, 0).await?;
             let detail = ClusterDetail {
                 cluster: view::cluster_row(summary, now, app.unknown_after, &latest_serial(app)),
                 report: view::parse_report(payload.as_deref()),
@@ -125,8 +128,24 @@ pub(super) async fn handle(
                 },
                 None => None,
             };
-            let drift = app.db.drift(cluster.as_deref(), since, DRIFT_LIMIT).await?;
-            json(StatusCode::OK, &serde_json::json!({ "drift": drift }))
+            let (limit, offset) = match page(query) {
+                Ok(page) => page,
+                Err(detail) => return Ok(json_error(StatusCode::BAD_REQUEST, "bad_page", &detail)),
+            };
+            let drift = app
+                .db
+                .drift(cluster.as_deref(), since, limit, offset)
+                .await?;
+            // The offset of the next page, while pages are full.
+            let next = (drift.len() == limit as usize).then(|| offset + u64::from(limit));
+            json(
+                StatusCode::OK,
+                &serde_json::json!({ "drift": drift, "next": next }),
+            )
+        }
+        Route::ApiBreakGlass => {
+            let open = open_break_glass(app, now).await?;
+            json(StatusCode::OK, &serde_json::json!({ "breakGlass": open }))
         }
         Route::Metrics => {
             let clusters = app.db.list_clusters().await?;
@@ -179,4 +198,53 @@ pub(super) async fn readyz(app: &Arc<App>) -> Response<Body> {
         );
     }
     text(StatusCode::OK, "ready\n")
+}
+
+/// The `limit` (1 to [`DRIFT_LIMIT`], default [`DRIFT_LIMIT`]) and `offset` (default 0) of a drift page.
+fn page(query: Option<&str>) -> Result<(u32, u64), String> {
+    let limit = match route::query_param(query, "limit").filter(|s| !s.is_empty()) {
+        None => DRIFT_LIMIT,
+        Some(text) => match text.parse::<u32>() {
+            Ok(n) if (1..=DRIFT_LIMIT).contains(&n) => n,
+            _ => {
+                return Err(format!(
+                    "limit must be a number from 1 to {DRIFT_LIMIT}, got {text:?}"
+                ));
+            }
+        },
+    };
+    let offset = match route::query_param(query, "offset").filter(|s| !s.is_empty()) {
+        None => 0,
+        Some(text) => text
+            .parse::<u64>()
+            .map_err(|_| format!("offset must be a non-negative number, got {text:?}"))?,
+    };
+    Ok((limit, offset))
+}
+
+/// The fleet's open break-glass changes, from the drift log.
+async fn open_break_glass(
+    app: &App,
+    now: Timestamp,
+) -> crate::Result<Vec<crate::server::break_glass::OpenBreakGlass>> {
+    // Holds are capped (24 h by default): a week of the log covers every one still open.
+    let since = now
+        .checked_sub(jiff::SignedDuration::from_hours(24 * 7))
+        .ok();
+    let drift = app.db.drift(None, since, DRIFT_LIMIT, 0).await?;
+    Ok(crate::server::break_glass::open(&drift, now))
+}
+
+#[cfg(test)]
+mod page_tests {
+    use super::*;
+
+    #[test]
+    fn pages_default_to_the_limit_and_refuse_nonsense() {
+        assert_eq!(page(None), Ok((DRIFT_LIMIT, 0)));
+        assert_eq!(page(Some("limit=10&offset=20")), Ok((10, 20)));
+        assert!(page(Some("limit=0")).unwrap_err().contains("limit"));
+        assert!(page(Some(&format!("limit={}", DRIFT_LIMIT + 1))).is_err());
+        assert!(page(Some("offset=-1")).unwrap_err().contains("offset"));
+    }
 }

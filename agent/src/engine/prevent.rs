@@ -1,0 +1,247 @@
+//! Keeps the prevention policy in the cluster: after each sync, the objects of the release with `prevent`
+//! on become the guarded set, [`crate::prevent::objects`] builds the ValidatingAdmissionPolicy and its
+//! binding from it, and this executor applies them (server-side apply, manager `windvane`) — or deletes
+//! them when nothing is guarded any more. It learns once what it needs from the API server: the version
+//! (older than 1.30: a clear refusal, detection only), the agent's own user name (a SelfSubjectReview) and
+//! the agent's Namespace (the owner of both objects, so uninstalling the agent removes them). The backstop
+//! applies them again, in case someone removed them.
+
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, PostParams};
+use serde_json::Value;
+use tracing::{info, warn};
+use windvane_shared::bundle::ObjectRef;
+
+use super::Engine;
+use crate::apply::{ObjectResult, Outcome};
+use crate::cluster::{Deletion, api_message};
+use crate::prevent::{self, Guarded, Settings};
+
+const API_VERSION: &str = "admissionregistration.k8s.io/v1";
+const POLICY_KIND: &str = "ValidatingAdmissionPolicy";
+const BINDING_KIND: &str = "ValidatingAdmissionPolicyBinding";
+
+/// What the executor remembers between syncs.
+#[derive(Debug, Default)]
+pub(super) struct Prevention {
+    /// The agent's user name, once known.
+    agent_user: Option<String>,
+    /// The agent Namespace's uid, once known.
+    owner_uid: Option<String>,
+    /// `Err`: why this cluster cannot enforce prevention (its version), once asked.
+    supported: Option<Result<(), String>>,
+    /// The objects last applied (the policy, then the binding); `None` once removed.
+    applied: Option<(Value, Value)>,
+    /// False until the first sync made sure of the policy's presence or absence.
+    settled: bool,
+}
+
+impl Engine {
+    /// Brings the policy in line with the objects just applied; `Err` says why prevention is not in force.
+    pub(super) async fn keep_prevention(
+        &mut self,
+        results: &[ObjectResult],
+        serial: u64,
+    ) -> Result<(), String> {
+        self.clear_spent_approvals(results).await;
+        let guarded = self.guarded(results).await;
+        if guarded.is_empty() {
+            return self.remove_prevention().await;
+        }
+        if self.prevention.supported.is_none() {
+            self.prevention.supported = Some(self.cluster_supports().await);
+        }
+        if let Some(Err(why)) = &self.prevention.supported {
+            warn!(%why, "prevention refused");
+            return Err(why.clone());
+        }
+        let settings = self.prevent_settings(serial).await?;
+        let Some(objects) = prevent::objects(&settings, &guarded) else {
+            return Ok(());
+        };
+        if self.prevention.applied.as_ref() == Some(&objects) {
+            return Ok(());
+        }
+        self.apply_prevention(&objects).await?;
+        info!(
+            guarded = guarded.len(),
+            policy = %prevent::policy_name(&self.config.fleet),
+            "prevention policy applied"
+        );
+        self.prevention.applied = Some(objects);
+        self.prevention.settled = true;
+        Ok(())
+    }
+
+    /// The backstop: applies the policy again (someone may have removed it).
+    pub(super) async fn reassert_prevention(&mut self) {
+        if let Some(objects) = self.prevention.applied.clone()
+            && let Err(why) = self.apply_prevention(&objects).await
+        {
+            warn!(%why, "cannot re-apply the prevention policy");
+        }
+    }
+
+    /// A break-glass approval serves one change: on an object this sync wrote as the release says (a release
+    /// took the change in, or it was reverted), whatever break-glass annotations are left are removed.
+    async fn clear_spent_approvals(&self, results: &[ObjectResult]) {
+        for result in results {
+            let key = result.key();
+            // Written now: any break-glass change on it is over (the healer's episode ends with this write).
+            let written = matches!(result.outcome, Outcome::Applied { written: true });
+            if !written || !result.object.prevent {
+                continue;
+            }
+            let Some(live) = self.live.get(&key) else {
+                continue;
+            };
+            if prevent::break_glass(&live).is_none() {
+                continue;
+            }
+            let id = &result.object.id;
+            let Ok(resolved) = self.cluster.resolve(&id.api_version, &id.kind).await else {
+                continue;
+            };
+            let clear = prevent::clear_break_glass();
+            match self.cluster.merge_patch(id, &resolved, &clear).await {
+                Ok(_) => info!(object = %id, "break-glass approval spent: annotations removed"),
+                Err(failure) => {
+                    warn!(object = %id, error = %failure.message, "cannot remove spent break-glass annotations")
+                }
+            }
+        }
+    }
+
+    /// The applied objects of the release that have prevent on, as admission requests name them.
+    async fn guarded(&self, results: &[ObjectResult]) -> Vec<Guarded> {
+        let mut guarded = Vec::new();
+        for result in results {
+            if !result.object.prevent || !matches!(result.outcome, Outcome::Applied { .. }) {
+                continue;
+            }
+            let id = &result.object.id;
+            let Ok(resolved) = self.cluster.resolve(&id.api_version, &id.kind).await else {
+                continue;
+            };
+            guarded.push(Guarded {
+                group: id.group().to_owned(),
+                resource: resolved.resource.plural.clone(),
+                namespace: id.namespace.clone(),
+                name: id.name.clone(),
+                owns_replicas: result.object.body().pointer("/spec/replicas").is_some(),
+            });
+        }
+        guarded
+    }
+
+    async fn cluster_supports(&self) -> Result<(), String> {
+        match self.cluster.client().apiserver_version().await {
+            Ok(info) => prevent::supported(&info.major, &info.minor),
+            Err(error) => Err(format!(
+                "cannot read the Kubernetes version: {}",
+                api_message(&error)
+            )),
+        }
+    }
+
+    async fn prevent_settings(&mut self, serial: u64) -> Result<Settings, String> {
+        let client = self.cluster.client().clone();
+        if self.prevention.agent_user.is_none() {
+            let review: SelfSubjectReview = serde_json::from_value(serde_json::json!({
+                "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"
+            }))
+            .map_err(|e| e.to_string())?;
+            let answer = Api::<SelfSubjectReview>::all(client.clone())
+                .create(&PostParams::default(), &review)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "asking who the agent is (SelfSubjectReview): {}",
+                        api_message(&e)
+                    )
+                })?;
+            let user = answer
+                .status
+                .and_then(|s| s.user_info)
+                .and_then(|u| u.username)
+                .ok_or("the SelfSubjectReview named no user")?;
+            info!(%user, "the agent's identity, exempt from its prevention policy");
+            self.prevention.agent_user = Some(user);
+        }
+        if self.prevention.owner_uid.is_none() {
+            let namespace = Api::<Namespace>::all(client)
+                .get_opt(&self.config.namespace)
+                .await
+                .map_err(|e| format!("reading the agent's namespace: {}", api_message(&e)))?;
+            self.prevention.owner_uid = namespace.and_then(|n| n.metadata.uid);
+        }
+        Ok(Settings {
+            fleet: self.config.fleet.clone(),
+            serial,
+            agent_user: self.prevention.agent_user.clone().unwrap_or_default(),
+            break_glass_group: self.config.break_glass_group.clone(),
+            owner: self.prevention.owner_uid.clone().map(|uid| {
+                (
+                    "v1".into(),
+                    "Namespace".into(),
+                    self.config.namespace.clone(),
+                    uid,
+                )
+            }),
+        })
+    }
+
+    async fn apply_prevention(&self, (policy, binding): &(Value, Value)) -> Result<(), String> {
+        for (kind, body) in [(POLICY_KIND, policy), (BINDING_KIND, binding)] {
+            let id = self.prevention_ref(kind);
+            let resolved = self
+                .cluster
+                .resolve(API_VERSION, kind)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.cluster
+                .apply(&id, &resolved, body, false)
+                .await
+                .map_err(|failure| format!("applying {id}: {}", failure.message))?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the binding, then the policy (once per agent start, and whenever they were applied).
+    async fn remove_prevention(&mut self) -> Result<(), String> {
+        if self.prevention.settled && self.prevention.applied.is_none() {
+            return Ok(());
+        }
+        // Both at once: after a start this runs inside the first sync, whether or not they ever existed.
+        let engine = &*self;
+        let removals = [BINDING_KIND, POLICY_KIND].map(|kind| async move {
+            let id = engine.prevention_ref(kind);
+            // A cluster without the API has nothing to remove.
+            let Ok(resolved) = engine.cluster.resolve(API_VERSION, kind).await else {
+                return Ok(());
+            };
+            match engine.cluster.delete(&id, &resolved).await {
+                Ok(Deletion::Gone | Deletion::Pending { .. }) => Ok(()),
+                Err(error) => Err(error.to_string()),
+            }
+        });
+        for removed in futures::future::join_all(removals).await {
+            removed?;
+        }
+        if self.prevention.applied.take().is_some() {
+            info!("prevention turned off: policy removed");
+        }
+        self.prevention.settled = true;
+        Ok(())
+    }
+
+    fn prevention_ref(&self, kind: &str) -> ObjectRef {
+        ObjectRef {
+            api_version: API_VERSION.to_owned(),
+            kind: kind.to_owned(),
+            namespace: None,
+            name: prevent::policy_name(&self.config.fleet),
+        }
+    }
+}

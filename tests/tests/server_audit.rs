@@ -1,0 +1,173 @@
+//! What the server makes of the drift log for others, end to end on a real `windvane-server`: the audit
+//! export to an HTTP endpoint (`--audit-export URL`: every stored drift record POSTed as JSON lines,
+//! `application/x-ndjson`, to a real receiver in this test — retried when the endpoint fails — with the
+//! documented fields, each record once), and the open break-glass changes on the API and the fleet page, until
+//! the change is reverted.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde_json::Value;
+use windvane_shared::heartbeat::{BreakGlassRecord, DriftAction, DriftRecord};
+use windvane_shared::status::SyncState;
+use windvane_tests::heartbeat_agent::SimulatedAgent;
+use windvane_tests::http::{client, get_json};
+use windvane_tests::poll::eventually;
+use windvane_tests::server::{Options, ServerProcess};
+use windvane_tests::webhook::{Received, receiver};
+
+fn drift(name: &str, action: DriftAction) -> DriftRecord {
+    DriftRecord {
+        app: "shop".into(),
+        group: "apps".into(),
+        kind: "Deployment".into(),
+        namespace: Some("shop".into()),
+        name: name.into(),
+        fields: vec!["/spec/template/spec/containers/0/image".into()],
+        deleted: false,
+        manager: Some("kubectl-edit".into()),
+        operation: Some("Update".into()),
+        changed_at: Some(Timestamp::now()),
+        detected_at: Timestamp::now(),
+        reverted_at: (action == DriftAction::Reverted).then(Timestamp::now),
+        action,
+        break_glass: None,
+        revert_requested_by: None,
+    }
+}
+
+/// Every JSON line the endpoint accepted on `path`.
+fn lines(received: &std::sync::Mutex<Received>, path: &str) -> Vec<Value> {
+    let state = received.lock().expect("lock");
+    state
+        .raw_by_path
+        .get(path)
+        .into_iter()
+        .flatten()
+        .flat_map(|body| body.lines().map(str::to_owned).collect::<Vec<_>>())
+        .map(|line| serde_json::from_str(&line).expect("each line is one JSON object"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_stored_drift_record_is_posted_once_as_a_json_line() {
+    let (hooks, received) = receiver().await;
+    // The first POST fails (500): the export must retry it.
+    let server = ServerProcess::start(Options {
+        extra: vec!["--audit-export".into(), format!("{hooks}/flaky")],
+        ..Options::default()
+    });
+    let http = client();
+    let mut agent = SimulatedAgent::new("prod-eu", 1, &[("env", "prod")]);
+    assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
+    let mut heartbeat = agent.next(SyncState::OutOfSync);
+    heartbeat.drift = vec![
+        drift("api", DriftAction::Reverted),
+        drift("web", DriftAction::Reported),
+    ];
+    let signed = agent.sign(&heartbeat);
+    assert_eq!(agent.post(&http, &server.url, signed).await.status(), 200);
+    let mut heartbeat = agent.next(SyncState::Synced);
+    heartbeat.drift = vec![drift("worker", DriftAction::Reverted)];
+    let signed = agent.sign(&heartbeat);
+    assert_eq!(agent.post(&http, &server.url, signed).await.status(), 200);
+
+    let exported = eventually("three audit lines", Duration::from_secs(30), || {
+        let got = lines(&received, "/flaky");
+        async move {
+            assert!(got.len() <= 3, "more lines than drift records: {got:?}");
+            (got.len() == 3).then_some(got)
+        }
+    })
+    .await;
+    let names: BTreeSet<&str> = exported.iter().filter_map(|l| l["name"].as_str()).collect();
+    assert_eq!(names, BTreeSet::from(["api", "web", "worker"]));
+    for line in &exported {
+        assert_eq!(line["cluster"], "prod-eu", "{line}");
+        assert_eq!(line["kind"], "Deployment", "{line}");
+        assert_eq!(line["namespace"], "shop", "{line}");
+        assert_eq!(line["who"], "kubectl-edit", "{line}");
+        assert_eq!(line["fields"][0], "/spec/template/spec/containers/0/image");
+        for field in ["changedAt", "detectedAt", "receivedAt", "action", "release"] {
+            assert!(line.get(field).is_some(), "{field} missing: {line}");
+        }
+    }
+    let api = exported.iter().find(|l| l["name"] == "api").expect("api");
+    assert_eq!(api["action"], "Reverted");
+    assert!(api["repairedAt"].is_string(), "{api}");
+    let web = exported.iter().find(|l| l["name"] == "web").expect("web");
+    assert_eq!(web["action"], "Reported");
+    assert!(web["repairedAt"].is_null(), "{web}");
+}
+
+#[tokio::test]
+async fn an_open_break_glass_change_is_listed_on_the_api_and_the_page_until_reverted() {
+    let server = ServerProcess::start(Options::default());
+    let http = client();
+    let mut agent = SimulatedAgent::new("prod-eu", 1, &[("env", "prod")]);
+    assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
+    let mut held = drift("api", DriftAction::Held);
+    let until = Timestamp::now() + jiff::SignedDuration::from_hours(2);
+    held.break_glass = Some(BreakGlassRecord {
+        by: "alice".into(),
+        approver: "bob".into(),
+        ticket: "INC-7".into(),
+        until,
+    });
+    let mut heartbeat = agent.next(SyncState::Held);
+    heartbeat.drift = vec![held.clone()];
+    let signed = agent.sign(&heartbeat);
+    assert_eq!(agent.post(&http, &server.url, signed).await.status(), 200);
+
+    let open = get_json(&http, &format!("{}/api/v1/break-glass", server.url)).await;
+    let listed = &open["breakGlass"];
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{open}");
+    assert_eq!(listed[0]["cluster"], "prod-eu");
+    assert_eq!(listed[0]["object"], "apps/Deployment shop/api");
+    assert_eq!(
+        (
+            &listed[0]["by"],
+            &listed[0]["approver"],
+            &listed[0]["ticket"]
+        ),
+        (
+            &Value::from("alice"),
+            &Value::from("bob"),
+            &Value::from("INC-7")
+        )
+    );
+    let page = http
+        .get(format!("{}/", server.url))
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("page body");
+    assert!(page.contains("Open break-glass changes (1)"), "{page}");
+    assert!(
+        page.contains("<td>alice</td><td>bob</td><td>INC-7</td>"),
+        "{page}"
+    );
+
+    // Reverted at the end of its hold: no longer open, on the API or the page.
+    let mut reverted = held;
+    reverted.action = DriftAction::Reverted;
+    reverted.reverted_at = Some(Timestamp::now());
+    let mut heartbeat = agent.next(SyncState::Synced);
+    heartbeat.drift = vec![reverted];
+    let signed = agent.sign(&heartbeat);
+    assert_eq!(agent.post(&http, &server.url, signed).await.status(), 200);
+    let open = get_json(&http, &format!("{}/api/v1/break-glass", server.url)).await;
+    assert_eq!(open["breakGlass"], serde_json::json!([]), "{open}");
+    let page = http
+        .get(format!("{}/", server.url))
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("page body");
+    assert!(!page.contains("break-glass"), "{page}");
+}
