@@ -61,6 +61,10 @@ pub struct AgentArgs {
     /// Namespace of the agent's own state (Secrets, Lease). [default: windvane-system]
     #[arg(long, value_name = "NS", env = "WINDVANE_NAMESPACE")]
     pub namespace: Option<String>,
+    /// Secret in the agent's namespace whose `*.agekey` entries hold the age identities that open
+    /// SOPS-encrypted manifests (read at every sync). Without it, SOPS objects fail and the rest applies.
+    #[arg(long, value_name = "NAME", env = "WINDVANE_AGE_KEY_SECRET")]
+    pub age_key_secret: Option<String>,
     /// Kinds the agent may apply: `*`, `Kind`, `group/Kind`, `group/*` (core group: `core/Kind`). [default: *]
     #[arg(
         long = "allow-kinds",
@@ -143,6 +147,9 @@ pub struct DiffConfig {
     pub identity: ClusterIdentity,
     pub allowlist: Allowlist,
     pub kubeconfig: Option<PathBuf>,
+    /// The agent's namespace and its age identity Secret, to open SOPS objects as the agent does.
+    pub namespace: String,
+    pub age_key_secret: Option<String>,
 }
 
 impl DiffArgs {
@@ -158,6 +165,8 @@ impl DiffArgs {
             identity: agent.identity,
             allowlist: agent.allowlist,
             kubeconfig: self.agent.kubeconfig.clone(),
+            namespace: agent.namespace,
+            age_key_secret: agent.age_key_secret,
         })
     }
 }
@@ -175,6 +184,7 @@ struct FileConfig {
     #[serde(default)]
     labels: BTreeMap<String, String>,
     namespace: Option<String>,
+    age_key_secret: Option<String>,
     #[serde(default)]
     allow_kinds: Vec<String>,
     #[serde(default)]
@@ -286,6 +296,7 @@ struct AgentSettings {
     identity: ClusterIdentity,
     allowlist: Allowlist,
     namespace: String,
+    age_key_secret: Option<String>,
 }
 
 impl AgentArgs {
@@ -320,6 +331,7 @@ impl AgentArgs {
                 .clone()
                 .or(file.namespace.clone())
                 .unwrap_or_else(|| "windvane-system".to_owned()),
+            age_key_secret: self.age_key_secret.clone().or(file.age_key_secret.clone()),
         })
     }
 }
@@ -455,6 +467,7 @@ impl RunArgs {
                 identity: agent.identity,
                 allowlist: agent.allowlist,
                 namespace: agent.namespace,
+                age_key_secret: agent.age_key_secret,
                 prune_budget,
                 apply: ApplyOptions::default(),
                 source_limits: SourceLimits {

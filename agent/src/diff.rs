@@ -34,7 +34,13 @@ pub async fn run(
     client: kube::Client,
     out: &mut impl Write,
 ) -> Result<DiffSummary> {
-    let (serial, bundle) = fetch_release(config).await?;
+    let (serial, mut bundle) = fetch_release(config).await?;
+    // SOPS objects open with the agent's own identities; those that do not are counted as failed, by name.
+    let keyring =
+        crate::secrets::load_keyring(&client, &config.namespace, config.age_key_secret.as_deref())
+            .await;
+    let sealed = crate::secrets::open_selected(&mut bundle, &config.identity, &keyring);
+    drop(keyring);
     let shares = windvane_shared::desired::cluster_share(&bundle, &config.identity);
     let desired: Vec<Desired> = windvane_shared::desired::all_or_first_error(shares)?
         .into_iter()
@@ -49,6 +55,10 @@ pub async fn run(
     )?;
     let cluster = Cluster::new(client);
     let mut summary = DiffSummary::default();
+    for (object, message) in &sealed {
+        summary.failed += 1;
+        write(out, &format!("# {}: {message}\n", object.id))?;
+    }
     for object in desired {
         let (counter, text) = match diff_object(&cluster, config, object).await? {
             ObjectDiff::Failed(text) => (&mut summary.failed, text),

@@ -32,6 +32,7 @@ pub mod prevent;
 pub mod report;
 pub mod reporter;
 pub mod revert_request;
+pub mod secrets;
 pub mod source;
 pub mod state;
 pub mod watch;

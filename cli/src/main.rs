@@ -6,6 +6,7 @@ mod fleet;
 mod keygen;
 mod release;
 mod rollout;
+mod seal;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,6 +43,11 @@ enum Command {
     Rollback(rollout::RollbackArgs),
     /// Sign the exact bundle of one channel's current release on another channel.
     Promote(rollout::PromoteArgs),
+
+    /// Encrypt a manifest file's data/stringData to clusters' or groups' age recipients (a SOPS file).
+    Seal(seal::SealArgs),
+    /// Generate an age identity file (for a cluster's or a group's key Secret) and print its recipient.
+    AgeKeygen(seal::AgeKeygenArgs),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +80,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rollout(args) => return rollout::rollout(args),
         Command::Rollback(args) => rollout::rollback(args),
         Command::Promote(args) => rollout::promote(args),
+
+        Command::Seal(args) => seal::seal(args),
+        Command::AgeKeygen(args) => seal::age_keygen(args),
     }
     .map(|()| ExitCode::SUCCESS)
 }

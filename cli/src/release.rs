@@ -113,6 +113,13 @@ pub struct RenderArgs {
     labels: Vec<(String, String)>,
     #[command(flatten)]
     engines: EngineArgs,
+    /// Show SOPS-encrypted objects decrypted, as the cluster gets them, with the identities of
+    /// --age-key-file. Without it they are shown encrypted.
+    #[arg(long, requires = "age_key_file")]
+    reveal: bool,
+    /// An age identity file (as age-keygen or `windvane age-keygen` writes it) for --reveal.
+    #[arg(long, value_name = "FILE", env = "WINDVANE_AGE_KEY_FILE")]
+    age_key_file: Option<PathBuf>,
 }
 
 pub(crate) fn parse_duration_arg(text: &str) -> Result<Duration, String> {
@@ -225,7 +232,7 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<()> {
 }
 
 pub fn render(args: RenderArgs) -> anyhow::Result<()> {
-    let bundle = match &args.source {
+    let mut bundle = match &args.source {
         Some(path) => load_bundle_source(path, &args.engines)?,
         None => runtime()?.block_on(fetch_verified(&args.store))?.1,
     };
@@ -234,6 +241,23 @@ pub fn render(args: RenderArgs) -> anyhow::Result<()> {
         name: args.cluster,
         labels,
     };
+    if args.reveal
+        && let Some(path) = &args.age_key_file
+    {
+        let keyring = crate::seal::keyring_file(path)?;
+        for app in bundle
+            .apps
+            .iter_mut()
+            .filter(|app| app.selector.matches(&cluster.labels))
+        {
+            if let Some(sealed) = windvane_shared::sops::open_app(app, &keyring)
+                .into_iter()
+                .next()
+            {
+                bail!("app {}: {}", sealed.app, sealed.error);
+            }
+        }
+    }
     let shares: Vec<_> = cluster_share(&bundle, &cluster).collect();
     if shares.is_empty() {
         eprintln!(

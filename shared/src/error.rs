@@ -81,6 +81,35 @@ pub enum Error {
         detail: String,
     },
 
+    // ---- SOPS-encrypted manifests (crate::sops); no message ever holds a decrypted value ----
+    /// An age identity (`AGE-SECRET-KEY-1…`) or a recipient (`age1…`) could not be read.
+    #[error("{source_name}: {detail}")]
+    AgeKey { source_name: String, detail: String },
+    /// A SOPS file's metadata or an encrypted value is not in the form `sops` writes, or uses a feature this
+    /// reader does not support.
+    #[error("{file}: SOPS: {detail}")]
+    SopsFormat { file: String, detail: String },
+    /// None of the identities held can unwrap the file's data key: names the recipients it was sealed to.
+    #[error(
+        "{file}: SOPS: no age identity for its recipients {}; this cluster holds {}",
+        recipients.join(", "),
+        if held.is_empty() { "none".to_owned() } else { held.join(", ") }
+    )]
+    SopsNoKey {
+        file: String,
+        recipients: Vec<String>,
+        held: Vec<String>,
+    },
+    /// An encrypted value failed to decrypt (wrong data key, or the value or its key path was altered).
+    #[error("{file}: SOPS: the value at {path} does not decrypt (altered value or key path)")]
+    SopsValue { file: String, path: String },
+    /// The values decrypted, but their MAC does not match the file's: the file was altered.
+    #[error("{file}: SOPS: MAC mismatch: the file was altered after it was encrypted; refused")]
+    SopsMac { file: String },
+    /// Encrypting (sealing) a file failed.
+    #[error("{file}: cannot seal: {detail}")]
+    Seal { file: String, detail: String },
+
     // ---- fleet source tree and bundle ----
     /// Reading a file or directory failed.
     #[error("{}: {source}", path.display())]
@@ -244,6 +273,10 @@ impl Error {
             Error::SizeMismatch { .. } => "size_mismatch",
             Error::DigestMismatch { .. } => "digest_mismatch",
             Error::KeyPem { .. } => "key",
+            Error::AgeKey { .. } => "age_key",
+            Error::SopsFormat { .. } | Error::Seal { .. } => "sops_format",
+            Error::SopsNoKey { .. } => "sops_no_key",
+            Error::SopsValue { .. } | Error::SopsMac { .. } => "sops_mac",
             Error::Io { .. } => "io",
             Error::Parse { .. } | Error::AmbiguousYaml { .. } => "parse",
             Error::FleetConfig { .. }

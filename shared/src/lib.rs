@@ -22,6 +22,7 @@ pub mod release;
 pub mod render;
 pub mod rollout;
 pub mod selector;
+pub mod sops;
 pub mod source;
 pub mod status;
 pub mod yaml;

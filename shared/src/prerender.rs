@@ -393,7 +393,9 @@ pub fn helm_manifests(app: &str, chart_shown: &str, output: &str) -> Result<Vec<
             .unwrap_or("(no source)")
             .trim();
         let file = format!("{chart_shown} (helm): {source}");
-        for mut manifest in crate::source::manifests_of(&file, chunk)? {
+        let chunk_manifests = crate::source::manifests_of(&file, chunk)?;
+        crate::sops::refuse_in_engine_output(&chunk_manifests)?;
+        for mut manifest in chunk_manifests {
             let count = documents_per_source.entry(source.to_owned()).or_default();
             manifest.document = *count;
             *count += 1;
@@ -408,7 +410,9 @@ pub fn helm_manifests(app: &str, chart_shown: &str, output: &str) -> Result<Vec<
 
 /// The manifests of `kustomize build` output, named `DIRECTORY (kustomize)` and numbered in order.
 pub fn kustomize_manifests(shown: &str, output: &str) -> Result<Vec<Manifest>> {
-    crate::source::manifests_of(&format!("{shown} (kustomize)"), output)
+    let manifests = crate::source::manifests_of(&format!("{shown} (kustomize)"), output)?;
+    crate::sops::refuse_in_engine_output(&manifests)?;
+    Ok(manifests)
 }
 
 /// Splits a YAML stream at its `---` lines, as Helm writes one template's document after another.

@@ -351,6 +351,20 @@ pub(crate) fn manifests_of(file: &str, text: &str) -> Result<Vec<Manifest>> {
     };
     let mut manifests = Vec::new();
     for (document, object) in documents {
+        // A SOPS document travels encrypted; its identity must be readable without the key.
+        if crate::sops::is_encrypted(&object) {
+            crate::sops::check_identity_in_clear(file, document, &object)?;
+            if let Some(kind) = list_kind(&object) {
+                return Err(Error::Manifest {
+                    file: file.to_owned(),
+                    document,
+                    detail: format!(
+                        "a SOPS-encrypted {kind} is not supported (its items would lose the file's \
+                         metadata); encrypt each object as a document of its own"
+                    ),
+                });
+            }
+        }
         if let Some(kind) = list_kind(&object) {
             let Some(items) = object.get("items").and_then(Value::as_array) else {
                 return Err(Error::Manifest {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the real rendering engines that `windvane publish` runs for Helm and kustomize apps, from their own
 # Go modules (pinned in go.mod beside this script, as `tool` directives), into <repo>/target/tools/helm and
-# <repo>/target/tools/kustomize. Nothing is re-implemented and no prebuilt binary is downloaded: Go fetches
+# <repo>/target/tools/kustomize; and the real `sops` (github.com/getsops/sops/v3) and `age-keygen`
+# (filippo.io/age) that the secrets tests encrypt with, into <repo>/target/tools/sops and age-keygen. sops has a
+# module of its own (sops/go.mod): its cloud-KMS dependencies would otherwise move helm's pinned dependencies. Nothing is re-implemented and no prebuilt binary is downloaded: Go fetches
 # the modules from its module proxy into the usual GOMODCACHE and keeps compiled packages in the usual
 # GOCACHE (shared with tests/localkube/build.sh: the k8s.io modules are at the same version, v0.37.2), so a
 # second build takes seconds and a build with nothing changed is skipped outright.
@@ -18,10 +20,11 @@ cd "$here"
 # Up to date when both binaries exist and were built from these very inputs (go.mod, go.sum, this script,
 # the Go version): checking a stamp takes no time, where asking go to check its cache takes seconds.
 stamp="$out/.inputs"
-inputs="$(cat go.mod go.sum "$here/build.sh" | sha256sum | cut -d' ' -f1) $(go env GOVERSION)"
-if [[ "${1:-}" != "--force" && -x "$out/helm" && -x "$out/kustomize" && -f "$stamp" ]] &&
+inputs="$(cat go.mod go.sum sops/go.mod sops/go.sum "$here/build.sh" | sha256sum | cut -d' ' -f1) $(go env GOVERSION)"
+if [[ "${1:-}" != "--force" && -x "$out/helm" && -x "$out/kustomize" && -x "$out/sops" && -x "$out/age-keygen" &&
+	-f "$stamp" ]] &&
 	[[ "$(cat "$stamp")" == "$inputs" ]]; then
-	echo "target/tools/helm and target/tools/kustomize are up to date" >&2
+	echo "target/tools/{helm,kustomize,sops,age-keygen} are up to date" >&2
 	exit 0
 fi
 rm -f "$stamp"
@@ -47,5 +50,12 @@ kustomize_version="$(version sigs.k8s.io/kustomize/kustomize/v5)"
 build kustomize sigs.k8s.io/kustomize/kustomize/v5 \
 	"-X sigs.k8s.io/kustomize/api/provenance.version=kustomize/$kustomize_version"
 
+# sops stamps its version in its own version package (`sops --version` tells the truth); age-keygen prints none.
+cd "$here/sops"
+sops_version="$(version github.com/getsops/sops/v3)"
+build sops github.com/getsops/sops/v3/cmd/sops "-X github.com/getsops/sops/v3/version.Version=${sops_version#v}"
+build age-keygen filippo.io/age/cmd/age-keygen ""
+
 echo "$inputs" >"$stamp"
-echo "built $out/helm ($helm_version) and $out/kustomize ($kustomize_version) in $(($(date +%s) - start))s" >&2
+echo "built $out/helm ($helm_version), $out/kustomize ($kustomize_version), $out/sops ($sops_version) and" \
+	"$out/age-keygen in $(($(date +%s) - start))s" >&2

@@ -65,6 +65,8 @@ pub struct EngineConfig {
     /// Where a `gate: healthy` reads the rollout view (the heartbeat server); without one such a gate
     /// stays closed.
     pub rollout_server: Option<crate::wave::GateServer>,
+    /// The Secret (in `namespace`) holding the age identities that open SOPS objects ([`crate::secrets`]).
+    pub age_key_secret: Option<String>,
     /// The group whose members may make a two-person break-glass change to a prevented object.
     pub break_glass_group: String,
 }

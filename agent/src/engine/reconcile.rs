@@ -50,11 +50,24 @@ impl Engine {
         let Some(bundle) = self.take_bundle(enforced) else {
             return Next::Retry;
         };
-        let (desired, unrendered) = render(bundle, &self.config.identity);
+        let keyring = crate::secrets::load_keyring(
+            self.cluster.client(),
+            &self.config.namespace,
+            self.config.age_key_secret.as_deref(),
+        )
+        .await;
+        let (desired, unrendered, sealed) = render(bundle, &self.config.identity, &keyring);
+        drop(keyring);
         enforced.bundle.pack();
         let enforced = &*enforced;
-        let release_empty = desired.is_empty() && unrendered.is_empty();
-        let report = self.apply(desired).await;
+        let release_empty = desired.is_empty() && unrendered.is_empty() && sealed.is_empty();
+        let mut report = self.apply(desired).await;
+        // Objects that did not open are Failed, never sent; their apps' prunes wait like any failure's.
+        report.results.extend(
+            sealed
+                .into_iter()
+                .map(|(object, message)| crate::secrets::failed_result(object, message)),
+        );
 
         // Keys as applied: each object carries its final namespace, decided while applying.
         let desired_keys: BTreeSet<ObjectKey> = report.results.iter().map(|r| r.key()).collect();
@@ -374,8 +387,17 @@ fn log_sync(report: &ApplyReport, prune: &PrunePlan, complete: bool, elapsed: st
 /// This cluster's desired objects: every selected app rendered, with Windvane's labels, each object made
 /// compact as soon as it renders, while the bundle is consumed: the release exists once as parsed values,
 /// never twice. An app that fails to render is reported and skipped; the others still apply. Render errors
-/// come back with their app's name: that app's prunes wait until it renders again.
-fn render(bundle: Bundle, identity: &ClusterIdentity) -> (Vec<Desired>, Vec<RenderError>) {
+/// come back with their app's name: that app's prunes wait until it renders again. SOPS objects are opened
+/// with `keyring` first; those that do not open come back apart, with why ([`crate::secrets`]).
+fn render(
+    mut bundle: Bundle,
+    identity: &ClusterIdentity,
+    keyring: &windvane_shared::sops::Keyring,
+) -> (Vec<Desired>, Vec<RenderError>, Vec<(Desired, String)>) {
+    let sealed = crate::secrets::open_selected(&mut bundle, identity, keyring);
+    for (object, message) in &sealed {
+        error!(app = %object.app, object = %object.id, %message, "cannot open SOPS object");
+    }
     let mut desired = Vec::new();
     let mut errors = Vec::new();
     for share in cluster_share_into(bundle, identity, Desired::of) {
@@ -387,5 +409,5 @@ fn render(bundle: Bundle, identity: &ClusterIdentity) -> (Vec<Desired>, Vec<Rend
             }
         }
     }
-    (desired, errors)
+    (desired, errors, sealed)
 }

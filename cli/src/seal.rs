@@ -1,0 +1,182 @@
+//! `windvane seal` and `windvane age-keygen`: Secrets encrypted to the clusters they are for, as ordinary SOPS
+//! files in the fleet tree (the real `sops` reads them too), and the age identities that open them.
+//!
+//! Where the data comes from: a plain manifest file (a Secret, or any YAML whose `data`/`stringData` values
+//! are secret) and the recipients: `--recipient age1…`, or names looked up in a recipients file kept in the
+//! fleet tree (`--to NAME --recipients FILE`), which maps each cluster to the recipient of the identity
+//! installed in it and each group (a selector's clusters) to the group key installed in all of them:
+//!
+//! ```yaml
+//! clusters:
+//!   eu-1: age1…        # the identity in cluster eu-1's age key Secret
+//! groups:
+//!   prod: age1…        # the group key, installed in every cluster of the prod group
+//! ```
+//!
+//! Where it goes: the sealed file (`-o`, or over the input with `--in-place`), to be committed and published;
+//! only `data` and `stringData` are encrypted, so the object's identity stays readable without a key.
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use serde_json::Value;
+use windvane_shared::sops::{self, KUBERNETES_ENCRYPTED_REGEX, Keyring};
+use windvane_shared::yaml::{YamlLimits, documents_to_json};
+use windvane_shared::yaml_out::to_yaml_string;
+
+use crate::read_text;
+
+#[derive(Debug, Args)]
+pub struct SealArgs {
+    /// The plain manifest file to seal (every document of it, with one data key).
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+    /// An age recipient (age1…) that may open it; repeat for more.
+    #[arg(long = "recipient", value_name = "AGE1")]
+    recipients: Vec<String>,
+    /// A cluster or group named in --recipients whose recipient may open it; repeat for more.
+    #[arg(long = "to", value_name = "NAME", requires = "recipients_file")]
+    to: Vec<String>,
+    /// The recipients file (clusters: and groups: mapping names to age recipients).
+    #[arg(long = "recipients", value_name = "FILE", env = "WINDVANE_RECIPIENTS")]
+    recipients_file: Option<PathBuf>,
+    /// Where to write the sealed file (`-` for standard output).
+    #[arg(short, long, value_name = "OUT", required_unless_present = "in_place")]
+    output: Option<PathBuf>,
+    /// Replace FILE with its sealed form.
+    #[arg(long, conflicts_with = "output")]
+    in_place: bool,
+}
+
+pub fn seal(args: SealArgs) -> anyhow::Result<()> {
+    let shown = args.file.display().to_string();
+    let text = read_text(&args.file)?;
+    let documents: Vec<Value> = documents_to_json(&text, &shown, YamlLimits::default())?
+        .into_iter()
+        .map(|(_, value)| value)
+        .collect();
+    if documents.is_empty() {
+        bail!("{shown}: no document to seal");
+    }
+    let mut recipients = args.recipients.clone();
+    if let Some(file) = &args.recipients_file {
+        recipients.extend(named_recipients(file, &args.to)?);
+    }
+    if recipients.is_empty() {
+        bail!("seal needs at least one --recipient or --to NAME with --recipients FILE");
+    }
+    let parsed = recipients
+        .iter()
+        .map(|r| sops::parse_recipient(r, "--recipient"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let sealed = sops::seal(
+        &documents,
+        &parsed,
+        KUBERNETES_ENCRYPTED_REGEX,
+        &now,
+        &shown,
+    )?;
+    let mut out = String::new();
+    for (index, document) in sealed.iter().enumerate() {
+        if index > 0 {
+            out.push_str("---\n");
+        }
+        out.push_str(&to_yaml_string(document));
+    }
+    let target = if args.in_place {
+        Some(args.file.clone())
+    } else {
+        args.output.clone().filter(|p| p.as_os_str() != "-")
+    };
+    match target {
+        None => std::io::stdout().write_all(out.as_bytes())?,
+        Some(path) => std::fs::write(&path, out).with_context(|| path.display().to_string())?,
+    }
+    eprintln!(
+        "sealed {shown} ({} document(s)) to {}",
+        sealed.len(),
+        recipients.join(", ")
+    );
+    Ok(())
+}
+
+/// The recipients file: names of clusters and groups to their recipients.
+fn named_recipients(file: &Path, names: &[String]) -> anyhow::Result<Vec<String>> {
+    let shown = file.display().to_string();
+    let text = read_text(&file.to_path_buf())?;
+    let value = documents_to_json(&text, &shown, YamlLimits::default())?
+        .into_iter()
+        .next()
+        .map(|(_, value)| value)
+        .unwrap_or(Value::Null);
+    let mut known: BTreeMap<String, String> = BTreeMap::new();
+    for section in ["clusters", "groups"] {
+        let Some(entries) = value.get(section) else {
+            continue;
+        };
+        let Some(entries) = entries.as_object() else {
+            bail!("{shown}: {section} must be a mapping of names to age recipients");
+        };
+        for (name, recipient) in entries {
+            let Some(recipient) = recipient.as_str() else {
+                bail!("{shown}: {section}.{name} must be an age recipient (age1…)");
+            };
+            sops::parse_recipient(recipient, &format!("{shown}: {section}.{name}"))?;
+            if known.insert(name.clone(), recipient.to_owned()).is_some() {
+                bail!("{shown}: {name} is both a cluster and a group");
+            }
+        }
+    }
+    names
+        .iter()
+        .map(|name| {
+            known.get(name).cloned().with_context(|| {
+                format!(
+                    "{shown}: no cluster or group {name:?} (known: {})",
+                    known.keys().cloned().collect::<Vec<_>>().join(", ")
+                )
+            })
+        })
+        .collect()
+}
+
+#[derive(Debug, Args)]
+pub struct AgeKeygenArgs {
+    /// The identity file to write (mode 0600, never over an existing file), as `age-keygen` writes it.
+    #[arg(short, long, value_name = "FILE")]
+    output: PathBuf,
+}
+
+/// Writes a new age identity and prints its recipient (what `seal` and the recipients file name).
+pub fn age_keygen(args: AgeKeygenArgs) -> anyhow::Result<()> {
+    let (secret, recipient) = Keyring::generate();
+    let created = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ");
+    let text = format!("# created: {created}\n# public key: {recipient}\n{secret}\n");
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&args.output)
+        .with_context(|| format!("{} (never overwritten)", args.output.display()))?;
+    file.write_all(text.as_bytes())?;
+    println!("{recipient}");
+    Ok(())
+}
+
+/// The identities of an age identity file (`--age-key-file`).
+pub fn keyring_file(path: &PathBuf) -> anyhow::Result<Keyring> {
+    let mut keyring = Keyring::default();
+    keyring.add_text(&read_text(path)?, &path.display().to_string())?;
+    if keyring.is_empty() {
+        bail!("{}: no age identity in it", path.display());
+    }
+    Ok(keyring)
+}
