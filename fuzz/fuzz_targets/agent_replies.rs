@@ -129,7 +129,12 @@ async fn interpret(response: hyper::Response<hyper::body::Incoming>) {
             // The reporter's next timers, as it computes them.
             let next = jittered(interval, 0.2, 1.0);
             let _ = clamp::after(Instant::now(), next);
-            let backoff = full_jitter(u32::MAX, Duration::from_secs(1), interval.max(Duration::from_secs(60)), 1.0);
+            let backoff = full_jitter(
+                u32::MAX,
+                Duration::from_secs(1),
+                interval.max(Duration::from_secs(60)),
+                1.0,
+            );
             let _ = clamp::after(Instant::now(), backoff);
         }
         Err(error) => check_quoted(&error),

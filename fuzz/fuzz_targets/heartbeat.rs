@@ -23,7 +23,7 @@ use windvane_source_server::server::ingest::{
     ClusterKey, MAX_INTERVAL_SECONDS, check_enroll, check_heartbeat,
 };
 use windvane_source_server::server::status::Filter;
-use windvane_source_server::server::{page, view};
+use windvane_source_server::server::{break_glass, page, view};
 
 const MAX_SKEW: Duration = Duration::from_secs(300);
 
@@ -110,8 +110,7 @@ fn accepted(verified: &VerifiedHeartbeat) {
         &Filter::default(),
         &latest,
     );
-    let _ = page::fleet_page(&fleet, "", &[]);
-    let drift = heartbeat
+    let drift: Vec<DriftEntry> = heartbeat
         .drift
         .iter()
         .map(|record| DriftEntry {
@@ -121,6 +120,9 @@ fn accepted(verified: &VerifiedHeartbeat) {
             record: record.clone(),
         })
         .collect();
+    // Open break-glass changes, from hostile drift records, on the fleet page.
+    let open = break_glass::open(&drift, now());
+    let _ = page::fleet_page(&fleet, "", &[], &open);
     let detail = view::ClusterDetail {
         cluster: view::cluster_row(summary, now(), None, &latest),
         report,

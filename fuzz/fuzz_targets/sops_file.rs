@@ -9,7 +9,9 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
-use windvane_shared::sops::{KUBERNETES_ENCRYPTED_REGEX, Keyring, open_file, parse_recipient, seal};
+use windvane_shared::sops::{
+    KUBERNETES_ENCRYPTED_REGEX, Keyring, open_file, parse_recipient, seal,
+};
 use windvane_shared::yaml::{YamlLimits, documents_to_json};
 
 /// One identity for the whole run (what fails or opens does not depend on which).
@@ -18,7 +20,9 @@ fn keys() -> &'static (Keyring, String) {
     KEYS.get_or_init(|| {
         let (secret, recipient) = Keyring::generate();
         let mut keyring = Keyring::default();
-        keyring.add_text(&secret, "fuzz").expect("a generated identity reads");
+        keyring
+            .add_text(&secret, "fuzz")
+            .expect("a generated identity reads");
         (keyring, recipient)
     })
 }

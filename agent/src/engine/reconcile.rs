@@ -98,7 +98,13 @@ impl Engine {
             serial,
             complete,
         );
-        if let Err(error) = self.state.save_inventory(&next).await {
+        // The prevention policy is kept beside the inventory's write: neither waits for the other.
+        let state = self.state.clone();
+        let (saved, prevention) = futures::join!(
+            state.save_inventory(&next),
+            self.keep_prevention(&report.results, serial)
+        );
+        if let Err(error) = saved {
             error!(%error, "cannot persist the inventory");
         }
         self.inventory = next;
@@ -118,7 +124,7 @@ impl Engine {
             Next::Retry
         };
         // Reported, not retried: a cluster that cannot enforce prevention still detects and heals.
-        if let Err(why) = self.keep_prevention(&report.results, serial).await {
+        if let Err(why) = prevention {
             errors.push(format!("prevention: {why}"));
         }
         self.record_status(enforced, &report, errors, &prune);
