@@ -8,6 +8,7 @@
 //! both and the ticket, and is reverted (its annotations cleared) when its short hold ends; an approval left
 //! standing is spent when a release writes the object.
 
+use anyhow::Context as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -204,18 +205,35 @@ async fn wait_refused(
     groups: &[&str],
     message: &str,
 ) -> anyhow::Result<()> {
-    wait_for("the policy refusing a scale", WAIT, || async {
+    let last = std::sync::Mutex::new(String::new());
+    let refused = wait_for("the policy refusing a scale", WAIT, || async {
         let run = kubectl(
             kube,
             user,
             groups,
-            &["scale", "deployment/web", "--replicas=7"],
+            // A server-side dry run: admission judges it, nothing changes. A real scale let through before
+            // the policy is in force would leave replicas at 7, where every later scale to 7 is a no-op
+            // that no policy refuses.
+            &[
+                "scale",
+                "deployment/web",
+                "--replicas=7",
+                "--dry-run=server",
+            ],
             &[],
         )
         .await?;
-        Ok((!run.ok && run.output.contains(message)).then_some(()))
+        let done = !run.ok && run.output.contains(message);
+        *last.lock().expect("lock") = run.output;
+        Ok(done.then_some(()))
     })
-    .await
+    .await;
+    refused.with_context(|| {
+        format!(
+            "the last answer to {user}'s scale: {}",
+            last.lock().expect("lock")
+        )
+    })
 }
 
 async fn image(kube: &LocalKube) -> anyhow::Result<Option<String>> {
@@ -410,7 +428,13 @@ async fn break_glass_needs_a_ticket_and_a_second_person_and_is_held_then_reverte
         &group,
         "a break-glass change needs annotations",
     )
-    .await?;
+    .await
+    .with_context(|| {
+        format!(
+            "agent log:\n{}",
+            windvane_tests::process::tail(&s.agent.process.log(), 60)
+        )
+    })?;
     let alone = run("alice", &patch("registry.example.com/web:6.6")).await?;
     assert!(
         !alone.ok && alone.output.contains(&denial(s.serial)),

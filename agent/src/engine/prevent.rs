@@ -74,6 +74,11 @@ impl Engine {
         Ok(())
     }
 
+    /// True when this cluster cannot enforce prevention at all (its version): nothing to retry.
+    pub(super) fn prevention_refused(&self) -> bool {
+        matches!(self.prevention.supported, Some(Err(_)))
+    }
+
     /// The backstop: applies the policy again (someone may have removed it).
     pub(super) async fn reassert_prevention(&mut self) {
         if let Some(objects) = self.prevention.applied.clone()

@@ -118,12 +118,14 @@ impl Engine {
             .collect();
         errors.extend(prune.reasons().cloned());
         errors.extend(prune_errors);
-        let next = if complete && errors.is_empty() {
+        // A prevention policy that could not be written is tried again with the sync's retry; a cluster too
+        // old for it is only told so (it still detects and heals).
+        let prevention_retry = prevention.is_err() && !self.prevention_refused();
+        let next = if complete && errors.is_empty() && !prevention_retry {
             Next::Idle
         } else {
             Next::Retry
         };
-        // Reported, not retried: a cluster that cannot enforce prevention still detects and heals.
         if let Err(why) = prevention {
             errors.push(format!("prevention: {why}"));
         }
