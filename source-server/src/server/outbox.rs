@@ -22,7 +22,7 @@ use super::notify::{Config, MAX_ATTEMPTS, backoff};
 /// How often the sender looks for due deliveries (and whether it leads).
 pub const TICK: Duration = Duration::from_millis(250);
 /// How long a delivery taken for an attempt is not taken again: longer than an attempt can take.
-pub const LEASE: Duration = Duration::from_secs(60);
+pub const LEASE: Duration = Duration::from_secs(15);
 /// Most deliveries taken per tick.
 const BATCH: u32 = 64;
 /// Most attempts in flight.
