@@ -2,40 +2,17 @@
 //! through the real binary, against a store in a temporary directory. Also: a failed publish leaves the store
 //! byte-identical, and keys made by openssl work.
 
+mod common;
+
+use common::{fails, ok};
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use tempfile::TempDir;
 
 const EXAMPLE_FLEET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples/fleet");
-
-fn windvane(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_windvane"))
-        .args(args)
-        .output()
-        .expect("windvane runs")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = windvane(args);
-    assert!(
-        out.status.success(),
-        "windvane {args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8 output")
-}
-
-fn fails(args: &[&str]) -> String {
-    let out = windvane(args);
-    assert!(
-        !out.status.success(),
-        "windvane {args:?} should have failed"
-    );
-    String::from_utf8(out.stderr).expect("utf-8 output")
-}
 
 fn path(p: &Path) -> &str {
     p.to_str().expect("utf-8 temp path")

@@ -3,38 +3,14 @@
 //! the same serial (a second halt is refused, as is a halt of a release without a rollout), and rollback
 //! publishes the previous bundle as a new serial.
 
+mod common;
+
+use common::{fails, ok};
+
 use std::path::Path;
-use std::process::{Command, Output};
 
 use tempfile::TempDir;
 use windvane_shared::dsse::Envelope;
-
-fn windvane(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_windvane"))
-        .args(args)
-        .output()
-        .expect("windvane runs")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = windvane(args);
-    assert!(
-        out.status.success(),
-        "windvane {args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8")
-}
-
-fn fails(args: &[&str]) -> String {
-    let out = windvane(args);
-    assert!(
-        !out.status.success(),
-        "windvane {args:?} should have failed"
-    );
-    String::from_utf8(out.stderr).expect("utf-8")
-}
 
 fn pointer(store: &Path, channel: &str) -> serde_json::Value {
     let bytes = std::fs::read(store.join(format!("channels/{channel}.json"))).expect("pointer");

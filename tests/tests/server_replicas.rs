@@ -74,11 +74,7 @@ async fn metric(http: &reqwest::Client, server: &ServerProcess, series: &str) ->
         .text()
         .await
         .expect("metrics body");
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(0.0)
+    windvane_tests::fleet::metric(&metrics, series).unwrap_or(0.0)
 }
 
 /// The fleet as the API reports it, without what changes by the second (ages).
