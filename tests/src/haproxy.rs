@@ -18,7 +18,7 @@ pub const PROXY_SOURCE: &str = "127.0.0.2";
 #[derive(Debug)]
 pub struct LoadBalancer {
     pub url: String,
-    _process: ChildProcess,
+    process: ChildProcess,
     _dir: tempfile::TempDir,
 }
 
@@ -48,6 +48,11 @@ pub fn config(port: u16, replicas: &[String]) -> String {
 }
 
 impl LoadBalancer {
+    /// HAProxy's process id; `None` when it has exited.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
     /// Starts HAProxy in the foreground and waits until it answers.
     pub async fn start(replicas: &[String]) -> anyhow::Result<LoadBalancer> {
         let dir = tempfile::tempdir()?;
@@ -88,7 +93,7 @@ impl LoadBalancer {
         })?;
         Ok(LoadBalancer {
             url,
-            _process: process,
+            process,
             _dir: dir,
         })
     }

@@ -127,6 +127,13 @@ impl Postgres {
         );
     }
 
+    /// The postmaster's process id (its backends are its children), from its pid file; `None` when it is
+    /// not running.
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        let text = std::fs::read_to_string(self.dir.path().join("data/postmaster.pid")).ok()?;
+        text.lines().next()?.trim().parse().ok()
+    }
+
     /// A fresh database in this cluster, for one test.
     pub async fn database(&self, name: &str) -> String {
         let (client, connection) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)

@@ -1,7 +1,8 @@
 //! The benchmark's source-server sections, run for a few seconds with a tiny load (`bench --smoke`) against
 //! the debug build of `windvane-server` and Debian's nginx: the benchmark's own logic (servers started, 304s
 //! compared, heartbeats offered and counted after a SIGKILL, simulated agents enrolled and converging on a
-//! publish, simulated agents holding long polls and woken by a publish) keeps working. The figures mean nothing at this size and in a debug build; the full run is
+//! publish, simulated agents holding long polls and woken by a publish, the same heartbeats through HAProxy to
+//! two replicas on a real PostgreSQL) keeps working. The figures mean nothing at this size and in a debug build; the full run is
 //! `cargo run --release -p windvane-tests --bin bench`.
 
 use std::collections::BTreeMap;
@@ -19,7 +20,7 @@ fn the_server_sections_of_the_benchmark_run_and_report() -> anyhow::Result<()> {
         .args([
             "--smoke",
             "--only",
-            "pointer-304,heartbeat,convergence,long-poll",
+            "pointer-304,heartbeat,heartbeat-replicas,convergence,long-poll",
         ])
         .args([
             "--agents",
@@ -73,6 +74,13 @@ fn the_server_sections_of_the_benchmark_run_and_report() -> anyhow::Result<()> {
         "a tiny load is answered 2xx in full and stored in full"
     );
     assert_eq!(heartbeat["windvane"]["offered"].as_u64(), Some(400));
+    assert!(value("heartbeat_replicas_rate") > 0.0);
+    assert!(baseline("heartbeat_replicas_rate").is_some_and(|sqlite| sqlite > 0.0));
+    assert_eq!(
+        value("heartbeat_replicas_lost"),
+        0.0,
+        "every heartbeat a replica answered 2xx is in PostgreSQL"
+    );
 
     let converged = value("convergence_seconds");
     let floor = baseline("convergence_seconds").expect("the poll schedule's floor");

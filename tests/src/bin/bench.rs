@@ -53,6 +53,8 @@ mod long_poll;
 mod pointer;
 #[path = "bench/prom.rs"]
 mod prom;
+#[path = "bench/replicas.rs"]
+mod replicas;
 #[path = "bench/report.rs"]
 mod report;
 #[path = "bench/server.rs"]
@@ -102,6 +104,9 @@ enum Section {
     Pointer304,
     /// Source server: signed heartbeat ingestion rate, p99, loss vs a trivial handler on the same stack.
     Heartbeat,
+    /// Source server: heartbeat ingestion by two replicas on PostgreSQL behind HAProxy vs one on SQLite.
+    #[value(name = "heartbeat-replicas")]
+    HeartbeatReplicas,
     /// Source server: 10,000 simulated agents, publish until all acknowledged, server CPU and RSS.
     Convergence,
     /// Source server: 10,000 simulated agents holding long polls, publish → every one has the new pointer.
@@ -122,7 +127,11 @@ impl Section {
     fn needs_server(self) -> bool {
         matches!(
             self,
-            Self::Pointer304 | Self::Heartbeat | Self::Convergence | Self::LongPoll
+            Self::Pointer304
+                | Self::Heartbeat
+                | Self::HeartbeatReplicas
+                | Self::Convergence
+                | Self::LongPoll
         )
     }
 
@@ -473,6 +482,15 @@ async fn server_sections(settings: &Settings, results: &mut Results) -> anyhow::
         let ingestion =
             heartbeat::measure(&settings.server, work.path(), settings.heartbeat).await?;
         heartbeat::report(&ingestion, settings.heartbeat, results);
+    }
+    if settings.wants(Section::HeartbeatReplicas) {
+        progress(&format!(
+            "heartbeat-replicas: {} heartbeats/s, one server on SQLite then two replicas on PostgreSQL behind \
+             HAProxy",
+            settings.heartbeat.rate
+        ));
+        let scaled = replicas::measure(&settings.server, work.path(), settings.heartbeat).await?;
+        replicas::report(&scaled, settings.heartbeat, results);
     }
     let mut plain_polling = None;
     if settings.wants(Section::Convergence) {

@@ -181,7 +181,7 @@ pub fn cluster_key(i: u64) -> SigningKey {
     signing_key_from_seed(seed)
 }
 
-fn labels() -> BTreeMap<String, String> {
+pub(crate) fn labels() -> BTreeMap<String, String> {
     [("env", "prod"), ("region", "eu-west-1"), ("tier", "edge")]
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -189,7 +189,7 @@ fn labels() -> BTreeMap<String, String> {
 }
 
 /// Heartbeats to send: (number, path, body), numbered in due order.
-type Scheduled = Vec<(u64, String, Bytes)>;
+pub(crate) type Scheduled = Vec<(u64, String, Bytes)>;
 
 /// Runs the measurement with `binary` as the server.
 pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<Ingestion> {
@@ -213,9 +213,9 @@ pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<
     let trivial = {
         let trivial_server = TrivialServer::start(work)?;
         let pid = trivial_server.pid()?;
-        offer(trivial_server.addr, pid, &per_connection, s.rate).await?
+        offer(trivial_server.addr, &[pid], &per_connection, s.rate).await?
     };
-    let windvane = offer(server.addr, server.pid()?, &per_connection, s.rate).await?;
+    let windvane = offer(server.addr, &[server.pid()?], &per_connection, s.rate).await?;
     server.check_running()?;
     let server_metrics = match Conn::open(server.addr).await?.get("/metrics", &[]).await {
         Ok(answer) => crate::prom::parse(&String::from_utf8_lossy(&answer.body)),
@@ -300,7 +300,7 @@ pub async fn enroll_all(
 
 /// Signs `total` heartbeats on two threads; heartbeat `n` is cluster `n % clusters`'s, sequence
 /// `n / clusters + 1`, carried by connection `cluster % connections`.
-fn sign_all(
+pub(crate) fn sign_all(
     names: &[String],
     keys: &Arc<Vec<SigningKey>>,
     total: u64,
@@ -380,9 +380,9 @@ fn time_verify(per_connection: &[Scheduled], keys: &[SigningKey], clusters: u64)
 }
 
 /// Offers every connection's heartbeats at `rate` in total (open loop) and records the answers.
-async fn offer(
+pub(crate) async fn offer(
     addr: SocketAddr,
-    pid: u32,
+    pids: &[u32],
     per_connection: &[Scheduled],
     rate: u64,
 ) -> anyhow::Result<Run> {
@@ -392,7 +392,7 @@ async fn offer(
     for _ in per_connection {
         conns.push(Conn::open(addr).await?);
     }
-    let split = crate::server::CpuSplit::start(pid);
+    let split = crate::server::CpuSplit::start_all(pids);
     let start = tokio::time::Instant::now() + Duration::from_millis(200);
     let mut tasks = Vec::new();
     for (items, mut conn) in per_connection.iter().cloned().zip(conns) {
@@ -419,7 +419,7 @@ async fn offer(
         latencies.extend(task.await??);
     }
     let elapsed = start.elapsed();
-    let (cpu, bench_cpu, others_cpu) = split.stop(pid);
+    let (cpu, bench_cpu, others_cpu) = split.stop_all(pids);
     latencies.sort_unstable();
     Ok(Run {
         offered: latencies.len() as u64,

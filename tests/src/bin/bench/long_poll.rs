@@ -6,7 +6,10 @@
 //! source, a `GET` of the pointer with `If-None-Match` (its last ETag) and `Prefer: wait=60`; on a `200` it
 //! verifies the pointer (`release::verify_pointer`, rollback and equivocation included) and, when it names a
 //! new bundle, fetches it on the same connection and verifies it (`verify_bundle`); then it polls again at
-//! once (at least 1 s after the previous poll started, as the agent). No heartbeats and no rendering: the
+//! once (at least 1 s after the previous poll started, as the agent). A real agent verifies on its own
+//! cluster's CPU; here 10,000 share this process, so the verifications run on one blocking thread, one after
+//! another, off the runtime that reads the answers: otherwise they would hold up the reading of answers that
+//! have long arrived, and the figure for delivery would measure the simulation's CPU instead. No heartbeats and no rendering: the
 //! convergence section measures those; this one measures how fast a publish reaches a waiting fleet.
 //! Identity encoding, as there.
 //!
@@ -148,11 +151,38 @@ struct Shared {
     counters: Counters,
     moments: Moments,
     starting: Semaphore,
+    /// One verification at a time, on a blocking thread (see the module's documentation).
+    verifier: Semaphore,
 }
 
 impl Shared {
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Whether an answer's (not yet verified) pointer names the measured serial: only to time its arrival;
+    /// nothing is trusted from it.
+    fn measured_serial_in(&self, envelope: &[u8]) -> bool {
+        let payload = windvane_shared::dsse::Envelope::from_json_slice(envelope)
+            .ok()
+            .and_then(|e| e.payload_bytes().ok());
+        payload
+            .and_then(|p| serde_json::from_slice::<serde_json::Value>(&p).ok())
+            .and_then(|v| v.get("serial")?.as_u64())
+            == Some(self.measured_serial)
+    }
+
+    /// Runs `work` on a blocking thread once no other verification runs (see the module's documentation);
+    /// `None` when the thread panicked.
+    async fn verify<T: Send + 'static>(
+        self: &Arc<Self>,
+        work: impl FnOnce(&Shared) -> T + Send + 'static,
+    ) -> Option<T> {
+        let _one_at_a_time = self.verifier.acquire().await.ok()?;
+        let shared = Arc::clone(self);
+        tokio::task::spawn_blocking(move || work(&shared))
+            .await
+            .ok()
     }
 }
 
@@ -244,6 +274,7 @@ pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<
         counters: Counters::default(),
         moments: Moments::new(s.agents),
         starting: Semaphore::new(STARTING),
+        verifier: Semaphore::new(1),
     });
     crate::progress(&format!(
         "long-poll: starting {} agents long-polling with Prefer: wait={} (serial {})",
@@ -547,19 +578,27 @@ impl SimAgent {
                 return;
             }
         }
-        let mut expect =
-            PointerExpectations::new(&shared.trusted, FLEET, CHANNEL, Timestamp::now());
-        expect.highest_accepted = self
+        if shared.measured_serial_in(&answer.body) {
+            Moments::record(&shared.moments.received, self.index, arrived_ms);
+        }
+        let highest = self
             .accepted
             .as_ref()
-            .map(|p| (p.serial, p.bundle.sha256.as_str()));
-        let Ok(release) = verify_pointer(&answer.body, &expect) else {
+            .map(|p| (p.serial, p.bundle.sha256.clone()));
+        let body = answer.body.clone();
+        let verified = shared
+            .verify(move |shared| {
+                let mut expect =
+                    PointerExpectations::new(&shared.trusted, FLEET, CHANNEL, Timestamp::now());
+                expect.highest_accepted = highest.as_ref().map(|(n, sha)| (*n, sha.as_str()));
+                verify_pointer(&body, &expect).map(|release| release.pointer)
+            })
+            .await;
+        let Some(Ok(pointer)) = verified else {
             counters.errors.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let pointer = release.pointer;
         if pointer.serial == shared.measured_serial {
-            Moments::record(&shared.moments.received, self.index, arrived_ms);
             Moments::record(&shared.moments.pointer, self.index, shared.now_ms());
         }
         let known = self
@@ -581,14 +620,20 @@ impl SimAgent {
             return false;
         };
         counters.bundles.fetch_add(1, Ordering::Relaxed);
+        let owned = pointer.clone();
         let verified = bundle.status == 200
-            && verify_bundle(
-                &bundle.body,
-                pointer,
-                DEFAULT_MAX_BUNDLE_BYTES,
-                BundleLimits::default(),
-            )
-            .is_ok();
+            && shared
+                .verify(move |_| {
+                    verify_bundle(
+                        &bundle.body,
+                        &owned,
+                        DEFAULT_MAX_BUNDLE_BYTES,
+                        BundleLimits::default(),
+                    )
+                    .is_ok()
+                })
+                .await
+                .unwrap_or(false);
         if !verified {
             counters.errors.fetch_add(1, Ordering::Relaxed);
             return false;

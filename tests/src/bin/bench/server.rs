@@ -239,17 +239,28 @@ pub struct CpuSplit {
 
 impl CpuSplit {
     pub fn start(server: u32) -> Self {
-        let (own, children) = cpu::own().unwrap_or_default();
-        Self {
-            machine: cpu::machine_busy().unwrap_or_default(),
-            bench: own + children,
-            server: tree_cpu(server),
-        }
+        Self::start_all(&[server])
     }
 
     /// Since the start: (server, bench, others).
     pub fn stop(&self, server: u32) -> (Duration, Duration, Duration) {
-        let later = Self::start(server);
+        self.stop_all(&[server])
+    }
+
+    /// With the server made of several processes (replicas, their database, a balancer), each with its
+    /// direct children.
+    pub fn start_all(servers: &[u32]) -> Self {
+        let (own, children) = cpu::own().unwrap_or_default();
+        Self {
+            machine: cpu::machine_busy().unwrap_or_default(),
+            bench: own + children,
+            server: servers.iter().map(|&pid| tree_cpu(pid)).sum(),
+        }
+    }
+
+    /// Since `start_all` with the same processes: (server, bench, others).
+    pub fn stop_all(&self, servers: &[u32]) -> (Duration, Duration, Duration) {
+        let later = Self::start_all(servers);
         let server = later.server.saturating_sub(self.server);
         let bench = later.bench.saturating_sub(self.bench);
         let machine = later.machine.saturating_sub(self.machine);
