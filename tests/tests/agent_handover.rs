@@ -4,7 +4,10 @@
 //! `ignoreDifferences` for `/spec/replicas`. Server-side apply would drop the field Windvane stops sending
 //! and the API server would default it to 1; the agent hands it over first (manager `windvane-handover`),
 //! so the Deployment keeps 5 replicas throughout. Afterwards the HPA scales it (minReplicas raised to 7) and
-//! Windvane never writes or reports drift.
+//! Windvane never writes or reports drift. And without `ignoreDifferences`, the real HPA controller raising
+//! replicas to its `minReplicas` is reverted, then marked Contested after three takes, naming the manager the
+//! API server recorded for the controller's scale, and Windvane backs off: no write loop through the
+//! controller's next sync period.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,7 +18,7 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
-use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher};
+use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher, metric, object_state};
 use windvane_tests::localkube::{CONTROLLERS_WITH_HPA, LocalKube};
 use windvane_tests::poll::wait_for;
 use windvane_tests::store_server::StoreServer;
@@ -66,6 +69,24 @@ async fn replica_owners(kube: &LocalKube) -> anyhow::Result<Vec<String>> {
         })
         .filter_map(|f| f.manager)
         .collect())
+}
+
+/// The manager whose update of the `scale` subresource owns `spec.replicas` (a scaler's take).
+async fn scale_owner(kube: &LocalKube) -> anyhow::Result<String> {
+    let deployment = deployments(kube).get("web").await?;
+    deployment
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .find(|f| {
+            f.subresource.as_deref() == Some("scale")
+                && f.fields_v1
+                    .as_ref()
+                    .is_some_and(|v| v.0.pointer("/f:spec/f:replicas").is_some())
+        })
+        .and_then(|f| f.manager)
+        .ok_or_else(|| anyhow::anyhow!("no update of the scale subresource owns spec.replicas"))
 }
 
 /// The time of Windvane's own managedFields entry: it changes only when Windvane writes.
@@ -210,6 +231,76 @@ async fn ignoring_a_field_windvane_owns_hands_it_to_the_scaler_without_a_reset()
         );
         assert_eq!(drift_count(&status), 0, "no drift: {status}");
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_ignore_differences_the_real_hpa_is_contested_and_not_fought() -> anyhow::Result<()>
+{
+    let kube = LocalKube::start_with(&["--controllers", CONTROLLERS_WITH_HPA]).await?;
+    let publisher = Publisher::new(82)?;
+    let tree = FleetTree::new()?;
+    tree.write("fleet.yaml", &fleet("{}"))?;
+    tree.write("web/objects.yaml", WEB)?;
+    publisher.publish(&tree, "stable")?;
+    let server = StoreServer::start(publisher.store()).await?;
+    let options = AgentOptions::new(&server.url(), &publisher.public_key_path(), "c1");
+    let agent = Agent::start(&kube, &options).await?;
+    agent
+        .wait_status("synced", WAIT, |st| st["state"] == "Synced")
+        .await?;
+
+    // The release says 5; a team's HPA says at least 7. Its controller scales on creation and then once per
+    // sync period (15 s); Windvane reverts each take until the third makes it a war.
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(kube.client(), "shop");
+    hpas.create(&PostParams::default(), &hpa(7)?).await?;
+    let status = agent
+        .wait_status("Contested", Duration::from_secs(120), |st| {
+            object_state(st, "Deployment shop/web") == Some("Contested")
+        })
+        .await?;
+    let message = status["objects"]
+        .as_array()
+        .and_then(|o| o.iter().find(|x| x["object"] == "Deployment shop/web"))
+        .map(|x| x["message"].to_string())
+        .unwrap_or_default();
+    let reverted = status["drift"].as_array().map_or(0, |d| {
+        d.iter().filter(|r| r["action"] == "Reverted").count()
+    });
+    assert!(reverted >= 2, "reverted before it was a war: {status}");
+
+    // Backed off: the HPA's 7 stands through more than one of its sync periods, and Windvane writes nothing.
+    wait_for("the HPA's replicas to stand", WAIT, || async {
+        Ok((replicas(&kube).await? == Some(7)).then_some(()))
+    })
+    .await?;
+    // The controller's take is an update of the scale subresource; Contested names the manager the API
+    // server recorded for it (the controller manager runs inside localkube's process, so its requests carry
+    // localkube's user agent; on a cluster of kubeadm's it is kube-controller-manager).
+    let controller = scale_owner(&kube).await?;
+    assert!(
+        !controller.starts_with("windvane"),
+        "the HPA controller owns replicas now: {controller}"
+    );
+    assert!(
+        message.contains(&controller),
+        "Contested names the real controller ({controller}): {message}"
+    );
+    let text = agent.metrics().await?;
+    let sample =
+        format!("windvane_drift_detected_total{{kind=\"Deployment\",manager=\"{controller}\"}}");
+    assert!(metric(&text, &sample).is_some_and(|n| n >= 3.0), "{text}");
+    let before = windvane_write_time(&kube).await?;
+    let end = Instant::now() + Duration::from_secs(16);
+    while Instant::now() < end {
+        assert_eq!(replicas(&kube).await?, Some(7), "no write loop");
+        assert_eq!(
+            windvane_write_time(&kube).await?,
+            before,
+            "Windvane backed off"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
     Ok(())
 }
