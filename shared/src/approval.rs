@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::dsse::{self, Envelope};
 use crate::keys::TrustedKeys;
 use crate::release::ReleasePointer;
-use crate::rollout::{PendingReport, Rollout};
+use crate::rollout::{ApprovalProgress, PendingReport, Rollout};
 
 /// The DSSE payload type of an approval.
 pub const APPROVAL_PAYLOAD_TYPE: &str = "application/vnd.windvane.approval.v1+json";
@@ -198,7 +198,10 @@ pub fn awaiting_report(
         opens_at: None,
         halted: rollout.halted,
         message,
-        awaiting_approval: true,
+        approval: Some(ApprovalProgress {
+            approved: u32::try_from(tally.approved.len()).unwrap_or(u32::MAX),
+            threshold: policy.threshold,
+        }),
         changes: None,
     }
 }

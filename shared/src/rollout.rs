@@ -451,12 +451,20 @@ pub struct PendingReport {
     pub halted: bool,
     /// Why it waits: `Pending (wave 2, opens in 14m)`, `Awaiting approval (0 of 1)`, or the gate's reason.
     pub message: String,
-    /// The release needs more approvals before this cluster applies it.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub awaiting_approval: bool,
+    /// Set while the release awaits approval: how many approvals count and how many it needs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalProgress>,
     /// What applying it would change here, when the agent worked it out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub changes: Option<ChangeSummary>,
+}
+
+/// Approvals of a release awaiting approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApprovalProgress {
+    pub approved: u32,
+    pub threshold: u32,
 }
 
 /// How many objects applying a release would create, update and prune on a cluster.
@@ -500,7 +508,7 @@ pub fn pending_report(
         opens_at: Some(opens),
         halted: matches!(decision, WaveDecision::Halted),
         message,
-        awaiting_approval: false,
+        approval: None,
         changes: None,
     }
 }
