@@ -41,6 +41,15 @@ pub struct AgentArgs {
         env = "WINDVANE_TRUSTED_KEYS"
     )]
     pub trusted_keys: Vec<PathBuf>,
+    /// Approver public keys (SPKI PEM files); repeat or separate with commas. A release whose signed rollout
+    /// requires approval is applied only once this many of them (never the publisher's key) signed it.
+    #[arg(
+        long = "approver-key",
+        value_name = "PUB",
+        value_delimiter = ',',
+        env = "WINDVANE_APPROVER_KEYS"
+    )]
+    pub approver_keys: Vec<PathBuf>,
     /// The fleet this cluster belongs to; releases of other fleets are refused.
     #[arg(long, value_name = "FLEET", env = "WINDVANE_FLEET")]
     pub fleet: Option<String>,
@@ -179,6 +188,8 @@ struct FileConfig {
     channel: Option<String>,
     #[serde(default)]
     trusted_keys: Vec<PathBuf>,
+    #[serde(default)]
+    approver_keys: Vec<PathBuf>,
     fleet: Option<String>,
     cluster: Option<String>,
     #[serde(default)]
@@ -287,12 +298,21 @@ pub fn load_trusted_keys(paths: &[PathBuf]) -> Result<TrustedKeys> {
     )?)
 }
 
+/// Loads approver keys (none is fine: then no release that requires approval can be approved).
+fn load_approver_keys(paths: &[PathBuf]) -> Result<TrustedKeys> {
+    if paths.is_empty() {
+        return Ok(TrustedKeys::new());
+    }
+    load_trusted_keys(paths)
+}
+
 /// The source and identity settings shared by `run` and `diff`.
 struct AgentSettings {
     source_url: String,
     channel: String,
     fleet: String,
     trusted: TrustedKeys,
+    approvers: TrustedKeys,
     identity: ClusterIdentity,
     allowlist: Allowlist,
     namespace: String,
@@ -322,6 +342,11 @@ impl AgentArgs {
                 labels,
             },
             trusted: load_trusted_keys(key_paths)?,
+            approvers: load_approver_keys(if self.approver_keys.is_empty() {
+                &file.approver_keys
+            } else {
+                &self.approver_keys
+            })?,
             allowlist: Allowlist::new(
                 flags_or_file(&self.allow_kinds, &file.allow_kinds),
                 flags_or_file(&self.allow_namespaces, &file.allow_namespaces),
@@ -464,6 +489,7 @@ impl RunArgs {
                 channel: agent.channel,
                 fleet: agent.fleet,
                 trusted: agent.trusted,
+                approvers: agent.approvers,
                 identity: agent.identity,
                 allowlist: agent.allowlist,
                 namespace: agent.namespace,

@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod allowlist;
 pub mod apply;
+pub mod approval;
 pub mod backoff;
 pub mod clamp;
 pub mod cluster;

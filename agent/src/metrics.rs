@@ -76,6 +76,11 @@ struct Values {
     source_stale: bool,
     /// The wave (1-based) a held release waits for; 0 when none waits.
     rollout_waiting_wave: u32,
+    /// Approvals the held release needs, and how many count so far (0, 0 when none waits for approval).
+    approvals_required: u32,
+    approvals_valid: u32,
+    /// Approval signatures refused (forged, wrong release, publisher's key, unknown key), by counting.
+    approvals_refused: u64,
     objects: BTreeMap<SyncState, u64>,
     sync: Histogram,
     /// Drift detected, by (kind, manager label).
@@ -97,6 +102,9 @@ impl Default for Values {
             release_serial: None,
             source_stale: false,
             rollout_waiting_wave: 0,
+            approvals_required: 0,
+            approvals_valid: 0,
+            approvals_refused: 0,
             objects: BTreeMap::new(),
             sync: Histogram::new(SYNC_BUCKETS),
             drift_detected: BTreeMap::new(),
@@ -144,6 +152,18 @@ impl Metrics {
     /// The wave a held release waits for (`waiting`), or none.
     pub fn set_rollout_wave(&self, wave: u32, waiting: bool) {
         self.lock().rollout_waiting_wave = if waiting { wave } else { 0 };
+    }
+
+    /// The approvals a held release needs and has (both 0 when none waits for approval).
+    pub fn set_approvals(&self, required: u32, valid: u32) {
+        let mut values = self.lock();
+        values.approvals_required = required;
+        values.approvals_valid = valid;
+    }
+
+    /// Counts approval signatures that were refused when the approval file was read anew.
+    pub fn approvals_refused(&self, count: usize) {
+        self.lock().approvals_refused += count as u64;
     }
 
     /// Whether the source is stale: it cannot be reached, so the last known good release is enforced.
@@ -236,6 +256,35 @@ impl Metrics {
             out,
             "windvane_rollout_waiting_wave {}",
             values.rollout_waiting_wave
+        );
+        header(
+            out,
+            "windvane_approvals_required",
+            "gauge",
+            "Approvals the verified release waiting for approval needs, 0 when none waits.",
+        );
+        let _ = writeln!(
+            out,
+            "windvane_approvals_required {}",
+            values.approvals_required
+        );
+        header(
+            out,
+            "windvane_approvals_valid",
+            "gauge",
+            "Approvals of the waiting release that count (trusted approver keys, not the publisher's).",
+        );
+        let _ = writeln!(out, "windvane_approvals_valid {}", values.approvals_valid);
+        header(
+            out,
+            "windvane_approvals_refused_total",
+            "counter",
+            "Approval signatures refused: bad signature, another release, the publisher's key or an unknown key.",
+        );
+        let _ = writeln!(
+            out,
+            "windvane_approvals_refused_total {}",
+            values.approvals_refused
         );
         header(
             out,
@@ -394,6 +443,12 @@ mod tests {
         assert!(text.contains("windvane_release_serial 7"));
         assert!(text.contains("windvane_source_stale 0"));
         assert!(text.contains("windvane_rollout_waiting_wave 0"));
+        assert!(text.contains("windvane_approvals_required 0"));
+        metrics.set_approvals(1, 0);
+        metrics.approvals_refused(2);
+        let approvals = metrics.render();
+        assert!(approvals.contains("windvane_approvals_required 1"));
+        assert!(approvals.contains("windvane_approvals_refused_total 2"));
         metrics.set_rollout_wave(2, true);
         assert!(metrics.render().contains("windvane_rollout_waiting_wave 2"));
         metrics.set_source_stale(true);

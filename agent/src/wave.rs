@@ -5,7 +5,9 @@
 //! `gate: healthy`), or when the publisher halts or resumes; it tells the engine what to report while it
 //! waits and when the release may be taken ([`GateEvent`]). [`watch_server`] is the thin HTTP side: it reads
 //! `GET /api/v1/rollouts/CHANNEL` from the source server every few seconds and publishes what it got, or why
-//! it got nothing — an unreachable server keeps the gate closed.
+//! it got nothing — an unreachable server keeps the gate closed. A release whose signed rollout requires
+//! approval waits here first, until the tally from [`crate::approval::watch_store`] meets its threshold
+//! (`Awaiting approval (0 of 1)`), and only then for its wave.
 
 use std::time::Duration;
 
@@ -17,6 +19,10 @@ use windvane_shared::rollout::{
     self, GateInput, PendingReport, Rollout, RolloutView, WaveDecision,
 };
 
+use windvane_shared::approval;
+use windvane_shared::release::AcceptedRelease;
+
+use crate::approval::{ApprovalNeed, ApprovalObservation};
 use crate::http::{read_capped, with_deadline};
 
 /// Most bytes of a rollout view the agent reads.
@@ -32,6 +38,8 @@ pub struct GatePlan {
     pub issued_at: Timestamp,
     pub rollout: Rollout,
     pub wave: usize,
+    /// Set when the release requires approval: it waits for that first.
+    pub approval: Option<ApprovalNeed>,
 }
 
 impl GatePlan {
@@ -51,7 +59,48 @@ impl GatePlan {
             issued_at,
             rollout: rollout.clone(),
             wave,
+            approval: None,
         })
+    }
+
+    /// The plan of a verified release for a cluster: its wave's, and its approval's when it requires one;
+    /// `None` when the cluster takes it at once.
+    pub fn for_release(
+        accepted: &AcceptedRelease,
+        name: &str,
+        labels: &windvane_shared::selector::Labels,
+    ) -> Option<GatePlan> {
+        let pointer = &accepted.pointer;
+        let rollout = pointer.rollout.as_ref();
+        let plan = GatePlan::of(pointer.serial, pointer.issued_at, rollout, name, labels);
+        let Some(need) = ApprovalNeed::of(accepted) else {
+            return plan;
+        };
+        let mut plan = plan.unwrap_or_else(|| GatePlan {
+            serial: pointer.serial,
+            issued_at: pointer.issued_at,
+            rollout: rollout.cloned().unwrap_or_default(),
+            wave: 0,
+            approval: None,
+        });
+        plan.approval = Some(need);
+        Some(plan)
+    }
+
+    /// What to report while this plan waits for approval, or `None` once approved (or when it needs none).
+    pub fn awaiting_approval(&self, seen: &ApprovalObservation) -> Option<PendingReport> {
+        let need = self.approval.as_ref()?;
+        let tally = seen.clone().unwrap_or_default();
+        if tally.meets(&need.policy) {
+            return None;
+        }
+        Some(approval::awaiting_report(
+            &self.rollout,
+            self.serial,
+            self.wave,
+            &need.policy,
+            &tally,
+        ))
     }
 
     /// Whether the gate needs the server's rollout view.
@@ -95,15 +144,31 @@ pub fn judge(plan: &GatePlan, now: Timestamp, observed: &GateObservation) -> Wav
 pub async fn run(
     mut plan: watch::Receiver<GatePlan>,
     mut observed: watch::Receiver<GateObservation>,
+    mut approvals: watch::Receiver<ApprovalObservation>,
     events: mpsc::Sender<GateEvent>,
     started_at: Timestamp,
 ) {
     let base = Instant::now();
     let mut last_kind = None;
+    let mut last_awaiting = None;
     loop {
         let elapsed = jiff::SignedDuration::try_from(base.elapsed()).unwrap_or_default();
         let now = started_at.checked_add(elapsed).unwrap_or(Timestamp::MAX);
         let current = plan.borrow_and_update().clone();
+        let awaiting = current.awaiting_approval(&approvals.borrow_and_update());
+        if let Some(report) = awaiting {
+            if last_awaiting.as_ref() != Some(&report) {
+                last_awaiting = Some(report.clone());
+                if events.send(GateEvent::Waiting(report)).await.is_err() {
+                    return;
+                }
+            }
+            tokio::select! {
+                changed = plan.changed() => if changed.is_err() { return },
+                changed = approvals.changed() => if changed.is_err() { return },
+            }
+            continue;
+        }
         let decision = judge(&current, now, &observed.borrow_and_update());
         if decision == WaveDecision::Open {
             let _ = events.send(GateEvent::Open(current.serial)).await;
@@ -248,6 +313,7 @@ mod tests {
                 ..Rollout::default()
             },
             wave: 1,
+            approval: None,
         }
     }
 
@@ -264,7 +330,8 @@ mod tests {
         let (plan_tx, plan_rx) = watch::channel(plan);
         let (seen_tx, seen_rx) = watch::channel(observed);
         let (tx, rx) = mpsc::channel(8);
-        let task = tokio::spawn(run(plan_rx, seen_rx, tx, started));
+        let (_, approvals_rx) = watch::channel(None);
+        let task = tokio::spawn(run(plan_rx, seen_rx, approvals_rx, tx, started));
         (plan_tx, seen_tx, rx, task)
     }
 

@@ -43,6 +43,8 @@ enum Command {
     Rollback(rollout::RollbackArgs),
     /// Sign the exact bundle of one channel's current release on another channel.
     Promote(rollout::PromoteArgs),
+    /// Sign an approval of a channel's current release with an approver key (two-person approval).
+    Approve(rollout::ApproveArgs),
 
     /// Encrypt a manifest file's data/stringData to clusters' or groups' age recipients (a SOPS file).
     Seal(seal::SealArgs),
@@ -80,6 +82,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rollout(args) => return rollout::rollout(args),
         Command::Rollback(args) => rollout::rollback(args),
         Command::Promote(args) => rollout::promote(args),
+        Command::Approve(args) => rollout::approve(args),
 
         Command::Seal(args) => seal::seal(args),
         Command::AgeKeygen(args) => seal::age_keygen(args),

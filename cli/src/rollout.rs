@@ -104,6 +104,63 @@ pub struct PromoteArgs {
     expires_in: std::time::Duration,
 }
 
+/// `windvane approve`.
+#[derive(Debug, Args)]
+pub struct ApproveArgs {
+    /// The store directory.
+    #[arg(long, value_name = "DIR", env = "WINDVANE_ROOT")]
+    root: PathBuf,
+    #[arg(long, value_name = "CHANNEL", env = "WINDVANE_CHANNEL")]
+    channel: String,
+    /// The serial approved: it must be the channel's current one.
+    #[arg(long, value_name = "N")]
+    serial: u64,
+    /// The approver's signing key (not the key that published the release).
+    #[arg(long, value_name = "KEY", env = "WINDVANE_APPROVER_KEY_FILE")]
+    key: PathBuf,
+    /// The release keys the current pointer is verified with before it is approved (one at least).
+    #[arg(
+        long = "trusted-key",
+        value_name = "PUB",
+        value_delimiter = ',',
+        env = "WINDVANE_TRUSTED_KEYS",
+        required = true
+    )]
+    trusted_keys: Vec<PathBuf>,
+}
+
+/// `windvane approve`: verify the channel's current release, then add this approver's signature to
+/// `approvals/<channel>/<serial>.json`.
+pub fn approve(args: ApproveArgs) -> anyhow::Result<()> {
+    let (key, trusted) = signing_key(&SignArgs {
+        root: args.root.clone(),
+        channel: args.channel.clone(),
+        key: args.key.clone(),
+        trusted_keys: args.trusted_keys.clone(),
+    })?;
+    let (pointer, signatures) =
+        store::approve(&args.root, &args.channel, args.serial, &key, &trusted)
+            .with_context(|| format!("approving channel {:?} serial {}", args.channel, args.serial))?;
+    let needed = pointer
+        .rollout
+        .as_ref()
+        .and_then(|r| r.approval)
+        .map(|a| a.threshold);
+    println!(
+        "approved channel {} serial {} (bundle {}) with key {}: {signatures} approval signature(s) in {}",
+        pointer.channel,
+        pointer.serial,
+        pointer.bundle.sha256,
+        keys::keyid(&key.verifying_key()),
+        windvane_shared::approval::approval_path(&pointer.channel, pointer.serial),
+    );
+    match needed {
+        Some(threshold) => println!("the release requires {threshold} approval(s)"),
+        None => println!("note: this release does not require approval (no rollout.approval)"),
+    }
+    Ok(())
+}
+
 /// `windvane rollback`.
 #[derive(Debug, Args)]
 pub struct RollbackArgs {

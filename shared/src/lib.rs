@@ -8,6 +8,7 @@
 //! verifies the pointer and the bundle ([`release`]), picks the apps whose [`selector`] matches its cluster and
 //! renders them ([`render`]). The source server's fleet API is typed in [`fleet_api`], shared with `windvane status`.
 
+pub mod approval;
 pub mod bundle;
 pub mod desired;
 pub mod digest;

@@ -34,6 +34,10 @@ pub struct Rollout {
     /// over a newer one (a store replaying the pointer from before a halt).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub control: u64,
+    /// Two-person approval: no cluster applies the release before this many approver keys (not the
+    /// publisher's) have signed it ([`crate::approval`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<crate::approval::ApprovalPolicy>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -445,8 +449,31 @@ pub struct PendingReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opens_at: Option<Timestamp>,
     pub halted: bool,
-    /// Why it waits: `Pending (wave 2, opens in 14m)`, or the gate's reason.
+    /// Why it waits: `Pending (wave 2, opens in 14m)`, `Awaiting approval (0 of 1)`, or the gate's reason.
     pub message: String,
+    /// Set while the release awaits approval: how many approvals count and how many it needs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalProgress>,
+    /// What applying it would change here, when the agent worked it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changes: Option<ChangeSummary>,
+}
+
+/// Approvals of a release awaiting approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApprovalProgress {
+    pub approved: u32,
+    pub threshold: u32,
+}
+
+/// How many objects applying a release would create, update and prune on a cluster.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ChangeSummary {
+    pub create: u32,
+    pub update: u32,
+    pub prune: u32,
 }
 
 /// The report for a release that [`decide`] did not open, at `now`.
@@ -481,6 +508,8 @@ pub fn pending_report(
         opens_at: Some(opens),
         halted: matches!(decision, WaveDecision::Halted),
         message,
+        approval: None,
+        changes: None,
     }
 }
 

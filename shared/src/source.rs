@@ -731,9 +731,13 @@ fn read_fleet_config(value: &Value, limits: BundleLimits) -> Result<FleetConfig>
 /// (`healthy` or `none`).
 fn read_rollout(value: &Value, at: &str) -> Result<Rollout> {
     let fields = Object::new(value, at)?;
-    fields.only(&["waves"])?;
+    fields.only(&["waves", "approval"])?;
+    let approval = match fields.get("approval") {
+        Some(v) => Some(read_approval(v, &fields.path("approval"))?),
+        None => None,
+    };
     let items = fields.optional_list("waves")?;
-    if items.is_empty() {
+    if items.is_empty() && approval.is_none() {
         return Err(config_error(
             &fields.path("waves"),
             "missing: list the waves, e.g. [{name: canary, selector: {matchLabels: {tier: canary}}, soak: 10m}]",
@@ -794,8 +798,31 @@ fn read_rollout(value: &Value, at: &str) -> Result<Rollout> {
     }
     Ok(Rollout {
         waves,
+        approval,
         ..Rollout::default()
     })
+}
+
+/// `rollout.approval`: `threshold`, how many approver keys must sign (1 or more).
+fn read_approval(value: &Value, at: &str) -> Result<crate::approval::ApprovalPolicy> {
+    let fields = Object::new(value, at)?;
+    fields.only(&["threshold"])?;
+    match fields.get("threshold") {
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|t| (1..=100).contains(&t)) => {
+            Ok(crate::approval::ApprovalPolicy {
+                threshold: n.as_u64().map_or(1, |t| t as u32),
+            })
+        }
+        None => Err(config_error(
+            &fields.path("threshold"),
+            "missing: how many approver keys must sign, e.g. threshold: 1",
+        )),
+        Some(other) => Err(wrong_type(
+            &fields.path("threshold"),
+            "a whole number from 1 to 100",
+            other,
+        )),
+    }
 }
 
 fn read_app(value: &Value, at: &str) -> Result<AppConfig> {

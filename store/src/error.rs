@@ -66,6 +66,25 @@ pub enum Error {
         serial: u64,
         halted: bool,
     },
+    /// `windvane approve` of a serial that is not the channel's current one.
+    #[error("channel {channel:?} is at serial {current}, not {asked}: approve the current release")]
+    NotCurrentSerial {
+        channel: String,
+        current: u64,
+        asked: u64,
+    },
+    /// `windvane approve` with the key that signed the release: it would not count.
+    #[error(
+        "channel {channel:?} serial {serial} was published with this key ({keyid}); an approval needs a second person's key"
+    )]
+    SelfApproval {
+        channel: String,
+        serial: u64,
+        keyid: String,
+    },
+    /// The approval file in the store cannot take another signature.
+    #[error("{}: {detail}", path.display())]
+    ApprovalFile { path: PathBuf, detail: String },
     /// Fetching from a store URL failed.
     #[error("GET {url}: {detail}")]
     Http { url: String, detail: String },

@@ -18,9 +18,11 @@ use windvane_shared::digest::sha256_hex;
 use windvane_shared::keys::TrustedKeys;
 use windvane_shared::release::{self, BundleRef, ReleasePointer};
 
+mod approval;
 mod control;
 mod error;
 
+pub use approval::approve;
 pub use control::{history_path, previous_bundle, set_halted};
 
 pub use error::{Error, Result};

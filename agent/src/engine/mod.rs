@@ -47,6 +47,8 @@ pub struct EngineConfig {
     pub channel: String,
     pub fleet: String,
     pub trusted: TrustedKeys,
+    /// Approver public keys (`--approver-key`): their signatures approve a release that requires approval.
+    pub approvers: TrustedKeys,
     pub identity: ClusterIdentity,
     pub allowlist: Allowlist,
     pub poll_interval: Duration,

@@ -12,6 +12,7 @@ use tracing::{info, warn};
 use windvane_shared::release::AcceptedRelease;
 
 use super::{AbortOnDrop, Engine};
+use crate::approval::{self, ApprovalSource};
 use crate::fetcher::NewRelease;
 use crate::wave::{self, GateEvent, GatePlan};
 
@@ -30,11 +31,8 @@ pub(super) struct Pending {
 impl Engine {
     /// This cluster's gate plan for a verified release: `None` when it takes it at once.
     pub(super) fn gate_plan(&self, accepted: &AcceptedRelease) -> Option<GatePlan> {
-        let pointer = &accepted.pointer;
-        GatePlan::of(
-            pointer.serial,
-            pointer.issued_at,
-            pointer.rollout.as_ref(),
+        GatePlan::for_release(
+            accepted,
             &self.config.identity.name,
             &self.config.identity.labels,
         )
@@ -46,22 +44,45 @@ impl Engine {
         info!(
             serial = plan.serial,
             wave = plan.wave + 1,
-            "a new release waits for this cluster's rollout wave; enforcing the last known good"
+            approval = plan.approval.is_some(),
+            "a new release waits for its approval or this cluster's rollout wave; enforcing the last known good"
         );
         let (taken_tx, _) = oneshot::channel();
         let taken = std::mem::replace(&mut release.taken, taken_tx);
         let _ = taken.send(true);
         self.metrics.source_fetch("ok");
         let needs_server = plan.needs_server();
+        let approval = plan.approval.clone();
         let (plan_tx, plan_rx) = watch::channel(plan);
         let (seen_tx, seen_rx) = watch::channel(None);
+        let (approvals_tx, approvals_rx) = watch::channel(None);
         let (events_tx, events) = mpsc::channel(4);
         let mut tasks = vec![AbortOnDrop(tokio::spawn(wave::run(
             plan_rx,
             seen_rx,
+            approvals_rx,
             events_tx,
             Timestamp::now(),
         )))];
+        match approval {
+            Some(need) => {
+                let source = ApprovalSource {
+                    source_url: self.config.source_url.clone(),
+                    approvers: self.config.approvers.clone(),
+                    every: self.config.poll_interval.min(GATE_READ_EVERY),
+                    metrics: self.metrics.clone(),
+                };
+                tasks.push(AbortOnDrop(tokio::spawn(approval::watch_store(
+                    source,
+                    need,
+                    approvals_tx,
+                ))));
+            }
+            // Keeps the gate's approvals channel open (the plan needs none, so it is never read).
+            None => tasks.push(AbortOnDrop(tokio::spawn(async move {
+                approvals_tx.closed().await;
+            }))),
+        }
         if needs_server {
             let every = self.config.poll_interval.min(GATE_READ_EVERY);
             tasks.push(AbortOnDrop(tokio::spawn(wave::watch_server(
@@ -108,7 +129,13 @@ impl Engine {
         match event {
             GateEvent::Waiting(report) => {
                 info!(serial = report.serial, wave = report.wave, message = %report.message, "waiting for the rollout wave");
-                self.metrics.set_rollout_wave(report.wave, true);
+                if let Some(progress) = report.approval {
+                    self.metrics
+                        .set_approvals(progress.threshold, progress.approved);
+                } else {
+                    self.metrics.set_approvals(0, 0);
+                    self.metrics.set_rollout_wave(report.wave, true);
+                }
                 self.status
                     .send_modify(|status| status.source.pending = Some(report));
                 false
@@ -130,6 +157,7 @@ impl Engine {
                 }
                 info!(serial, "the rollout wave opened; taking the release");
                 self.metrics.set_rollout_wave(0, false);
+                self.metrics.set_approvals(0, 0);
                 self.accept(pending.release).await
             }
         }

@@ -176,6 +176,16 @@ impl FileCache {
         )
     }
 
+    /// The approvals of a channel's release (revalidated like a pointer).
+    pub fn approval(&self, channel: &str, serial: u64) -> Result<Arc<CachedFile>, FileError> {
+        self.get(
+            PathBuf::from(windvane_shared::approval::approval_path(channel, serial)),
+            FileKind::Pointer,
+            None,
+            Instant::now(),
+        )
+    }
+
     /// The bundle with this digest.
     pub fn bundle(&self, sha256: &str) -> Result<Arc<CachedFile>, FileError> {
         self.get(

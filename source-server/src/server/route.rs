@@ -3,7 +3,8 @@
 //! them hyper's method, raw path and headers and acts on the answer; nothing here does I/O.
 //!
 //! Only the store's own layout is ever served: `channels/<channel>.json` with a valid channel name and
-//! `bundles/<sha256>.json` with 64 lower-case hex digits. Anything else under the store — listings, dot
+//! `bundles/<sha256>.json` with 64 lower-case hex digits, and `approvals/<channel>/<serial>.json` (a
+//! decimal serial). Anything else under the store — listings, dot
 //! segments, percent-encoding (so no encoded `../`), doubled slashes, backslashes — is refused before a file
 //! name is built.
 
@@ -18,6 +19,8 @@ pub enum Route {
     Pointer(String),
     /// `GET|HEAD /bundles/<sha256>.json`
     Bundle(String),
+    /// `GET|HEAD /approvals/<channel>/<serial>.json`
+    Approval(String, u64),
     /// `GET /`: the fleet page.
     FleetPage,
     /// `GET /clusters/<name>`: one cluster's page.
@@ -93,7 +96,15 @@ pub fn route(method: &Method, path: &str) -> Route {
             }
             _ => Route::NotFound,
         },
-        ["channels" | "bundles", ..] => Route::NotFound,
+        ["approvals", channel, file] if check_channel_name(channel).is_ok() => {
+            match file.strip_suffix(".json").map(str::parse::<u64>) {
+                Some(Ok(serial)) if !file.starts_with('+') && !file.starts_with('0') => {
+                    read(Route::Approval((*channel).to_owned(), serial))
+                }
+                _ => Route::NotFound,
+            }
+        }
+        ["channels" | "bundles" | "approvals", ..] => Route::NotFound,
         [""] => read(Route::FleetPage),
         ["clusters", name] if valid_cluster_name(name) => {
             read(Route::ClusterPage((*name).to_owned()))
@@ -254,6 +265,13 @@ mod tests {
 
     #[test]
     fn store_paths_route_to_files() {
+        assert_eq!(
+            route(&Method::GET, "/approvals/prod/42.json"),
+            Route::Approval("prod".into(), 42)
+        );
+        for bad in ["/approvals/prod/042.json", "/approvals/prod/x.json", "/approvals/prod/+4.json"] {
+            assert_eq!(route(&Method::GET, bad), Route::NotFound, "{bad}");
+        }
         assert_eq!(
             route(&Method::GET, "/channels/prod.json"),
             Route::Pointer("prod".into())

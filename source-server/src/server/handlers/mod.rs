@@ -58,6 +58,9 @@ pub(super) async fn handle(
     match route {
         Route::Pointer(channel) => store::serve_pointer(app, &request, &channel).await,
         Route::Bundle(digest) => store::serve_file(&request, app.files.bundle(&digest)),
+        Route::Approval(channel, serial) => {
+            store::serve_file(&request, app.files.approval(&channel, serial))
+        }
         Route::Livez => text(StatusCode::OK, "ok\n"),
         Route::Readyz => read::readyz(app).await,
         Route::Heartbeat(cluster) => heartbeat::handle(app, request, &cluster).await,
