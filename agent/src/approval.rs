@@ -12,7 +12,9 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use tokio::sync::watch;
 use tracing::{info, warn};
-use windvane_shared::approval::{self, ApprovalPolicy, ApprovalStatement, MAX_APPROVAL_BYTES, Tally};
+use windvane_shared::approval::{
+    self, ApprovalPolicy, ApprovalStatement, MAX_APPROVAL_BYTES, Tally,
+};
 use windvane_shared::keys::TrustedKeys;
 use windvane_shared::release::AcceptedRelease;
 
@@ -69,7 +71,9 @@ pub async fn watch_store(
         approval::approval_path(&need.statement.channel, need.statement.serial)
     );
     if source.approvers.is_empty() {
-        warn!("the release requires approval but no --approver-key is configured: it cannot be approved here");
+        warn!(
+            "the release requires approval but no --approver-key is configured: it cannot be approved here"
+        );
     }
     loop {
         let tally = match fetch(&client, &url).await {

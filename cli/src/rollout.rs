@@ -139,8 +139,14 @@ pub fn approve(args: ApproveArgs) -> anyhow::Result<()> {
         trusted_keys: args.trusted_keys.clone(),
     })?;
     let (pointer, signatures) =
-        store::approve(&args.root, &args.channel, args.serial, &key, &trusted)
-            .with_context(|| format!("approving channel {:?} serial {}", args.channel, args.serial))?;
+        store::approve(&args.root, &args.channel, args.serial, &key, &trusted).with_context(
+            || {
+                format!(
+                    "approving channel {:?} serial {}",
+                    args.channel, args.serial
+                )
+            },
+        )?;
     let needed = pointer
         .rollout
         .as_ref()

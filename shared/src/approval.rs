@@ -79,7 +79,8 @@ pub fn add_signature(
     };
     if envelope.payload_type != APPROVAL_PAYLOAD_TYPE || envelope.payload != fresh.payload {
         return Err(
-            "the approval file in the store signs something else; remove it or check the store".into(),
+            "the approval file in the store signs something else; remove it or check the store"
+                .into(),
         );
     }
     let signature = fresh.signatures.remove(0);
@@ -117,14 +118,16 @@ pub fn tally(
     let envelope = match Envelope::from_json_slice(bytes) {
         Ok(envelope) => envelope,
         Err(e) => {
-            out.refused.push(format!("the approval file is not an envelope: {e}"));
+            out.refused
+                .push(format!("the approval file is not an envelope: {e}"));
             return out;
         }
     };
     let parts = match dsse::signed_parts(&envelope, APPROVAL_PAYLOAD_TYPE, approvers) {
         Ok(parts) => parts,
         Err(e) => {
-            out.refused.push(format!("the approval file is refused: {e}"));
+            out.refused
+                .push(format!("the approval file is refused: {e}"));
             return out;
         }
     };
@@ -148,8 +151,9 @@ pub fn tally(
         if good {
             verified.insert(keyid.clone());
         } else {
-            out.refused
-                .push(format!("approval by {keyid}: bad signature (forged or damaged)"));
+            out.refused.push(format!(
+                "approval by {keyid}: bad signature (forged or damaged)"
+            ));
         }
     }
     if verified.is_empty() {
@@ -276,7 +280,10 @@ mod tests {
             &statement(4),
         );
         assert!(counted.approved.is_empty());
-        assert!(counted.refused[0].contains("published the release"), "{counted:?}");
+        assert!(
+            counted.refused[0].contains("published the release"),
+            "{counted:?}"
+        );
     }
 
     #[test]
@@ -318,7 +325,10 @@ mod tests {
             &statement(4),
         );
         assert!(other_serial.approved.is_empty());
-        assert!(other_serial.refused[0].contains("serial 3"), "{other_serial:?}");
+        assert!(
+            other_serial.refused[0].contains("serial 3"),
+            "{other_serial:?}"
+        );
 
         let garbage = tally(b"{", &approvers, &publisher_id, &statement(4));
         assert!(garbage.approved.is_empty() && !garbage.refused.is_empty());
@@ -326,7 +336,10 @@ mod tests {
 
     #[test]
     fn a_second_approver_adds_to_the_file_but_not_to_another_statement() {
-        let (alice, bob) = (signing_key_from_seed([2; 32]), signing_key_from_seed([3; 32]));
+        let (alice, bob) = (
+            signing_key_from_seed([2; 32]),
+            signing_key_from_seed([3; 32]),
+        );
         let first = add_signature(None, &statement(4), &alice).expect("first");
         let second = add_signature(Some(first.clone()), &statement(4), &bob).expect("second");
         assert_eq!(second.signatures.len(), 2);

@@ -40,15 +40,12 @@ pub fn approve(
         }
         other => other?,
     };
-    let accepted = release::verify_signed_pointer(
-        &bytes,
-        release_keys,
-        release::DEFAULT_MAX_POINTER_BYTES,
-    )
-    .map_err(|source| Error::CurrentPointerUnverifiable {
-        path: pointer_file.clone(),
-        source,
-    })?;
+    let accepted =
+        release::verify_signed_pointer(&bytes, release_keys, release::DEFAULT_MAX_POINTER_BYTES)
+            .map_err(|source| Error::CurrentPointerUnverifiable {
+                path: pointer_file.clone(),
+                source,
+            })?;
     let pointer = accepted.pointer;
     if pointer.serial != serial {
         return Err(Error::NotCurrentSerial {
@@ -67,12 +64,12 @@ pub fn approve(
     }
     let path = root.join(approval::approval_path(channel, serial));
     let existing = match read_capped_file(&path, MAX_APPROVAL_BYTES, "approval file") {
-        Ok(bytes) => Some(Envelope::from_json_slice(&bytes).map_err(|e| {
-            Error::ApprovalFile {
+        Ok(bytes) => Some(
+            Envelope::from_json_slice(&bytes).map_err(|e| Error::ApprovalFile {
                 path: path.clone(),
                 detail: e.to_string(),
-            }
-        })?),
+            })?,
+        ),
         Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => None,
         Err(e) => return Err(e),
     };

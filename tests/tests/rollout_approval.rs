@@ -57,7 +57,11 @@ async fn pending_message(cluster: &Cluster) -> String {
         .status()
         .await
         .ok()
-        .and_then(|s| s["source"]["pending"]["message"].as_str().map(str::to_owned))
+        .and_then(|s| {
+            s["source"]["pending"]["message"]
+                .as_str()
+                .map(str::to_owned)
+        })
         .unwrap_or_default()
 }
 
@@ -69,7 +73,11 @@ async fn wait_message(cluster: &Cluster, text: &str) -> anyhow::Result<String> {
     })
     .await
     .with_context(|| windvane_tests::process::tail(&cluster.agent_log(), 30))?;
-    assert_eq!(version(cluster).await.as_deref(), Some("1"), "applied before approval");
+    assert_eq!(
+        version(cluster).await.as_deref(),
+        Some("1"),
+        "applied before approval"
+    );
     Ok(message)
 }
 
@@ -83,8 +91,15 @@ fn write_approval(
 ) -> anyhow::Result<()> {
     let mut envelope = add_signature(None, statement, key).map_err(anyhow::Error::msg)?;
     if damage {
-        let other = add_signature(None, &ApprovalStatement { serial: 99, ..statement.clone() }, key)
-            .map_err(anyhow::Error::msg)?;
+        let other = add_signature(
+            None,
+            &ApprovalStatement {
+                serial: 99,
+                ..statement.clone()
+            },
+            key,
+        )
+        .map_err(anyhow::Error::msg)?;
         envelope.signatures[0].sig = other.signatures[0].sig.clone();
     }
     let path = store.join(approval_path("stable", serial));
@@ -99,18 +114,31 @@ async fn a_release_that_requires_approval_waits_for_a_second_persons_key() -> an
     let keys = tempfile::tempdir()?;
     let alice = keys.path().join("alice");
     let made = windvane(&["keygen", "--out", &alice.display().to_string()])?;
-    anyhow::ensure!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    anyhow::ensure!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
     let (alice_key, alice_pub) = (alice.with_extension("key"), alice.with_extension("pub"));
 
     let tree = FleetTree::new()?;
-    tree.write("fleet.yaml", "fleet: acme\napps:\n  - name: web\n    path: web\n")?;
+    tree.write(
+        "fleet.yaml",
+        "fleet: acme\napps:\n  - name: web\n    path: web\n",
+    )?;
     tree.write("web/config.yaml", &web(1))?;
     publisher.publish(&tree, "stable")?;
     let server = SourceServer::start(&publisher.store(), &[]).await?;
     let mut options = AgentOptions::new(&server.url, &publisher.public_key_path(), CLUSTER)
         .reporting_to(&server.url, &server.token_file, "1s");
-    let approvers = format!("{},{}", alice_pub.display(), publisher.public_key_path().display());
-    options.extra.extend(["--approver-key".to_owned(), approvers]);
+    let approvers = format!(
+        "{},{}",
+        alice_pub.display(),
+        publisher.public_key_path().display()
+    );
+    options
+        .extra
+        .extend(["--approver-key".to_owned(), approvers]);
     let cluster = Cluster::start(options).await?;
     wait_for("release 1 applied", WAIT, || async {
         Ok((version(&cluster).await.as_deref() == Some("1")).then_some(()))
@@ -124,7 +152,14 @@ async fn a_release_that_requires_approval_waits_for_a_second_persons_key() -> an
     )?;
     tree.write("web/config.yaml", &web(2))?;
     let pointer: ReleasePointer = publisher.publish(&tree, "stable")?;
-    assert_eq!(pointer.rollout.as_ref().and_then(|r| r.approval).map(|a| a.threshold), Some(1));
+    assert_eq!(
+        pointer
+            .rollout
+            .as_ref()
+            .and_then(|r| r.approval)
+            .map(|a| a.threshold),
+        Some(1)
+    );
     wait_message(&cluster, "Awaiting approval (0 of 1)").await?;
     let api = format!("/api/v1/clusters/{CLUSTER}");
     wait_for("the server to show Awaiting approval", WAIT, || async {
@@ -135,7 +170,11 @@ async fn a_release_that_requires_approval_waits_for_a_second_persons_key() -> an
     let (_, page) = server.get(&format!("/clusters/{CLUSTER}")).await?;
     assert!(page.contains("Awaiting approval (0 of 1)"), "{page}");
     let metrics = cluster.agent()?.metrics().await?;
-    assert_eq!(metric(&metrics, "windvane_approvals_required"), Some(1.0), "{metrics}");
+    assert_eq!(
+        metric(&metrics, "windvane_approvals_required"),
+        Some(1.0),
+        "{metrics}"
+    );
     assert_eq!(metric(&metrics, "windvane_approvals_valid"), Some(0.0));
 
     // 2. The publisher's own key: refused by the command line, not counted by the agent.
@@ -144,16 +183,35 @@ async fn a_release_that_requires_approval_waits_for_a_second_persons_key() -> an
     let release_pub = publisher.public_key_path().display().to_string();
     let approve = |key: &str, serial: &str| {
         windvane(&[
-            "approve", "--root", &store, "--channel", "stable", "--serial", serial, "--key", key,
-            "--trusted-key", &release_pub,
+            "approve",
+            "--root",
+            &store,
+            "--channel",
+            "stable",
+            "--serial",
+            serial,
+            "--key",
+            key,
+            "--trusted-key",
+            &release_pub,
         ])
     };
     let own = approve(&release_key, "2")?;
-    assert!(!own.status.success(), "the publisher approved its own release");
-    assert!(String::from_utf8_lossy(&own.stderr).contains("second person"), "{own:?}");
+    assert!(
+        !own.status.success(),
+        "the publisher approved its own release"
+    );
+    assert!(
+        String::from_utf8_lossy(&own.stderr).contains("second person"),
+        "{own:?}"
+    );
     let wrong_serial = approve(&alice_key.display().to_string(), "1")?;
-    assert!(!wrong_serial.status.success(), "approved a serial that is not current");
-    let publisher_key = signing_key_from_pem(&std::fs::read_to_string(&release_key)?, "release.key")?;
+    assert!(
+        !wrong_serial.status.success(),
+        "approved a serial that is not current"
+    );
+    let publisher_key =
+        signing_key_from_pem(&std::fs::read_to_string(&release_key)?, "release.key")?;
     let statement = ApprovalStatement::of(&pointer);
     write_approval(&publisher.store(), 2, &statement, &publisher_key, false)?;
     wait_message(&cluster, "it is the key that published the release").await?;
@@ -162,7 +220,10 @@ async fn a_release_that_requires_approval_waits_for_a_second_persons_key() -> an
     let alice_signing = signing_key_from_pem(&std::fs::read_to_string(&alice_key)?, "alice.key")?;
     write_approval(&publisher.store(), 2, &statement, &alice_signing, true)?;
     wait_message(&cluster, "bad signature").await?;
-    let other = ApprovalStatement { serial: 1, ..statement.clone() };
+    let other = ApprovalStatement {
+        serial: 1,
+        ..statement.clone()
+    };
     write_approval(&publisher.store(), 2, &other, &alice_signing, false)?;
     wait_message(&cluster, "not this release").await?;
     let metrics = cluster.agent()?.metrics().await?;
@@ -174,7 +235,11 @@ async fn a_release_that_requires_approval_waits_for_a_second_persons_key() -> an
     // 4. A second person approves: the release lands within a poll interval.
     std::fs::remove_file(publisher.store().join(approval_path("stable", 2)))?;
     let approved = approve(&alice_key.display().to_string(), "2")?;
-    anyhow::ensure!(approved.status.success(), "{}", String::from_utf8_lossy(&approved.stderr));
+    anyhow::ensure!(
+        approved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&approved.stderr)
+    );
     let started = Instant::now();
     wait_for("release 2 applied after approval", WAIT, || async {
         Ok((version(&cluster).await.as_deref() == Some("2")).then_some(()))

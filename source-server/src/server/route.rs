@@ -269,7 +269,11 @@ mod tests {
             route(&Method::GET, "/approvals/prod/42.json"),
             Route::Approval("prod".into(), 42)
         );
-        for bad in ["/approvals/prod/042.json", "/approvals/prod/x.json", "/approvals/prod/+4.json"] {
+        for bad in [
+            "/approvals/prod/042.json",
+            "/approvals/prod/x.json",
+            "/approvals/prod/+4.json",
+        ] {
             assert_eq!(route(&Method::GET, bad), Route::NotFound, "{bad}");
         }
         assert_eq!(
