@@ -90,6 +90,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     .map(|()| ExitCode::SUCCESS)
 }
 
+/// The `--root` of commands that write to a store: a directory or `s3://BUCKET[/PREFIX]`.
+pub(crate) const ROOT_HELP: &str = "The store: a directory (created if missing; sync it to any static host \
+afterwards) or s3://BUCKET[/PREFIX] of an S3-compatible object store (credentials and region from the usual \
+chain: AWS_* environment, the AWS_PROFILE of ~/.aws/credentials and ~/.aws/config, web identity, container or \
+instance credentials; AWS_ENDPOINT_URL for a server other than AWS, with AWS_ALLOW_HTTP=true if it is plain \
+HTTP)";
+
+/// Parses `--root` into a store, connecting the S3 client for a bucket.
+pub(crate) fn parse_store_arg(text: &str) -> Result<windvane_store::Store, String> {
+    windvane_store::Store::parse(text).map_err(|e| e.to_string())
+}
+
+/// Runs one future to its end on a fresh single-threaded runtime (the store's and HTTP calls).
+pub(crate) fn block_on<F: Future>(future: F) -> anyhow::Result<F::Output> {
+    Ok(release::runtime()?.block_on(future))
+}
+
 /// Reads a file that must exist, naming it in the error.
 fn read_text(path: &PathBuf) -> anyhow::Result<String> {
     std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))

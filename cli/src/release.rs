@@ -39,9 +39,8 @@ pub struct PublishArgs {
     /// A fleet source tree (directory with fleet.yaml) or a bundle written by `windvane build`.
     #[arg(value_name = "SOURCE")]
     source: PathBuf,
-    /// The store directory (created if missing); sync it to any static host afterwards.
-    #[arg(long, value_name = "DIR", env = "WINDVANE_ROOT")]
-    root: PathBuf,
+    #[arg(long, value_name = "STORE", env = "WINDVANE_ROOT", value_parser = crate::parse_store_arg, help = crate::ROOT_HELP)]
+    root: store::Store,
     /// The channel to publish on, e.g. `stable`.
     #[arg(long, value_name = "CHANNEL", env = "WINDVANE_CHANNEL")]
     channel: String,
@@ -69,8 +68,9 @@ pub struct PublishArgs {
 /// Where a release comes from, verified, for `verify` and `render --root`.
 #[derive(Debug, Args)]
 pub struct StoreArgs {
-    /// The store: a directory or the base URL of a static host (e.g. https://releases.example.com/fleet).
-    #[arg(long, value_name = "DIR|URL", env = "WINDVANE_ROOT")]
+    /// The store: a directory, s3://BUCKET[/PREFIX], or the base URL of a static host (e.g.
+    /// https://releases.example.com/fleet).
+    #[arg(long, value_name = "DIR|S3|URL", env = "WINDVANE_ROOT")]
     root: Option<String>,
     /// The channel to read.
     #[arg(long, value_name = "CHANNEL", env = "WINDVANE_CHANNEL")]
@@ -162,13 +162,8 @@ pub fn publish(args: PublishArgs) -> anyhow::Result<()> {
         allow_empty: args.allow_empty,
         now: Timestamp::now(),
     };
-    let published = store::publish(&args.root, &request).with_context(|| {
-        format!(
-            "publishing on channel {:?} in {}",
-            args.channel,
-            args.root.display()
-        )
-    })?;
+    let published = crate::block_on(store::publish(&args.root, &request))?
+        .with_context(|| format!("publishing on channel {:?} in {}", args.channel, args.root))?;
     let pointer = &published.pointer;
     let previous = published
         .previous_serial
@@ -293,7 +288,7 @@ async fn fetch_verified(args: &StoreArgs) -> anyhow::Result<(AcceptedRelease, Bu
         bail!("--root and --channel are required to read a published release");
     };
     let trusted = load_trusted_keys(&args.trusted_keys, true)?;
-    let location = StoreLocation::parse(root);
+    let location = StoreLocation::parse(root)?;
     let pointer_bytes = location.read_pointer(channel).await?;
     let now = Timestamp::now();
     let fleet = match &args.fleet {
@@ -393,7 +388,7 @@ fn warn_if_readable_by_others(path: &Path) {
     }
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     // reqwest is built without a bundled crypto provider; ring is the one provider in the whole workspace.
     let _ = rustls::crypto::ring::default_provider().install_default();
     tokio::runtime::Builder::new_current_thread()

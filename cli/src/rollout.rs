@@ -48,9 +48,8 @@ pub struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub struct SignArgs {
-    /// The store directory.
-    #[arg(long, value_name = "DIR", env = "WINDVANE_ROOT")]
-    root: PathBuf,
+    #[arg(long, value_name = "STORE", env = "WINDVANE_ROOT", value_parser = crate::parse_store_arg, help = crate::ROOT_HELP)]
+    root: store::Store,
     #[arg(long, value_name = "CHANNEL", env = "WINDVANE_CHANNEL")]
     channel: String,
     /// The release signing key.
@@ -69,9 +68,8 @@ pub struct SignArgs {
 /// `windvane promote`.
 #[derive(Debug, Args)]
 pub struct PromoteArgs {
-    /// The store directory.
-    #[arg(long, value_name = "DIR", env = "WINDVANE_ROOT")]
-    root: PathBuf,
+    #[arg(long, value_name = "STORE", env = "WINDVANE_ROOT", value_parser = crate::parse_store_arg, help = crate::ROOT_HELP)]
+    root: store::Store,
     /// The channel whose current bundle is promoted, e.g. `staging`.
     #[arg(long, value_name = "CHANNEL")]
     from: String,
@@ -107,9 +105,8 @@ pub struct PromoteArgs {
 /// `windvane approve`.
 #[derive(Debug, Args)]
 pub struct ApproveArgs {
-    /// The store directory.
-    #[arg(long, value_name = "DIR", env = "WINDVANE_ROOT")]
-    root: PathBuf,
+    #[arg(long, value_name = "STORE", env = "WINDVANE_ROOT", value_parser = crate::parse_store_arg, help = crate::ROOT_HELP)]
+    root: store::Store,
     #[arg(long, value_name = "CHANNEL", env = "WINDVANE_CHANNEL")]
     channel: String,
     /// The serial approved: it must be the channel's current one.
@@ -138,15 +135,19 @@ pub fn approve(args: ApproveArgs) -> anyhow::Result<()> {
         key: args.key.clone(),
         trusted_keys: args.trusted_keys.clone(),
     })?;
-    let (pointer, signatures) =
-        store::approve(&args.root, &args.channel, args.serial, &key, &trusted).with_context(
-            || {
-                format!(
-                    "approving channel {:?} serial {}",
-                    args.channel, args.serial
-                )
-            },
-        )?;
+    let (pointer, signatures) = crate::block_on(store::approve(
+        &args.root,
+        &args.channel,
+        args.serial,
+        &key,
+        &trusted,
+    ))?
+    .with_context(|| {
+        format!(
+            "approving channel {:?} serial {}",
+            args.channel, args.serial
+        )
+    })?;
     let needed = pointer
         .rollout
         .as_ref()
@@ -201,8 +202,14 @@ fn signing_key(args: &SignArgs) -> anyhow::Result<(ed25519_dalek::SigningKey, ke
 
 fn halt(args: SignArgs, halted: bool) -> anyhow::Result<()> {
     let (key, trusted) = signing_key(&args)?;
-    let pointer = store::set_halted(&args.root, &args.channel, &key, &trusted, halted)
-        .with_context(|| format!("channel {:?} in {}", args.channel, args.root.display()))?;
+    let pointer = crate::block_on(store::set_halted(
+        &args.root,
+        &args.channel,
+        &key,
+        &trusted,
+        halted,
+    ))?
+    .with_context(|| format!("channel {:?} in {}", args.channel, args.root))?;
     println!(
         "{} the rollout of serial {} on channel {} (control {})",
         if halted { "halted" } else { "resumed" },
@@ -217,7 +224,11 @@ pub fn rollback(args: RollbackArgs) -> anyhow::Result<()> {
     let sign = &args.sign;
     let (key, trusted) = signing_key(sign)?;
     let current = verified_current(&sign.root, &sign.channel, &key, &trusted)?;
-    let previous = store::previous_bundle(&sign.root, &sign.channel, &current.bundle.sha256)?;
+    let previous = crate::block_on(store::previous_bundle(
+        &sign.root,
+        &sign.channel,
+        &current.bundle.sha256,
+    ))??;
     let bundle = stored_bundle(&sign.root, &previous)?;
     let request = PublishRequest {
         channel: &sign.channel,
@@ -228,7 +239,7 @@ pub fn rollback(args: RollbackArgs) -> anyhow::Result<()> {
         allow_empty: current.allow_empty,
         now: Timestamp::now(),
     };
-    let published = store::publish(&sign.root, &request)?;
+    let published = crate::block_on(store::publish(&sign.root, &request))??;
     println!(
         "rolled back channel {}: serial {} carries bundle {} again (was serial {} with {})",
         sign.channel, published.pointer.serial, previous, current.serial, current.bundle.sha256
@@ -302,37 +313,40 @@ pub fn render(view: &RolloutView) -> String {
 
 /// The current pointer of `channel`, verified with `key` and `trusted`.
 fn verified_current(
-    root: &std::path::Path,
+    root: &store::Store,
     channel: &str,
     key: &ed25519_dalek::SigningKey,
     trusted: &keys::TrustedKeys,
 ) -> anyhow::Result<windvane_shared::release::ReleasePointer> {
-    let path = root.join(store::channel_path(channel));
-    let bytes = std::fs::read(&path).with_context(|| path.display().to_string())?;
+    let path = store::channel_path(channel);
+    let cap = windvane_shared::release::DEFAULT_MAX_POINTER_BYTES;
+    let bytes = crate::block_on(root.read(&path, cap, "channel pointer"))??
+        .with_context(|| format!("{}: no release published on channel {channel:?}", root))?;
     let mut all = trusted.clone();
     all.insert(key.verifying_key())?;
-    Ok(windvane_shared::release::verify_signed_pointer(
-        &bytes,
-        &all,
-        windvane_shared::release::DEFAULT_MAX_POINTER_BYTES,
+    Ok(
+        windvane_shared::release::verify_signed_pointer(&bytes, &all, cap)
+            .with_context(|| root.describe(&path).display().to_string())?
+            .pointer,
     )
-    .with_context(|| path.display().to_string())?
-    .pointer)
 }
 
 /// Reads the bundle `sha256` from the store, checking its digest.
-fn stored_bundle(root: &std::path::Path, sha256: &str) -> anyhow::Result<Bundle> {
-    let path = root.join(store::bundle_path(sha256));
-    let bytes = std::fs::read(&path).with_context(|| path.display().to_string())?;
+fn stored_bundle(root: &store::Store, sha256: &str) -> anyhow::Result<Bundle> {
+    let path = store::bundle_path(sha256);
+    let described = root.describe(&path);
+    let cap = windvane_shared::release::DEFAULT_MAX_BUNDLE_BYTES;
+    let bytes = crate::block_on(root.read(&path, cap, "bundle"))??
+        .with_context(|| format!("{}: not in the store", described.display()))?;
     if windvane_shared::digest::sha256_hex(&bytes) != sha256 {
-        bail!("{}: the file does not have its digest", path.display());
+        bail!("{}: the file does not have its digest", described.display());
     }
     let bundle = Bundle::from_json_slice(&bytes, BundleLimits::default())
-        .with_context(|| path.display().to_string())?;
+        .with_context(|| described.display().to_string())?;
     if windvane_shared::digest::sha256_hex(&bundle.to_json_bytes()) != sha256 {
         bail!(
             "{}: the bundle does not serialize back to the same bytes, so it cannot be signed again with the same digest",
-            path.display()
+            described.display()
         );
     }
     Ok(bundle)
@@ -411,7 +425,7 @@ pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
         allow_empty: source.allow_empty,
         now: Timestamp::now(),
     };
-    let published = store::publish(&args.root, &request)?;
+    let published = crate::block_on(store::publish(&args.root, &request))??;
     println!(
         "promoted {} serial {} to {} serial {}: bundle {}",
         args.from,

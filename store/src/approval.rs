@@ -2,10 +2,8 @@
 //! `approvals/<channel>/<serial>.json` in the store ([`windvane_shared::approval`] says what is signed and
 //! what counts). The current pointer is verified with the release keys the approver trusts first, so an
 //! approver signs only a release they could check; the publisher's own key is refused (it would not count).
-//! Runs under the store's lock, like publishing, so two approvers never lose each other's signature.
-
-use std::io::ErrorKind;
-use std::path::Path;
+//! In a directory it runs under the store's lock, in a bucket it writes on the condition that the file is
+//! as read, so two approvers never lose each other's signature.
 
 use ed25519_dalek::SigningKey;
 use windvane_shared::approval::{self, ApprovalStatement, MAX_APPROVAL_BYTES};
@@ -13,39 +11,42 @@ use windvane_shared::dsse::Envelope;
 use windvane_shared::keys::{TrustedKeys, keyid};
 use windvane_shared::release::{self, ReleasePointer};
 
-use crate::{Error, Result, channel_path, lock_store, read_capped_file, write_atomic};
+use crate::{Error, Put, Result, Store, channel_path};
 
 /// Signs an approval of `serial` on `channel` with `key`, after verifying the current pointer with
 /// `release_keys`. Returns the approved pointer and how many signatures the approval file now holds.
-pub fn approve(
-    root: &Path,
+pub async fn approve(
+    store: &Store,
     channel: &str,
     serial: u64,
     key: &SigningKey,
     release_keys: &TrustedKeys,
 ) -> Result<(ReleasePointer, usize)> {
     crate::check_channel_name(channel)?;
-    let _lock = lock_store(root)?;
-    let pointer_file = root.join(channel_path(channel));
-    let bytes = match read_capped_file(
-        &pointer_file,
-        release::DEFAULT_MAX_POINTER_BYTES,
-        "channel pointer",
-    ) {
-        Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {
-            return Err(Error::NoSuchChannel {
-                location: root.display().to_string(),
-                channel: channel.to_owned(),
-            });
-        }
-        other => other?,
+    let _hold = store.hold(false)?;
+    let pointer_file = channel_path(channel);
+    let Some(current) = store
+        .get(
+            &pointer_file,
+            release::DEFAULT_MAX_POINTER_BYTES,
+            "channel pointer",
+        )
+        .await?
+    else {
+        return Err(Error::NoSuchChannel {
+            location: store.to_string(),
+            channel: channel.to_owned(),
+        });
     };
-    let accepted =
-        release::verify_signed_pointer(&bytes, release_keys, release::DEFAULT_MAX_POINTER_BYTES)
-            .map_err(|source| Error::CurrentPointerUnverifiable {
-                path: pointer_file.clone(),
-                source,
-            })?;
+    let accepted = release::verify_signed_pointer(
+        &current.bytes,
+        release_keys,
+        release::DEFAULT_MAX_POINTER_BYTES,
+    )
+    .map_err(|source| Error::CurrentPointerUnverifiable {
+        path: store.describe(&pointer_file),
+        source,
+    })?;
     let pointer = accepted.pointer;
     if pointer.serial != serial {
         return Err(Error::NotCurrentSerial {
@@ -62,25 +63,25 @@ pub fn approve(
             keyid: own,
         });
     }
-    let path = root.join(approval::approval_path(channel, serial));
-    let existing = match read_capped_file(&path, MAX_APPROVAL_BYTES, "approval file") {
-        Ok(bytes) => Some(
-            Envelope::from_json_slice(&bytes).map_err(|e| Error::ApprovalFile {
-                path: path.clone(),
-                detail: e.to_string(),
-            })?,
-        ),
-        Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => None,
-        Err(e) => return Err(e),
+    let path = approval::approval_path(channel, serial);
+    let file_error = |detail: String| Error::ApprovalFile {
+        path: store.describe(&path),
+        detail,
     };
-    let envelope = approval::add_signature(existing, &ApprovalStatement::of(&pointer), key)
-        .map_err(|detail| Error::ApprovalFile {
-            path: path.clone(),
-            detail,
-        })?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    }
-    write_atomic(&path, &envelope.to_json_bytes())?;
+    let existing = store
+        .get(&path, MAX_APPROVAL_BYTES, "approval file")
+        .await?;
+    let envelope = match &existing {
+        Some(stored) => {
+            Some(Envelope::from_json_slice(&stored.bytes).map_err(|e| file_error(e.to_string()))?)
+        }
+        None => None,
+    };
+    let envelope = approval::add_signature(envelope, &ApprovalStatement::of(&pointer), key)
+        .map_err(file_error)?;
+    // Two approvers at once: in a bucket the later write finds the file changed and is refused, so no
+    // signature is silently lost (the approver runs the command again).
+    let put = Put::IfUnchanged(existing.as_ref().map(|stored| &stored.version));
+    store.put(&path, &envelope.to_json_bytes(), put).await?;
     Ok((pointer, envelope.signatures.len()))
 }

@@ -85,6 +85,22 @@ pub enum Error {
     /// The approval file in the store cannot take another signature.
     #[error("{}: {detail}", path.display())]
     ApprovalFile { path: PathBuf, detail: String },
+    /// A store location that is neither a directory nor an `s3://` bucket (a static host is read-only).
+    #[error(
+        "{location}: not a store that can be written; give a directory or s3://BUCKET[/PREFIX] (an http(s):// host is read by agents, not published to)"
+    )]
+    UnsupportedStore { location: String },
+    /// A request to the object store failed (`detail` is its first line, with the S3 error code).
+    #[error("{location}: {detail}")]
+    Object { location: String, detail: String },
+    /// The AWS profile in the shared configuration files cannot be used.
+    #[error("AWS profile {profile:?}: {detail}")]
+    AwsProfile { profile: String, detail: String },
+    /// A conditional write lost: another publisher or approver changed the file after it was read.
+    #[error(
+        "{location}: changed by someone else after it was read (another publish, halt or approval ran at the same time); nothing of this change took effect — run the command again"
+    )]
+    ChangedConcurrently { location: String },
     /// Fetching from a store URL failed.
     #[error("GET {url}: {detail}")]
     Http { url: String, detail: String },
@@ -94,10 +110,59 @@ pub enum Error {
 }
 
 impl Error {
+    pub(crate) fn object(location: impl Into<String>, source: &object_store::Error) -> Self {
+        Error::Object {
+            location: location.into(),
+            detail: object_error_detail(&source.to_string()),
+        }
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// The first line of an object store error, with the S3 error document (XML) it quotes reduced to its code
+/// and message: the client nests the same text three deep.
+fn object_error_detail(text: &str) -> String {
+    let between = |open: &str, close: &str| {
+        let start = text.find(open)? + open.len();
+        let end = text[start..].find(close)? + start;
+        Some(text[start..end].to_owned())
+    };
+    let head = text.split("<?xml").next().unwrap_or(text);
+    let head = head
+        .lines()
+        .next()
+        .unwrap_or(head)
+        .trim_end_matches([':', ' ']);
+    let mut detail: String = head.chars().take(400).collect();
+    if let Some(code) = between("<Code>", "</Code>") {
+        detail.push_str(&format!(": {code}"));
+        if let Some(message) = between("<Message>", "</Message>") {
+            detail.push_str(&format!(" ({message})"));
+        }
+    }
+    detail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_s3_error_is_one_line_with_its_code() {
+        let text = "Denied for path a: Error performing GET http://s3/a in 2ms - Server returned non-2xx status code: 403 Forbidden: <?xml version=\"1.0\"?>\n<Error><Code>SignatureDoesNotMatch</Code><Message>Check your key.</Message></Error>: Denied for path a: <?xml ...";
+        assert_eq!(
+            object_error_detail(text),
+            "Denied for path a: Error performing GET http://s3/a in 2ms - Server returned non-2xx status code: 403 Forbidden: SignatureDoesNotMatch (Check your key.)"
+        );
+        assert_eq!(
+            object_error_detail("connection refused"),
+            "connection refused"
+        );
     }
 }

@@ -1,12 +1,13 @@
 //! The static store that agents poll: `channels/<channel>.json`, a signed DSSE release pointer, and
 //! `bundles/<sha256>.json`, immutable bundles named by their digest. Any static HTTP host can serve it.
 //!
-//! Publishing ([`publish`]) writes the bundle and then the pointer, each by write-temp, fsync, rename, under a
-//! lock on the store directory, so that agents never see a pointer to a missing bundle, two publishers never
-//! race, and a failure at any step leaves the store exactly as it was. Reading ([`StoreLocation`]) works from a
-//! directory or an HTTP(S) URL, never reading more than a cap.
+//! Publishing ([`publish`]) writes the bundle and then the pointer, so that agents never see a pointer to a
+//! missing bundle. In a directory each file is replaced by write-temp, fsync, rename under a lock on the
+//! directory, and a failure at any step leaves the store exactly as it was; in an S3 bucket ([`Store`]) the
+//! pointer is replaced by a conditional write, so of two publishers of one serial exactly one wins. Reading
+//! ([`StoreLocation`]) works from a directory, a bucket or an HTTP(S) URL, never reading more than a cap.
 
-use std::fs::{self, File, OpenOptions, TryLockError};
+use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -19,13 +20,17 @@ use windvane_shared::keys::TrustedKeys;
 use windvane_shared::release::{self, BundleRef, ReleasePointer};
 
 mod approval;
+mod aws_profile;
 mod control;
 mod error;
+mod files;
 
 pub use approval::approve;
 pub use control::{history_path, previous_bundle, set_halted};
 
 pub use error::{Error, Result};
+pub use files::{Bucket, Store};
+use files::{Hold, Put, Version};
 
 /// Directory of channel pointers, relative to the store root.
 pub const CHANNELS_DIR: &str = "channels";
@@ -82,9 +87,38 @@ pub struct Published {
     pub bundle_was_new: bool,
 }
 
+/// A release ready to be written: the current pointer verified, the next one signed, nothing written yet.
+/// A directory stays locked until it is committed or dropped; a bucket is not held, and the commit's
+/// conditional write of the pointer fails ([`Error::ChangedConcurrently`]) if another publisher got there
+/// first.
+#[derive(Debug)]
+pub struct PreparedPublish<'s> {
+    store: &'s Store,
+    hold: Hold,
+    pointer: ReleasePointer,
+    envelope_bytes: Vec<u8>,
+    bundle_bytes: Vec<u8>,
+    current_version: Option<Version>,
+    previous_serial: Option<u64>,
+}
+
 /// Publishes `request.bundle` on a channel: verifies the current pointer, writes the bundle, then a pointer
-/// with the next serial. On failure nothing in the store has changed.
-pub fn publish(root: &Path, request: &PublishRequest<'_>) -> Result<Published> {
+/// with the next serial. On failure the channel is as it was.
+pub async fn publish(store: &Store, request: &PublishRequest<'_>) -> Result<Published> {
+    prepare_publish(store, request).await?.commit().await
+}
+
+/// [`publish`] to a directory, for callers without an async runtime. A directory's reads and writes are
+/// plain file calls that never wait on a runtime, so polling the future to its end on this thread is exact.
+pub fn publish_dir(root: &Path, request: &PublishRequest<'_>) -> Result<Published> {
+    futures::executor::block_on(publish(&Store::Dir(root.to_path_buf()), request))
+}
+
+/// Checks the request, reads and verifies the channel's current pointer and signs the next one.
+pub async fn prepare_publish<'s>(
+    store: &'s Store,
+    request: &PublishRequest<'_>,
+) -> Result<PreparedPublish<'s>> {
     check_channel_name(request.channel)?;
     if request.expires_in.is_zero() {
         return Err(Error::Shared(windvane_shared::Error::InvalidDuration {
@@ -96,117 +130,112 @@ pub fn publish(root: &Path, request: &PublishRequest<'_>) -> Result<Published> {
     if object_count == 0 && !request.allow_empty {
         return Err(Error::EmptyWithoutAllow);
     }
+    let hold = store.hold(true)?;
+    let pointer_path = channel_path(request.channel);
+    let current = store
+        .get(
+            &pointer_path,
+            release::DEFAULT_MAX_POINTER_BYTES,
+            "channel pointer",
+        )
+        .await?;
+    let previous = match &current {
+        Some(stored) => Some(verify_current(store, &stored.bytes, request)?),
+        None => None,
+    };
     let bundle_bytes = request.bundle.to_json_bytes();
-    let sha256 = sha256_hex(&bundle_bytes);
+    let pointer = next_pointer(request, previous.as_ref(), &bundle_bytes)?;
+    Ok(PreparedPublish {
+        store,
+        hold,
+        envelope_bytes: pointer.sign(request.key).to_json_bytes(),
+        pointer,
+        bundle_bytes,
+        current_version: current.map(|stored| stored.version),
+        previous_serial: previous.map(|p| p.serial),
+    })
+}
 
-    let created_dirs = ensure_dirs(root)?;
-    let result = (|| {
-        let _lock = lock_store(root)?;
-        let pointer_file = root.join(channel_path(request.channel));
-        let previous = current_pointer(&pointer_file, request)?;
-        let serial = previous.as_ref().map_or(1, |p| p.serial + 1);
-        let expires_at = request.now.checked_add(request.expires_in).map_err(|e| {
-            Error::Shared(windvane_shared::Error::InvalidDuration {
-                value: format!("{:?}", request.expires_in),
-                detail: e.to_string(),
-            })
-        })?;
-        let pointer = ReleasePointer {
-            fleet: request.bundle.fleet.clone(),
-            channel: request.channel.to_owned(),
-            serial,
-            issued_at: request.now,
-            expires_at,
-            bundle: BundleRef {
-                sha256: sha256.clone(),
-                size: bundle_bytes.len() as u64,
-            },
-            allow_empty: request.allow_empty,
-            rollout: request.bundle.rollout.clone(),
-        };
-        let envelope_bytes = pointer.sign(request.key).to_json_bytes();
+impl PreparedPublish<'_> {
+    /// The pointer that [`PreparedPublish::commit`] will write.
+    pub fn pointer(&self) -> &ReleasePointer {
+        &self.pointer
+    }
 
-        let bundle_file = root.join(bundle_path(&sha256));
-        let bundle_was_new = !file_has_digest(&bundle_file, &sha256)?;
+    /// Writes the bundle (unless the store has it), then the pointer if the channel is still as read, then
+    /// the history line.
+    pub async fn commit(self) -> Result<Published> {
+        let store = self.store;
+        let channel = self.pointer.channel.as_str();
+        let sha256 = self.pointer.bundle.sha256.as_str();
+        let bundle_file = bundle_path(sha256);
+        let bundle_was_new = !has_bundle(store, &bundle_file, sha256, &self.bundle_bytes).await?;
         if bundle_was_new {
-            write_atomic(&bundle_file, &bundle_bytes)?;
+            store
+                .put(&bundle_file, &self.bundle_bytes, Put::Overwrite)
+                .await?;
         }
-        if let Err(error) = write_atomic(&pointer_file, &envelope_bytes) {
-            if bundle_was_new {
-                // The pointer never named this bundle, so removing it restores the store exactly.
-                let _ = fs::remove_file(&bundle_file);
-                let _ = sync_dir(bundle_file.parent().unwrap_or(root));
+        let pointer_put = Put::IfUnchanged(self.current_version.as_ref());
+        if let Err(error) = store
+            .put(&channel_path(channel), &self.envelope_bytes, pointer_put)
+            .await
+        {
+            // Under a directory's lock no pointer names the new bundle, so removing it restores the store
+            // exactly; in a bucket a concurrent publisher of the same content may now point at it.
+            if bundle_was_new && self.hold.exclusive {
+                let _ = store.remove(&bundle_file).await;
             }
             return Err(error);
         }
         // The history only serves `windvane rollback`: a failure to record it does not undo the release.
-        if let Err(error) = control::record(root, request.channel, &pointer) {
-            tracing_free_warning(&error);
+        if let Err(error) = control::record(store, channel, &self.pointer).await {
+            eprintln!("warning: could not record the channel history: {error}");
         }
+        self.hold.keep();
         Ok(Published {
-            pointer,
-            previous_serial: previous.map(|p| p.serial),
+            pointer: self.pointer,
+            previous_serial: self.previous_serial,
             bundle_was_new,
         })
-    })();
-    if result.is_err() {
-        for dir in created_dirs.iter().rev() {
-            let _ = fs::remove_dir(dir);
-        }
-    }
-    result
-}
-
-fn tracing_free_warning(error: &Error) {
-    eprintln!("warning: could not record the channel history: {error}");
-}
-
-/// Creates the store's directories that are missing, returning those it created (to undo on failure).
-fn ensure_dirs(root: &Path) -> Result<Vec<PathBuf>> {
-    let mut created = Vec::new();
-    for dir in [
-        root.to_path_buf(),
-        root.join(CHANNELS_DIR),
-        root.join(BUNDLES_DIR),
-    ] {
-        match fs::create_dir(&dir) {
-            Ok(()) => created.push(dir),
-            Err(e) if e.kind() == ErrorKind::AlreadyExists && dir.is_dir() => {}
-            Err(e) => {
-                for dir in created.iter().rev() {
-                    let _ = fs::remove_dir(dir);
-                }
-                return Err(Error::io(dir, e));
-            }
-        }
-    }
-    Ok(created)
-}
-
-/// An exclusive advisory lock on the store directory itself, so that no lock file is left behind and the
-/// kernel releases it if the publisher dies.
-fn lock_store(root: &Path) -> Result<File> {
-    let dir = File::open(root).map_err(|e| Error::io(root, e))?;
-    match dir.try_lock() {
-        Ok(()) => Ok(dir),
-        Err(TryLockError::WouldBlock) => Err(Error::Locked {
-            path: root.to_path_buf(),
-        }),
-        Err(TryLockError::Error(e)) => Err(Error::io(root, e)),
     }
 }
 
-/// Reads and verifies the channel's current pointer (expired is fine: publishing renews it). `None` when the
-/// channel has never been published.
-fn current_pointer(path: &Path, request: &PublishRequest<'_>) -> Result<Option<ReleasePointer>> {
-    let bytes = match read_capped_file(path, release::DEFAULT_MAX_POINTER_BYTES, "channel pointer")
-    {
-        Ok(bytes) => bytes,
-        Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
+/// The pointer after `previous` (pure): the next serial, naming the bundle.
+fn next_pointer(
+    request: &PublishRequest<'_>,
+    previous: Option<&ReleasePointer>,
+    bundle_bytes: &[u8],
+) -> Result<ReleasePointer> {
+    let expires_at = request.now.checked_add(request.expires_in).map_err(|e| {
+        Error::Shared(windvane_shared::Error::InvalidDuration {
+            value: format!("{:?}", request.expires_in),
+            detail: e.to_string(),
+        })
+    })?;
+    Ok(ReleasePointer {
+        fleet: request.bundle.fleet.clone(),
+        channel: request.channel.to_owned(),
+        serial: previous.map_or(1, |p| p.serial + 1),
+        issued_at: request.now,
+        expires_at,
+        bundle: BundleRef {
+            sha256: sha256_hex(bundle_bytes),
+            size: bundle_bytes.len() as u64,
+        },
+        allow_empty: request.allow_empty,
+        rollout: request.bundle.rollout.clone(),
+    })
+}
+
+/// Verifies the channel's current pointer (expired is fine: publishing renews it) with the publishing key
+/// and the keys trusted besides it.
+fn verify_current(
+    store: &Store,
+    bytes: &[u8],
+    request: &PublishRequest<'_>,
+) -> Result<ReleasePointer> {
     let unverifiable = |source| Error::CurrentPointerUnverifiable {
-        path: path.to_path_buf(),
+        path: store.describe(&channel_path(request.channel)),
         source,
     };
     let mut trusted = request.also_trusted.clone();
@@ -214,7 +243,7 @@ fn current_pointer(path: &Path, request: &PublishRequest<'_>) -> Result<Option<R
         .insert(request.key.verifying_key())
         .map_err(unverifiable)?;
     let pointer =
-        release::verify_signed_pointer(&bytes, &trusted, release::DEFAULT_MAX_POINTER_BYTES)
+        release::verify_signed_pointer(bytes, &trusted, release::DEFAULT_MAX_POINTER_BYTES)
             .map_err(unverifiable)?
             .pointer;
     if pointer.fleet != request.bundle.fleet {
@@ -230,14 +259,16 @@ fn current_pointer(path: &Path, request: &PublishRequest<'_>) -> Result<Option<R
             found: pointer.channel,
         }));
     }
-    Ok(Some(pointer))
+    Ok(pointer)
 }
 
-fn file_has_digest(path: &Path, sha256: &str) -> Result<bool> {
-    match fs::read(path) {
-        Ok(bytes) => Ok(sha256_hex(&bytes) == sha256),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(Error::io(path, e)),
+/// Whether the store already holds exactly these bundle bytes (a file of another size or digest is not it,
+/// and is replaced).
+async fn has_bundle(store: &Store, path: &str, sha256: &str, bytes: &[u8]) -> Result<bool> {
+    match store.get(path, bytes.len() as u64, "bundle").await {
+        Ok(found) => Ok(found.is_some_and(|f| sha256_hex(&f.bytes) == sha256)),
+        Err(Error::Shared(windvane_shared::Error::SizeCap { .. })) => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -289,20 +320,23 @@ pub fn read_capped_file(path: &Path, cap: u64, what: &'static str) -> Result<Vec
     Ok(bytes)
 }
 
-/// Where a store is read from: a local directory or the base URL of any static host.
+/// Where a store is read from: a local directory, an S3 bucket, or the base URL of any static host.
 #[derive(Debug, Clone)]
 pub enum StoreLocation {
     Dir(PathBuf),
+    Bucket(Store),
     Url(String),
 }
 
 impl StoreLocation {
-    /// `http://…` and `https://…` are URLs; anything else is a directory.
-    pub fn parse(text: &str) -> Self {
+    /// `http://…` and `https://…` are URLs, `s3://…` a bucket; anything else is a directory.
+    pub fn parse(text: &str) -> Result<Self> {
         if text.starts_with("http://") || text.starts_with("https://") {
-            StoreLocation::Url(text.trim_end_matches('/').to_owned())
-        } else {
-            StoreLocation::Dir(PathBuf::from(text))
+            return Ok(StoreLocation::Url(text.trim_end_matches('/').to_owned()));
+        }
+        match Store::parse(text)? {
+            Store::Dir(dir) => Ok(StoreLocation::Dir(dir)),
+            bucket => Ok(StoreLocation::Bucket(bucket)),
         }
     }
 
@@ -310,6 +344,13 @@ impl StoreLocation {
     pub async fn read(&self, relative: &str, cap: u64, what: &'static str) -> Result<Vec<u8>> {
         match self {
             StoreLocation::Dir(root) => read_capped_file(&root.join(relative), cap, what),
+            StoreLocation::Bucket(store) => match store.get(relative, cap, what).await? {
+                Some(stored) => Ok(stored.bytes),
+                None => Err(Error::io(
+                    store.describe(relative),
+                    ErrorKind::NotFound.into(),
+                )),
+            },
             StoreLocation::Url(base) => {
                 http_get_capped(&format!("{base}/{relative}"), cap, what).await
             }
@@ -344,6 +385,7 @@ impl std::fmt::Display for StoreLocation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StoreLocation::Dir(dir) => write!(f, "{}", dir.display()),
+            StoreLocation::Bucket(store) => write!(f, "{store}"),
             StoreLocation::Url(url) => f.write_str(url),
         }
     }

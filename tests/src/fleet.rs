@@ -109,7 +109,7 @@ impl Publisher {
             allow_empty,
             now: jiff::Timestamp::now(),
         };
-        Ok(store::publish(&self.store(), &request)?.pointer)
+        Ok(store::publish_dir(&self.store(), &request)?.pointer)
     }
 
     /// Writes the release signing key (PKCS#8 PEM, mode 0600) for the `windvane` command line; its path.

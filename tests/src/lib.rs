@@ -14,6 +14,7 @@ pub mod poll;
 pub mod postgres;
 pub mod process;
 pub mod proxy;
+pub mod s3;
 pub mod server;
 pub mod store_server;
 pub mod webhook;

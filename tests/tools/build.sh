@@ -2,8 +2,11 @@
 # Builds the real rendering engines that `windvane publish` runs for Helm and kustomize apps, from their own
 # Go modules (pinned in go.mod beside this script, as `tool` directives), into <repo>/target/tools/helm and
 # <repo>/target/tools/kustomize; and the real `sops` (github.com/getsops/sops/v3) and `age-keygen`
-# (filippo.io/age) that the secrets tests encrypt with, into <repo>/target/tools/sops and age-keygen. sops has a
-# module of its own (sops/go.mod): its cloud-KMS dependencies would otherwise move helm's pinned dependencies. Nothing is re-implemented and no prebuilt binary is downloaded: Go fetches
+# (filippo.io/age) that the secrets tests encrypt with, into <repo>/target/tools/sops and age-keygen; and SeaweedFS's
+# `weed` (github.com/seaweedfs/seaweedfs), the S3-protocol server that the object-storage store tests publish to,
+# into <repo>/target/tools/weed. sops and SeaweedFS have modules of their own (sops/go.mod, seaweedfs/go.mod):
+# their cloud dependencies would otherwise move helm's pinned dependencies (and each other's). Nothing is
+# re-implemented and no prebuilt binary is downloaded: Go fetches
 # the modules from its module proxy into the usual GOMODCACHE and keeps compiled packages in the usual
 # GOCACHE (shared with tests/localkube/build.sh: the k8s.io modules are at the same version, v0.37.2), so a
 # second build takes seconds and a build with nothing changed is skipped outright.
@@ -20,11 +23,12 @@ cd "$here"
 # Up to date when both binaries exist and were built from these very inputs (go.mod, go.sum, this script,
 # the Go version): checking a stamp takes no time, where asking go to check its cache takes seconds.
 stamp="$out/.inputs"
-inputs="$(cat go.mod go.sum sops/go.mod sops/go.sum "$here/build.sh" | sha256sum | cut -d' ' -f1) $(go env GOVERSION)"
+inputs="$(cat go.mod go.sum sops/go.mod sops/go.sum seaweedfs/go.mod seaweedfs/go.sum "$here/build.sh" |
+	sha256sum | cut -d' ' -f1) $(go env GOVERSION)"
 if [[ "${1:-}" != "--force" && -x "$out/helm" && -x "$out/kustomize" && -x "$out/sops" && -x "$out/age-keygen" &&
-	-f "$stamp" ]] &&
+	-x "$out/weed" && -f "$stamp" ]] &&
 	[[ "$(cat "$stamp")" == "$inputs" ]]; then
-	echo "target/tools/{helm,kustomize,sops,age-keygen} are up to date" >&2
+	echo "target/tools/{helm,kustomize,sops,age-keygen,weed} are up to date" >&2
 	exit 0
 fi
 rm -f "$stamp"
@@ -56,6 +60,11 @@ sops_version="$(version github.com/getsops/sops/v3)"
 build sops github.com/getsops/sops/v3/cmd/sops "-X github.com/getsops/sops/v3/version.Version=${sops_version#v}"
 build age-keygen filippo.io/age/cmd/age-keygen ""
 
+# SeaweedFS stamps nothing in this form; `weed version` prints its own release number (4.53 at this commit).
+cd "$here/seaweedfs"
+weed_version="$(version github.com/seaweedfs/seaweedfs)"
+build weed github.com/seaweedfs/seaweedfs/weed ""
+
 echo "$inputs" >"$stamp"
-echo "built $out/helm ($helm_version), $out/kustomize ($kustomize_version), $out/sops ($sops_version) and" \
-	"$out/age-keygen in $(($(date +%s) - start))s" >&2
+echo "built $out/helm ($helm_version), $out/kustomize ($kustomize_version), $out/sops ($sops_version)," \
+	"$out/age-keygen and $out/weed ($weed_version) in $(($(date +%s) - start))s" >&2
