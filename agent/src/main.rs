@@ -261,6 +261,12 @@ fn spawn_reporter(
                 }
             }
         };
+        let public = key.verifying_key();
+        info!(
+            keyid = %windvane_shared::keys::keyid(&public),
+            age_recipient = %windvane_shared::sops::cluster_recipient(&public),
+            "cluster identity (windvane seal --to-cluster seals to this recipient)"
+        );
         windvane_agent::reporter::run(config, key, status, metrics, shutdown).await;
     });
     tokio::spawn(async move {

@@ -64,20 +64,7 @@ pub async fn identity_key(client: kube::Client, namespace: &str) -> Result<Signi
         object: object.clone(),
         detail: api_message(e),
     };
-    let read = |secret: Secret| -> Result<SigningKey> {
-        let pem = secret
-            .data
-            .and_then(|mut d| d.remove("key.pem"))
-            .ok_or_else(|| Error::StateCorrupt {
-                object: object.clone(),
-                detail: "no key.pem".to_owned(),
-            })?;
-        let pem = String::from_utf8(pem.0).map_err(|e| Error::StateCorrupt {
-            object: object.clone(),
-            detail: e.to_string(),
-        })?;
-        Ok(signing_key_from_pem(&pem, &object)?)
-    };
+    let read = |secret: Secret| key_of_secret(secret, &object);
     if let Some(secret) = secrets
         .get_opt(IDENTITY_SECRET)
         .await
@@ -117,6 +104,22 @@ pub async fn identity_key(client: kube::Client, namespace: &str) -> Result<Signi
         ),
         Err(e) => Err(state_error(&e)),
     }
+}
+
+/// The identity key held in the identity Secret's `key.pem`.
+pub fn key_of_secret(secret: Secret, object: &str) -> Result<SigningKey> {
+    let pem = secret
+        .data
+        .and_then(|mut d| d.remove("key.pem"))
+        .ok_or_else(|| Error::StateCorrupt {
+            object: object.to_owned(),
+            detail: "no key.pem".to_owned(),
+        })?;
+    let pem = String::from_utf8(pem.0).map_err(|e| Error::StateCorrupt {
+        object: object.to_owned(),
+        detail: e.to_string(),
+    })?;
+    Ok(signing_key_from_pem(&pem, object)?)
 }
 
 /// Builds this cycle's heartbeat from the agent's status. Pure.

@@ -8,6 +8,8 @@
 //! any other, in memory only; an object that does not open (no identity for its recipients, altered file) is
 //! a Failed object naming the recipients it needs, never sent, while every other object still applies. No
 //! identity and no decrypted value is ever logged: messages name Secret keys, files and recipients only.
+//! The cluster's own identity key (Secret `windvane-identity`, the one it enrolled with) is added too, as an
+//! age identity, so that what `windvane seal --to-cluster` sealed to this one cluster opens here only.
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -54,6 +56,29 @@ pub fn keyring_of(secret: &Secret) -> (Keyring, Vec<String>) {
 /// The identities of the configured Secret; none (with a warning) when it is not configured, missing or
 /// unreadable, so that SOPS objects fail by name and everything else still applies.
 pub async fn load_keyring(client: &kube::Client, namespace: &str, secret: Option<&str>) -> Keyring {
+    let mut keyring = operator_keyring(client, namespace, secret).await;
+    add_identity_key(client, namespace, &mut keyring).await;
+    keyring
+}
+
+/// The cluster's own identity key (the one it enrolled with) opens what was sealed to the cluster itself
+/// (`windvane seal --to-cluster`). Read, never created here: an agent that never reported has none.
+async fn add_identity_key(client: &kube::Client, namespace: &str, keyring: &mut Keyring) {
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let secret = match api.get_opt(crate::reporter::IDENTITY_SECRET).await {
+        Ok(secret) => secret,
+        Err(error) => {
+            warn!(secret = crate::reporter::IDENTITY_SECRET, %namespace, %error, "cannot read the cluster identity key");
+            return;
+        }
+    };
+    let object = format!("Secret {namespace}/{}", crate::reporter::IDENTITY_SECRET);
+    if let Some(key) = secret.and_then(|s| crate::reporter::key_of_secret(s, &object).ok()) {
+        keyring.add_cluster_key(&key);
+    }
+}
+
+async fn operator_keyring(client: &kube::Client, namespace: &str, secret: Option<&str>) -> Keyring {
     let Some(name) = secret else {
         return Keyring::default();
     };

@@ -365,6 +365,7 @@ mod tests {
             last_error: None,
             enrolled_at: jiff::Timestamp::UNIX_EPOCH,
             keyid: "k".to_owned(),
+            age_recipient: None,
             sequence: 1,
         }
     }

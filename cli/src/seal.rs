@@ -42,6 +42,16 @@ pub struct SealArgs {
     /// A cluster or group named in --recipients whose recipient may open it; repeat for more.
     #[arg(long = "to", value_name = "NAME", requires = "recipients_file")]
     to: Vec<String>,
+    /// A cluster, enrolled at --server, whose own identity key may open it (only that cluster's agent holds
+    /// the private key); repeat for more.
+    #[arg(long = "to-cluster", value_name = "CLUSTER", requires = "server")]
+    to_cluster: Vec<String>,
+    /// The source server the clusters of --to-cluster are enrolled at.
+    #[arg(long, env = "WINDVANE_SERVER", value_name = "URL")]
+    server: Option<String>,
+    /// File with the server's read token, if it requires one.
+    #[arg(long, env = "WINDVANE_READ_TOKEN_FILE", value_name = "FILE")]
+    read_token_file: Option<PathBuf>,
     /// The recipients file (clusters: and groups: mapping names to age recipients).
     #[arg(long = "recipients", value_name = "FILE", env = "WINDVANE_RECIPIENTS")]
     recipients_file: Option<PathBuf>,
@@ -67,8 +77,11 @@ pub fn seal(args: SealArgs) -> anyhow::Result<()> {
     if let Some(file) = &args.recipients_file {
         recipients.extend(named_recipients(file, &args.to)?);
     }
+    recipients.extend(enrolled_recipients(&args)?);
     if recipients.is_empty() {
-        bail!("seal needs at least one --recipient or --to NAME with --recipients FILE");
+        bail!(
+            "seal needs at least one --recipient, --to-cluster NAME with --server, or --to NAME with --recipients FILE"
+        );
     }
     let parsed = recipients
         .iter()
@@ -106,6 +119,42 @@ pub fn seal(args: SealArgs) -> anyhow::Result<()> {
         recipients.join(", ")
     );
     Ok(())
+}
+
+/// The age recipients of the enrolled identity keys of `--to-cluster` clusters, as the server shows them.
+fn enrolled_recipients(args: &SealArgs) -> anyhow::Result<Vec<String>> {
+    let Some(server) = &args.server else {
+        return Ok(Vec::new());
+    };
+    let token = args
+        .read_token_file
+        .as_ref()
+        .map(|p| read_text(p).map(|t| t.trim().to_owned()))
+        .transpose()?;
+    let mut recipients = Vec::new();
+    for name in &args.to_cluster {
+        let url = format!(
+            "{}/api/v1/clusters/{}",
+            server.trim_end_matches('/'),
+            form_urlencoded::byte_serialize(name.as_bytes()).collect::<String>()
+        );
+        let detail: windvane_shared::fleet_api::ClusterDetail =
+            crate::fleet::get_json(&url, token.as_deref())
+                .with_context(|| format!("cluster {name:?} at {server}"))?;
+        let recipient = detail.cluster.age_recipient.with_context(|| {
+            format!(
+                "{url}: no age recipient for cluster {name:?} (a server older than this windvane?)"
+            )
+        })?;
+        // The server is not trusted with secrets, but here it vouches for a key: say which one, so that it can
+        // be compared with what the agent logs at start ("cluster identity", age_recipient).
+        eprintln!(
+            "cluster {name}: enrolled key {} at {server}, age recipient {recipient}",
+            detail.cluster.keyid
+        );
+        recipients.push(recipient);
+    }
+    Ok(recipients)
 }
 
 /// The recipients file: names of clusters and groups to their recipients.

@@ -117,6 +117,10 @@ pub struct ClusterRow {
     pub last_error: Option<String>,
     pub enrolled_at: Timestamp,
     pub keyid: String,
+    /// The age recipient of the cluster's enrolled key: `windvane seal --to-cluster` seals to it, and only
+    /// that cluster's agent can open (`windvane_shared::sops::cluster_recipient`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age_recipient: Option<String>,
     pub sequence: u64,
 }
 

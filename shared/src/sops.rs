@@ -102,6 +102,17 @@ impl Keyring {
         self.identities.is_empty()
     }
 
+    /// Adds the age identity that a cluster's Ed25519 identity key stands for (see [`cluster_recipient`]).
+    pub fn add_cluster_key(&mut self, key: &ed25519_dalek::SigningKey) {
+        let mut scalar = key.to_scalar_bytes();
+        let encoded = bech32_text("AGE-SECRET-KEY-", &scalar).to_ascii_uppercase();
+        scalar.fill(0);
+        // The encoding of 32 bytes is always a valid identity; a failure would be a bug, not bad input.
+        if let Ok(identity) = age::x25519::Identity::from_str(&encoded) {
+            self.identities.push(identity);
+        }
+    }
+
     /// A new identity, as `age-keygen` makes one: its secret line and its public recipient.
     pub fn generate() -> (String, String) {
         use age::secrecy::ExposeSecret;
@@ -109,6 +120,19 @@ impl Keyring {
         let secret = identity.to_string().expose_secret().to_owned();
         (secret, identity.to_public().to_string())
     }
+}
+
+/// The age recipient (`age1…`) of a cluster's enrolled Ed25519 identity key: the key's point on the
+/// equivalent Montgomery curve, as X25519 — the conversion age's own `ssh-ed25519` recipients and
+/// libsodium's `crypto_sign_ed25519_pk_to_curve25519` make. Anyone who knows the enrolled public key can seal
+/// to it; only the cluster, holding the private key ([`Keyring::add_cluster_key`]), can open.
+pub fn cluster_recipient(key: &ed25519_dalek::VerifyingKey) -> String {
+    bech32_text("age", key.to_montgomery().as_bytes())
+}
+
+fn bech32_text(prefix: &str, bytes: &[u8; 32]) -> String {
+    let hrp = bech32::Hrp::parse(prefix).expect("a valid human-readable part");
+    bech32::encode::<bech32::Bech32>(hrp, bytes).expect("32 bytes always encode")
 }
 
 /// Reads one age recipient (`age1…`).

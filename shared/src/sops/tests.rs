@@ -451,3 +451,30 @@ fn build_refuses_sops_lists_and_sops_in_engine_output() {
     let error = crate::source::manifests_of("all.yaml", &all).unwrap_err();
     assert!(error.to_string().contains("--encrypted-regex"), "{error}");
 }
+
+#[test]
+fn a_file_sealed_to_a_clusters_enrolled_key_opens_with_that_key_only() {
+    let cluster = crate::keys::signing_key_from_seed([21; 32]);
+    let recipient = cluster_recipient(&cluster.verifying_key());
+    assert!(recipient.starts_with("age1"), "{recipient}");
+    let mut ring = Keyring::default();
+    ring.add_cluster_key(&cluster);
+    assert_eq!(ring.recipients(), vec![recipient.clone()]);
+    // Sealed by the real sops to the derived recipient, as `windvane seal` does too.
+    let encrypted = documents(&sops_encrypt(
+        SECRET_AND_CONFIG,
+        &[
+            "--age",
+            &recipient,
+            "--encrypted-regex",
+            KUBERNETES_ENCRYPTED_REGEX,
+        ],
+    ));
+    assert_eq!(open(&encrypted, &ring).unwrap(), expected());
+    let mut other = Keyring::default();
+    other.add_cluster_key(&crate::keys::signing_key_from_seed([22; 32]));
+    assert!(matches!(
+        open(&encrypted, &other),
+        Err(Error::SopsNoKey { .. })
+    ));
+}

@@ -604,6 +604,7 @@ mod tests {
             applied_serial: Some(1),
             last_error: Some("<img src=x onerror=alert(1)>".into()),
             drift_total: 2,
+            public_key: String::new(),
         }];
         let view = fleet_view(clusters, now, None, &Filter::default(), &|_| Some(2));
         let html = fleet_page(&view, "team=\"x\"", &[], &[]);

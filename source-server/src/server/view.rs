@@ -44,6 +44,9 @@ pub fn cluster_row(
         last_error: summary.last_error,
         enrolled_at: summary.enrolled_at,
         keyid: summary.keyid,
+        age_recipient: windvane_shared::keys::verifying_key_from_pem(&summary.public_key, "")
+            .ok()
+            .map(|key| windvane_shared::sops::cluster_recipient(&key)),
         sequence: summary.last_sequence,
     }
 }
@@ -144,6 +147,7 @@ mod tests {
             applied_serial: Some(3),
             last_error: None,
             drift_total: 0,
+            public_key: String::new(),
         }
     }
 

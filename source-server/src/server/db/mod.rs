@@ -222,6 +222,8 @@ pub struct ClusterSummary {
     pub applied_serial: Option<u64>,
     pub last_error: Option<String>,
     pub drift_total: u64,
+    /// The bound key (SPKI PEM), for the cluster's age recipient.
+    pub public_key: String,
 }
 
 /// The database operations the server needs, on any backend. Every method is one transaction.

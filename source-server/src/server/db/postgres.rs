@@ -139,6 +139,7 @@ fn summary_from_row(row: &Row) -> ClusterSummary {
         applied_serial: row.get::<_, Option<i64>>(11).map(to_u64),
         last_error: row.get(12),
         drift_total: to_u64(row.get(13)),
+        public_key: row.get(14),
     }
 }
 
@@ -315,7 +316,7 @@ impl Database for PostgresDb {
             .query_opt(&sql::postgres(sql::GET_CLUSTER), &[&cluster])
             .await
             .map_err(db_err(format!("read cluster {cluster}")))?;
-        Ok(row.map(|r| (summary_from_row(&r), r.get(14))))
+        Ok(row.map(|r| (summary_from_row(&r), r.get(sql::SUMMARY_COLUMNS))))
     }
 
     async fn drift(

@@ -8,9 +8,12 @@
 macro_rules! summary_columns {
     () => {
         "name, fleet, keyid, labels, enrolled_ms, rekey_allowed, last_sequence, last_seen_ms, \
-         interval_seconds, state, channel, applied_serial, last_error, drift_total"
+         interval_seconds, state, channel, applied_serial, last_error, drift_total, public_key"
     };
 }
+
+/// How many columns `summary_columns!` names: a statement's next column is at this index.
+pub(crate) const SUMMARY_COLUMNS: usize = 15;
 
 // ---- heartbeats ----
 
@@ -195,9 +198,9 @@ mod tests {
     }
 
     #[test]
-    fn summary_columns_are_the_fourteen_that_summary_from_row_reads() {
+    fn summary_columns_are_as_many_as_summary_from_row_reads() {
         let columns = summary_columns!().split(',').count();
-        assert_eq!(columns, 14);
+        assert_eq!(columns, SUMMARY_COLUMNS);
         assert!(GET_CLUSTER.contains(", heartbeat FROM clusters"));
     }
 }

@@ -143,6 +143,7 @@ fn summary_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ClusterSummary>
         applied_serial: row.get::<_, Option<i64>>(11)?.map(to_u64),
         last_error: row.get(12)?,
         drift_total: to_u64(row.get(13)?),
+        public_key: row.get(14)?,
     })
 }
 
@@ -303,8 +304,10 @@ impl Database for SqliteDb {
         self.with_reader(move |conn| {
             conn.prepare_cached(sql::GET_CLUSTER)
                 .and_then(|mut s| {
-                    s.query_row([&cluster], |r| Ok((summary_from_row(r)?, r.get(14)?)))
-                        .optional()
+                    s.query_row([&cluster], |r| {
+                        Ok((summary_from_row(r)?, r.get(sql::SUMMARY_COLUMNS)?))
+                    })
+                    .optional()
                 })
                 .map_err(db_err(format!("read cluster {cluster}")))
         })
