@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod packed;
 pub mod plan;
 pub mod prevent;
+pub mod preview;
 pub mod report;
 pub mod reporter;
 pub mod revert_request;

@@ -476,6 +476,19 @@ pub struct ChangeSummary {
     pub prune: u32,
 }
 
+impl ChangeSummary {
+    /// `would create 1, update 2 and prune 0 objects`, or `would change nothing`.
+    pub fn describe(&self) -> String {
+        if *self == ChangeSummary::default() {
+            return "would change nothing".to_owned();
+        }
+        format!(
+            "would create {}, update {} and prune {} objects",
+            self.create, self.update, self.prune
+        )
+    }
+}
+
 /// The report for a release that [`decide`] did not open, at `now`.
 pub fn pending_report(
     rollout: &Rollout,

@@ -3,7 +3,8 @@
 //! Release 2 carries `rollout: {approval: {threshold: 1}}`, signed in its pointer. In order:
 //!
 //! 1. release 2 is not applied: the cluster keeps release 1, and the server's cluster API and page show
-//!    `Awaiting approval (0 of 1)`; the agent's metrics say one approval is required;
+//!    `Awaiting approval (0 of 1)` and what it would change (one object updated); the agent's metrics say
+//!    one approval is required;
 //! 2. `windvane approve` with the publisher's key is refused, and an approval file signed by it by hand does
 //!    not count (the agent says why);
 //! 3. a forged approval (the approver's signature damaged) and one for another serial are refused, and the
@@ -169,6 +170,17 @@ async fn a_release_that_requires_approval_waits_for_a_second_persons_key() -> an
     .await?;
     let (_, page) = server.get(&format!("/clusters/{CLUSTER}")).await?;
     assert!(page.contains("Awaiting approval (0 of 1)"), "{page}");
+    // What approving it would change, worked out by the agent against what it applied: one ConfigMap.
+    assert!(
+        page.contains("would create 0, update 1 and prune 0 objects"),
+        "{page}"
+    );
+    let detail = server.api(&api).await?;
+    assert_eq!(
+        detail["report"]["source"]["pending"]["changes"],
+        serde_json::json!({"create": 0, "update": 1, "prune": 0}),
+        "{detail}"
+    );
     let metrics = cluster.agent()?.metrics().await?;
     assert_eq!(
         metric(&metrics, "windvane_approvals_required"),

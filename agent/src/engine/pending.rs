@@ -10,6 +10,7 @@ use jiff::Timestamp;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{info, warn};
 use windvane_shared::release::AcceptedRelease;
+use windvane_shared::rollout::ChangeSummary;
 
 use super::{AbortOnDrop, Engine};
 use crate::approval::{self, ApprovalSource};
@@ -23,6 +24,8 @@ const GATE_READ_EVERY: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub(super) struct Pending {
     release: NewRelease,
+    /// What taking it would change here, worked out once when it is held.
+    changes: ChangeSummary,
     plan: watch::Sender<GatePlan>,
     pub(super) events: mpsc::Receiver<GateEvent>,
     _tasks: Vec<AbortOnDrop>,
@@ -51,6 +54,18 @@ impl Engine {
         let taken = std::mem::replace(&mut release.taken, taken_tx);
         let _ = taken.send(true);
         self.metrics.source_fetch("ok");
+        let changes = crate::preview::change_summary(
+            &self.inventory,
+            release.bundle.clone(),
+            &self.config.identity,
+        );
+        info!(
+            serial = plan.serial,
+            create = changes.create,
+            update = changes.update,
+            prune = changes.prune,
+            "what the held release would change here"
+        );
         let needs_server = plan.needs_server();
         let approval = plan.approval.clone();
         let (plan_tx, plan_rx) = watch::channel(plan);
@@ -94,6 +109,7 @@ impl Engine {
         }
         self.pending = Some(Pending {
             release,
+            changes,
             plan: plan_tx,
             events,
             _tasks: tasks,
@@ -127,7 +143,8 @@ impl Engine {
     /// What the gate said: report the wait, or take the release.
     pub(super) async fn on_gate(&mut self, event: GateEvent) -> bool {
         match event {
-            GateEvent::Waiting(report) => {
+            GateEvent::Waiting(mut report) => {
+                report.changes = self.pending.as_ref().map(|p| p.changes);
                 info!(serial = report.serial, wave = report.wave, message = %report.message, "waiting for the rollout wave");
                 if let Some(progress) = report.approval {
                     self.metrics

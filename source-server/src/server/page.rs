@@ -396,9 +396,12 @@ pub fn cluster_page(detail: &ClusterDetail, now: Timestamp) -> String {
             fact(
                 "Rollout",
                 format!(
-                    "<span class=\"warn\">serial {}: {}</span> <a href=\"/rollouts/{channel}\">rollout of {channel}</a>",
+                    "<span class=\"warn\">serial {}: {}</span>{} <a href=\"/rollouts/{channel}\">rollout of {channel}</a>",
                     pending.serial,
-                    escape(&pending.message)
+                    escape(&pending.message),
+                    pending
+                        .changes
+                        .map_or_else(String::new, |c| format!(" — {}", c.describe()))
                 ),
             );
         }
