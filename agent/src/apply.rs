@@ -51,6 +51,8 @@ pub enum Outcome {
     Failed(String),
     /// Outside the operator's allowlist; never sent.
     Refused(String),
+    /// Not sent in this sync: its app waits for the apps it depends on (`dependsOn`), as the message says.
+    Waiting(String),
 }
 
 /// One desired object and its outcome.
@@ -202,7 +204,7 @@ fn unplaced_result(object: Desired, unplaced: plan::Unplaced) -> ObjectResult {
     result(object, outcome, None)
 }
 
-fn result(object: Desired, outcome: Outcome, applied: Option<Baseline>) -> ObjectResult {
+pub(crate) fn result(object: Desired, outcome: Outcome, applied: Option<Baseline>) -> ObjectResult {
     let body_hash = object.body_hash();
     ObjectResult {
         object,

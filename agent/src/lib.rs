@@ -13,6 +13,7 @@ pub mod clamp;
 pub mod cluster;
 pub mod compare;
 pub mod config;
+pub mod depends;
 pub mod desired;
 pub mod diff;
 pub mod drift;

@@ -69,6 +69,10 @@ pub struct App {
     /// app's manifests exactly as written (left out of the bundle when true, so existing digests hold).
     #[serde(default = "default_true", skip_serializing_if = "is_true")]
     pub substitute: bool,
+    /// Apps of the fleet this app is applied after, once they are applied and healthy on the cluster
+    /// (`dependsOn:`; validated at build time to name existing apps without a cycle).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
     /// The manifests of an app read from files; empty for an app that an engine rendered (`rendered`).
     pub manifests: Vec<Manifest>,
     /// For a Helm chart or kustomization: what the engine wrote at build time, once per combination of the
@@ -592,6 +596,7 @@ mod tests {
             policy: Policy::default(),
             namespace: None,
             create_namespace: false,
+            depends_on: Vec::new(),
             substitute: true,
             manifests: Vec::new(),
             rendered: Some(Rendered {

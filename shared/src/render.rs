@@ -632,6 +632,7 @@ mod tests {
             policy: Policy::default(),
             namespace: None,
             create_namespace: false,
+            depends_on: Vec::new(),
             substitute: true,
             rendered: None,
             manifests: objects

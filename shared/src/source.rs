@@ -716,6 +716,7 @@ fn read_fleet_config(value: &Value, limits: BundleLimits) -> Result<FleetConfig>
         }
         apps.push(app);
     }
+    check_dependencies(&apps)?;
     let rollout = top
         .get("rollout")
         .map(|v| read_rollout(v, "rollout"))
@@ -725,6 +726,63 @@ fn read_fleet_config(value: &Value, limits: BundleLimits) -> Result<FleetConfig>
         apps,
         rollout,
     })
+}
+
+/// Every `dependsOn` names another app of the fleet, and following them never comes back to an app.
+fn check_dependencies(apps: &[AppConfig]) -> Result<()> {
+    let index: HashMap<&str, usize> = apps
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (a.app.name.as_str(), i))
+        .collect();
+    for (i, config) in apps.iter().enumerate() {
+        let app = &config.app;
+        for (d, dependency) in app.depends_on.iter().enumerate() {
+            let at = format!("apps[{i}].dependsOn[{d}]");
+            if dependency == &app.name {
+                return Err(config_error(
+                    &at,
+                    format!("app {:?} cannot depend on itself", app.name),
+                ));
+            }
+            if !index.contains_key(dependency.as_str()) {
+                return Err(config_error(&at, format!("no app is named {dependency:?}")));
+            }
+        }
+        if let Some(cycle) = dependency_cycle(apps, &index, i) {
+            return Err(config_error(
+                &format!("apps[{i}].dependsOn"),
+                format!("dependency cycle: {}", cycle.join(" -> ")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A path of `dependsOn` from app `start` back to itself, if there is one (depth-first, each app once).
+fn dependency_cycle(
+    apps: &[AppConfig],
+    index: &HashMap<&str, usize>,
+    start: usize,
+) -> Option<Vec<String>> {
+    let mut stack = vec![(start, vec![apps[start].app.name.clone()])];
+    let mut seen = HashSet::new();
+    while let Some((at, path)) = stack.pop() {
+        for dependency in &apps[at].app.depends_on {
+            let Some(&next) = index.get(dependency.as_str()) else {
+                continue;
+            };
+            let mut longer = path.clone();
+            longer.push(dependency.clone());
+            if next == start {
+                return Some(longer);
+            }
+            if seen.insert(next) {
+                stack.push((next, longer));
+            }
+        }
+    }
+    None
 }
 
 /// `rollout:`: `waves`, each with `name`, `selector`, `percent` (1–100), `soak` (a duration) and `gate`
@@ -838,6 +896,7 @@ fn read_app(value: &Value, at: &str) -> Result<AppConfig> {
         "namespace",
         "createNamespace",
         "helm",
+        "dependsOn",
     ])?;
     let name = fields.required_str("name")?;
     check_name(&name).map_err(|detail| config_error(&fields.path("name"), detail))?;
@@ -890,6 +949,7 @@ fn read_app(value: &Value, at: &str) -> Result<AppConfig> {
         namespace: fields.optional_str("namespace")?,
         create_namespace: fields.optional_bool("createNamespace")?.unwrap_or(false),
         substitute: fields.optional_bool("substitute")?.unwrap_or(true),
+        depends_on: fields.optional_strings("dependsOn")?,
         manifests: Vec::new(),
         rendered: None,
     };
@@ -1321,6 +1381,40 @@ mod tests {
                 "did you mean soak",
             ),
             ("rollout: {waves: []}", "rollout.waves", "missing"),
+        ] {
+            let (found, detail) = field_error(&format!("fleet: acme\n{yaml_text}\n"));
+            assert_eq!(found, field, "{yaml_text}");
+            assert!(detail.contains(says), "{yaml_text}: {detail}");
+        }
+    }
+
+    #[test]
+    fn depends_on_names_other_apps_without_a_cycle() {
+        let apps = "fleet: acme\napps:\n  - {name: db, path: db}\n  - {name: web, path: web, dependsOn: [db]}\n";
+        let read = config(apps).expect("config");
+        assert_eq!(read.apps[1].app.depends_on, vec!["db".to_owned()]);
+        assert!(read.apps[0].app.depends_on.is_empty());
+        for (yaml_text, field, says) in [
+            (
+                "apps: [{name: web, path: web, dependsOn: [cache]}]",
+                "apps[0].dependsOn[0]",
+                "no app is named \"cache\"",
+            ),
+            (
+                "apps: [{name: web, path: web, dependsOn: [web]}]",
+                "apps[0].dependsOn[0]",
+                "itself",
+            ),
+            (
+                "apps: [{name: a, path: a, dependsOn: [b]}, {name: b, path: b, dependsOn: [c]}, {name: c, path: c, dependsOn: [a]}]",
+                "apps[0].dependsOn",
+                "dependency cycle: a -> b -> c -> a",
+            ),
+            (
+                "apps: [{name: a, path: a, dependsOn: db}]",
+                "apps[0].dependsOn",
+                "",
+            ),
         ] {
             let (found, detail) = field_error(&format!("fleet: acme\n{yaml_text}\n"));
             assert_eq!(found, field, "{yaml_text}");

@@ -6,6 +6,7 @@
 //! enforcement: the last known good keeps being applied and healed, and the refusal is reported.
 
 mod accept;
+mod ordered;
 mod pending;
 mod prevent;
 mod reconcile;

@@ -27,6 +27,7 @@ use crate::inventory::{
     plan_prune,
 };
 use crate::report::{ObjectStatus, SyncReport, object_state};
+use windvane_shared::status::SyncState;
 
 /// An app that did not render, with why: its objects are missing from this sync, so its prunes wait.
 type RenderError = (String, String);
@@ -56,12 +57,22 @@ impl Engine {
             self.config.age_key_secret.as_deref(),
         )
         .await;
+        let order = super::ordered::AppOrder::of(&bundle, &self.config.identity);
         let (desired, unrendered, sealed) = render(bundle, &self.config.identity, &keyring);
         drop(keyring);
         enforced.bundle.pack();
         let enforced = &*enforced;
         let release_empty = desired.is_empty() && unrendered.is_empty() && sealed.is_empty();
-        let mut report = self.apply(desired).await;
+        let mut unready: BTreeMap<String, String> = unrendered
+            .iter()
+            .map(|(app, _)| (app.clone(), "it did not render".to_owned()))
+            .collect();
+        for (object, _) in &sealed {
+            unready
+                .entry(object.app.clone())
+                .or_insert_with(|| format!("{} did not open (SOPS)", object.id));
+        }
+        let mut report = self.apply_ordered(desired, order, &unready).await;
         // Objects that did not open are Failed, never sent; their apps' prunes wait like any failure's.
         report.results.extend(
             sealed
@@ -71,14 +82,22 @@ impl Engine {
 
         // Keys as applied: each object carries its final namespace, decided while applying.
         let desired_keys: BTreeSet<ObjectKey> = report.results.iter().map(|r| r.key()).collect();
+        let mut incomplete = incomplete_apps(
+            report
+                .results
+                .iter()
+                .map(|r| (r.object.app.as_str(), applied(r))),
+            unrendered.iter().map(|(app, _)| app.as_str()),
+        );
+        let waiting = waiting_apps(&report.results);
+        for app in &waiting {
+            incomplete.insert(
+                app.clone(),
+                "it waits for the apps it depends on".to_owned(),
+            );
+        }
         let outcome = ReleaseOutcome {
-            incomplete: incomplete_apps(
-                report
-                    .results
-                    .iter()
-                    .map(|r| (r.object.app.as_str(), applied(r))),
-                unrendered.iter().map(|(app, _)| app.as_str()),
-            ),
+            incomplete,
             empty: release_empty,
             allow_empty: enforced.accepted.pointer.allow_empty,
         };
@@ -117,12 +136,22 @@ impl Engine {
             .map(|(app, error)| format!("app {app}: {error}"))
             .collect();
         errors.extend(prune.reasons().cloned());
+        let prune_failed = !prune_errors.is_empty();
         errors.extend(prune_errors);
         // A prevention policy that could not be written is tried again with the sync's retry; a cluster too
         // old for it is only told so (it still detects and heals).
         let prevention_retry = prevention.is_err() && !self.prevention_refused();
+        let failed = !unrendered.is_empty()
+            || prune_failed
+            || report
+                .results
+                .iter()
+                .any(|r| matches!(r.outcome, Outcome::Failed(_) | Outcome::Refused(_)));
         let next = if complete && errors.is_empty() && !prevention_retry {
             Next::Idle
+        } else if !waiting.is_empty() && !failed && !prevention_retry {
+            // Nothing failed: apps only wait for their dependencies to become healthy.
+            Next::Recheck
         } else {
             Next::Retry
         };
@@ -157,7 +186,7 @@ impl Engine {
         .ok()
     }
 
-    async fn apply(&self, desired: Vec<Desired>) -> ApplyReport {
+    pub(super) async fn apply(&self, desired: Vec<Desired>) -> ApplyReport {
         let unchanged = |key: &ObjectKey, hash: &str| self.unchanged(key, hash);
         let observe = |object: &serde_json::Value| self.live.observe(object);
         apply_all(
@@ -202,6 +231,7 @@ impl Engine {
                 Outcome::Applied { written: false } => "unchanged",
                 Outcome::Refused(_) => "refused",
                 Outcome::Failed(_) => "failed",
+                Outcome::Waiting(_) => "waiting",
             };
             self.metrics.apply(counted);
             if applied(result) {
@@ -312,6 +342,14 @@ impl Engine {
         let failure = match &result.outcome {
             Outcome::Applied { .. } => None,
             Outcome::Failed(message) | Outcome::Refused(message) => Some(message.as_str()),
+            Outcome::Waiting(message) => {
+                return ObjectStatus {
+                    app: result.object.app.clone(),
+                    display: result.object.id.to_string(),
+                    state: SyncState::Progressing,
+                    message: message.clone(),
+                };
+            }
         };
         let id = &result.object.id;
         let health = self
@@ -355,6 +393,15 @@ impl Engine {
             }
         }
     }
+}
+
+/// The apps with objects held back for their dependencies.
+fn waiting_apps(results: &[ObjectResult]) -> BTreeSet<String> {
+    results
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Waiting(_)))
+        .map(|r| r.object.app.clone())
+        .collect()
 }
 
 fn applied(result: &ObjectResult) -> bool {

@@ -12,6 +12,8 @@ use crate::clamp;
 /// First and longest wait before a failed sync is tried again.
 const RETRY_BASE: Duration = Duration::from_secs(1);
 const RETRY_CAP: Duration = Duration::from_secs(300);
+/// Longest wait before apps waiting for their dependencies are looked at again.
+pub const RECHECK_CAP: Duration = Duration::from_secs(10);
 /// The backstop's interval varies by this fraction either way, so that a fleet's backstops spread out.
 const BACKSTOP_JITTER: f64 = 0.2;
 
@@ -22,6 +24,9 @@ pub enum Next {
     Idle,
     /// Something failed or waits (an object, a render, a prune): sync again after a back-off.
     Retry,
+    /// Nothing failed, but apps wait for their dependencies to become healthy (`dependsOn`): sync again
+    /// soon, the back-off growing only to [`RECHECK_CAP`], so that they follow shortly after.
+    Recheck,
 }
 
 /// A pending retry: how many have failed in a row, and when the next is due.
@@ -67,11 +72,16 @@ impl Timers {
     pub fn synced(&mut self, next: Next, now: Instant, unit: f64) {
         self.retry = match next {
             Next::Idle => None,
-            Next::Retry => {
+            Next::Retry | Next::Recheck => {
                 let attempt = self
                     .retry
                     .map_or(0, |retry| retry.attempt.saturating_add(1));
-                let wait = full_jitter(attempt, RETRY_BASE, RETRY_CAP, unit);
+                let cap = if next == Next::Recheck {
+                    RECHECK_CAP
+                } else {
+                    RETRY_CAP
+                };
+                let wait = full_jitter(attempt, RETRY_BASE, cap, unit);
                 Some(Retry {
                     attempt,
                     at: clamp::after(now, wait),
@@ -141,6 +151,22 @@ mod tests {
         }
         timers.synced(Next::Idle, now, 1.0);
         assert!(!timers.retry_due(now + HOUR * 24));
+    }
+
+    #[test]
+    fn apps_waiting_for_dependencies_are_looked_at_again_within_the_recheck_cap() {
+        let start = Instant::now();
+        let mut timers = Timers::new(HOUR, start, 0.5);
+        let mut now = start;
+        for ceiling in [1, 2, 4, 8, 10, 10, 10] {
+            timers.synced(Next::Recheck, now, 1.0);
+            let ceiling = Duration::from_secs(ceiling);
+            assert!(!timers.retry_due(now + ceiling - Duration::from_millis(1)));
+            assert!(timers.retry_due(now + ceiling), "{ceiling:?}");
+            now += ceiling;
+        }
+        timers.synced(Next::Idle, now, 1.0);
+        assert!(!timers.retry_due(now + HOUR / 2));
     }
 
     #[test]
