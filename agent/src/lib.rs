@@ -40,5 +40,6 @@ pub mod source;
 pub mod state;
 pub mod watch;
 pub mod wave;
+pub mod windows;
 
 pub use error::{Error, Result};

@@ -7,7 +7,8 @@
 //! `GET /api/v1/rollouts/CHANNEL` from the source server every few seconds and publishes what it got, or why
 //! it got nothing — an unreachable server keeps the gate closed. A release whose signed rollout requires
 //! approval waits here first, until the tally from [`crate::approval::watch_store`] meets its threshold
-//! (`Awaiting approval (0 of 1)`), and only then for its wave.
+//! (`Awaiting approval (0 of 1)`), and only then for its wave; once the wave is open, it waits for the
+//! maintenance windows of the apps it changes ([`crate::windows`]).
 
 use std::time::Duration;
 
@@ -24,9 +25,12 @@ use windvane_shared::release::AcceptedRelease;
 
 use crate::approval::{ApprovalNeed, ApprovalObservation};
 use crate::http::{read_capped, with_deadline};
+use crate::windows::AppWindows;
 
 /// Most bytes of a rollout view the agent reads.
 const MAX_VIEW_BYTES: u64 = 4 * 1024 * 1024;
+/// Longest sleep of a release held by a maintenance window before its windows are judged again.
+const WINDOW_RECHECK: Duration = Duration::from_secs(3600);
 /// Total deadline of one read of the rollout view.
 const VIEW_DEADLINE: Duration = Duration::from_secs(10);
 
@@ -40,6 +44,9 @@ pub struct GatePlan {
     pub wave: usize,
     /// Set when the release requires approval: it waits for that first.
     pub approval: Option<ApprovalNeed>,
+    /// The maintenance windows of the apps the release changes here: once its wave is open, it waits
+    /// until all of them let it in ([`crate::windows::window_wait`]).
+    pub windows: Vec<AppWindows>,
 }
 
 impl GatePlan {
@@ -60,6 +67,7 @@ impl GatePlan {
             rollout: rollout.clone(),
             wave,
             approval: None,
+            windows: Vec::new(),
         })
     }
 
@@ -69,22 +77,43 @@ impl GatePlan {
         accepted: &AcceptedRelease,
         name: &str,
         labels: &windvane_shared::selector::Labels,
+        windows: Vec<AppWindows>,
     ) -> Option<GatePlan> {
         let pointer = &accepted.pointer;
         let rollout = pointer.rollout.as_ref();
         let plan = GatePlan::of(pointer.serial, pointer.issued_at, rollout, name, labels);
-        let Some(need) = ApprovalNeed::of(accepted) else {
+        let need = ApprovalNeed::of(accepted);
+        if need.is_none() && windows.is_empty() {
             return plan;
-        };
+        }
         let mut plan = plan.unwrap_or_else(|| GatePlan {
             serial: pointer.serial,
             issued_at: pointer.issued_at,
             rollout: rollout.cloned().unwrap_or_default(),
             wave: 0,
             approval: None,
+            windows: Vec::new(),
         });
-        plan.approval = Some(need);
+        plan.approval = need;
+        plan.windows = windows;
         Some(plan)
+    }
+
+    /// What to report while the wave is open but a maintenance window holds the release, and when to look
+    /// again; `None` once every window lets it in.
+    pub fn window_wait(&self, now: Timestamp) -> Option<(PendingReport, Option<Timestamp>)> {
+        let (message, look_again) = crate::windows::window_wait(&self.windows, now)?;
+        let report = PendingReport {
+            serial: self.serial,
+            wave: u32::try_from(self.wave + 1).unwrap_or(u32::MAX),
+            waves: u32::try_from(rollout::wave_count(&self.rollout)).unwrap_or(u32::MAX),
+            opens_at: look_again,
+            halted: false,
+            message,
+            approval: None,
+            changes: None,
+        };
+        Some((report, look_again))
     }
 
     /// What to report while this plan waits for approval, or `None` once approved (or when it needs none).
@@ -151,6 +180,7 @@ pub async fn run(
     let base = Instant::now();
     let mut last_kind = None;
     let mut last_awaiting = None;
+    let mut last_window = None;
     loop {
         let elapsed = jiff::SignedDuration::try_from(base.elapsed()).unwrap_or_default();
         let now = started_at.checked_add(elapsed).unwrap_or(Timestamp::MAX);
@@ -171,8 +201,26 @@ pub async fn run(
         }
         let decision = judge(&current, now, &observed.borrow_and_update());
         if decision == WaveDecision::Open {
-            let _ = events.send(GateEvent::Open(current.serial)).await;
-            return;
+            let Some((report, look_again)) = current.window_wait(now) else {
+                let _ = events.send(GateEvent::Open(current.serial)).await;
+                return;
+            };
+            if last_window.as_ref() != Some(&report) {
+                last_window = Some(report.clone());
+                if events.send(GateEvent::Waiting(report)).await.is_err() {
+                    return;
+                }
+            }
+            // Looked at again at least hourly: a window without a next opening within a year still may.
+            let left = look_again.map_or(WINDOW_RECHECK, |at| {
+                at.duration_since(now).unsigned_abs().min(WINDOW_RECHECK)
+            });
+            let at = base + base.elapsed() + left;
+            tokio::select! {
+                () = tokio::time::sleep_until(at) => {}
+                changed = plan.changed() => if changed.is_err() { return },
+            }
+            continue;
         }
         let kind = std::mem::discriminant(&decision);
         if last_kind != Some((kind, current.rollout.control)) {
@@ -314,6 +362,7 @@ mod tests {
             },
             wave: 1,
             approval: None,
+            windows: Vec::new(),
         }
     }
 

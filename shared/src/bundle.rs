@@ -73,6 +73,10 @@ pub struct App {
     /// (`dependsOn:`; validated at build time to name existing apps without a cycle).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub depends_on: Vec<String>,
+    /// Maintenance windows (`windows:`): when a release that changes this app may be applied, and whether
+    /// drift is healed inside a deny window ([`crate::window`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<crate::window::Window>,
     /// The manifests of an app read from files; empty for an app that an engine rendered (`rendered`).
     pub manifests: Vec<Manifest>,
     /// For a Helm chart or kustomization: what the engine wrote at build time, once per combination of the
@@ -597,6 +601,7 @@ mod tests {
             namespace: None,
             create_namespace: false,
             depends_on: Vec::new(),
+            windows: Vec::new(),
             substitute: true,
             manifests: Vec::new(),
             rendered: Some(Rendered {

@@ -633,6 +633,7 @@ mod tests {
             namespace: None,
             create_namespace: false,
             depends_on: Vec::new(),
+            windows: Vec::new(),
             substitute: true,
             rendered: None,
             manifests: objects

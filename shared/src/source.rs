@@ -728,6 +728,23 @@ fn read_fleet_config(value: &Value, limits: BundleLimits) -> Result<FleetConfig>
     })
 }
 
+/// An app's `windows:` (maintenance windows), each checked: its schedule, duration and time zone.
+fn read_windows(fields: &Object<'_>) -> Result<Vec<crate::window::Window>> {
+    let Some(value) = fields.get("windows") else {
+        return Ok(Vec::new());
+    };
+    let at = fields.path("windows");
+    let windows: Vec<crate::window::Window> =
+        serde_json::from_value(value.clone()).map_err(|e| {
+            config_error(
+                &at,
+                format!("{e} (each window: kind allow|deny, schedule, duration, timeZone, heal)"),
+            )
+        })?;
+    crate::window::validate_all(&windows).map_err(|detail| config_error(&at, detail))?;
+    Ok(windows)
+}
+
 /// Every `dependsOn` names another app of the fleet, and following them never comes back to an app.
 fn check_dependencies(apps: &[AppConfig]) -> Result<()> {
     let index: HashMap<&str, usize> = apps
@@ -897,6 +914,7 @@ fn read_app(value: &Value, at: &str) -> Result<AppConfig> {
         "createNamespace",
         "helm",
         "dependsOn",
+        "windows",
     ])?;
     let name = fields.required_str("name")?;
     check_name(&name).map_err(|detail| config_error(&fields.path("name"), detail))?;
@@ -950,6 +968,7 @@ fn read_app(value: &Value, at: &str) -> Result<AppConfig> {
         create_namespace: fields.optional_bool("createNamespace")?.unwrap_or(false),
         substitute: fields.optional_bool("substitute")?.unwrap_or(true),
         depends_on: fields.optional_strings("dependsOn")?,
+        windows: read_windows(&fields)?,
         manifests: Vec::new(),
         rendered: None,
     };

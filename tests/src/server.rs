@@ -323,6 +323,14 @@ impl ServerProcess {
         self.spawn();
     }
 
+    /// SIGTERM, waiting at most [`STOP_GRACE`] for the exit (then killed). Returns whether it exited on its own.
+    pub async fn stop(&mut self) -> bool {
+        match self.process.take() {
+            Some(mut process) => process.stop(STOP_GRACE).await,
+            None => true,
+        }
+    }
+
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.launch.log).unwrap_or_default()
     }

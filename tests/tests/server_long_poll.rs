@@ -1,7 +1,8 @@
 //! Long polls of channel pointers on `windvane-server`, over real HTTP: a poll with `If-None-Match` and
 //! `Prefer: wait=N` is held while the pointer is unchanged (a 304 when the wait ends), answered with the new
 //! pointer as soon as a publish lands, and every answer says `Preference-Applied`. Many held polls share one
-//! watcher; a client that goes away stops counting as held.
+//! watcher; a client that goes away stops counting as held; a server told to stop answers its held polls at
+//! once instead of waiting out their wait.
 
 use std::time::{Duration, Instant};
 
@@ -102,4 +103,32 @@ async fn a_client_that_goes_away_is_no_longer_held() {
         || async { (held_polls(&http, &server).await == Some(0)).then_some(()) },
     )
     .await;
+}
+
+#[tokio::test]
+async fn a_stopping_server_answers_its_held_polls_at_once() {
+    let mut server = ServerProcess::start(Options::default());
+    let http = client();
+    let url = format!("{}/channels/{CHANNEL}.json", server.url);
+    let first = http.get(&url).send().await.expect("GET");
+    let etag = first.headers()["etag"].to_str().expect("etag").to_owned();
+    let poll = tokio::spawn(long_poll(&http, &url, &etag, 120).send());
+    eventually("one poll held", Duration::from_secs(10), || async {
+        (held_polls(&http, &server).await == Some(1)).then_some(())
+    })
+    .await;
+    let stopping = Instant::now();
+    // Before the fix the server waited 10 s for the held poll, then dropped it: the client saw an error.
+    assert!(server.stop().await, "the server exits on SIGTERM");
+    let answer = poll
+        .await
+        .expect("task")
+        .expect("the held poll gets an answer, not a dropped connection");
+    assert_eq!(answer.status(), 304, "the pointer did not change");
+    println!("SIGTERM → exited: {:?}", stopping.elapsed());
+    assert!(
+        !server.logs().contains("did not finish"),
+        "no open request outlived the shutdown: {}",
+        server.logs()
+    );
 }

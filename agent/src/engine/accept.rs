@@ -51,7 +51,7 @@ impl Engine {
                 self.mark_source_fresh();
                 false
             }
-            Fetched::Release(release) => match self.gate_plan(&release.accepted) {
+            Fetched::Release(release) => match self.gate_plan(&release) {
                 Some(plan) => {
                     self.hold(*release, plan);
                     self.clear_refusal();
@@ -109,6 +109,7 @@ impl Engine {
             accepted,
             bundle: crate::packed::PackedBundle::new(known_good.bundle),
         });
+        self.enforced_apps = crate::windows::app_digests(&bundle, &self.config.identity.labels);
         self.fresh_bundle = Some(bundle);
         self.clear_refusal();
         self.mark_source_fresh();

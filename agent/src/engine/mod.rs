@@ -12,7 +12,7 @@ mod prevent;
 mod reconcile;
 mod timers;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -108,8 +108,13 @@ pub struct Engine {
     healer: Healer,
     /// A verified release waiting for this cluster's rollout wave.
     pending: Option<pending::Pending>,
+    /// The digest of each app of the enforced release ([`crate::windows::app_digests`]): a new release's
+    /// maintenance windows hold it only for the apps it changes.
+    enforced_apps: BTreeMap<String, String>,
     /// The prevention policy kept in the cluster.
     prevention: prevent::Prevention,
+    /// The apps whose drift is only reported now, in a `heal: report` deny window.
+    report_only: BTreeSet<String>,
 }
 
 impl Engine {
@@ -155,7 +160,9 @@ impl Engine {
             metrics,
             healer,
             pending: None,
+            enforced_apps: BTreeMap::new(),
             prevention: prevent::Prevention::default(),
+            report_only: BTreeSet::new(),
         };
         match engine.state.load_known_good().await {
             Ok(Some(known_good)) => match engine.verify_known_good(&known_good) {
@@ -169,6 +176,8 @@ impl Engine {
                         "loaded the last known good release from the cluster"
                     );
                     engine.enforced = Some(enforced);
+                    engine.enforced_apps =
+                        crate::windows::app_digests(&bundle.1, &engine.config.identity.labels);
                     engine.fresh_bundle = Some(bundle.1);
                 }
                 Err(error) => {
@@ -252,7 +261,7 @@ impl Engine {
             self.publish_drift();
             self.timers.backstop_ran(Instant::now(), random_unit());
         }
-        if self.timers.retry_due(Instant::now()) {
+        if self.timers.retry_due(Instant::now()) || self.timers.take_policy_due(Instant::now()) {
             self.sync().await;
         }
     }

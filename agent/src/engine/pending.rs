@@ -33,11 +33,15 @@ pub(super) struct Pending {
 
 impl Engine {
     /// This cluster's gate plan for a verified release: `None` when it takes it at once.
-    pub(super) fn gate_plan(&self, accepted: &AcceptedRelease) -> Option<GatePlan> {
+    pub(super) fn gate_plan(&self, release: &NewRelease) -> Option<GatePlan> {
+        let labels = &self.config.identity.labels;
+        let windows =
+            crate::windows::changed_app_windows(&self.enforced_apps, &release.bundle, labels);
         GatePlan::for_release(
-            accepted,
+            &release.accepted,
             &self.config.identity.name,
-            &self.config.identity.labels,
+            labels,
+            windows,
         )
     }
 

@@ -9,6 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
+use jiff::Timestamp;
+
 use tracing::{Instrument, error, info, info_span, warn};
 use windvane_shared::bundle::{Bundle, BundleLimits};
 use windvane_shared::desired::cluster_share_into;
@@ -58,7 +60,16 @@ impl Engine {
         )
         .await;
         let order = super::ordered::AppOrder::of(&bundle, &self.config.identity);
-        let (desired, unrendered, sealed) = render(bundle, &self.config.identity, &keyring);
+        let (report_only, policy_change) = crate::windows::report_only_apps(
+            &bundle,
+            &self.config.identity.labels,
+            Timestamp::now(),
+        );
+        let (mut desired, unrendered, sealed) = render(bundle, &self.config.identity, &keyring);
+        for object in desired.iter_mut().filter(|o| report_only.contains(&o.app)) {
+            object.self_heal = false;
+        }
+        self.timers.policy_changes_at(policy_change.map(instant_at));
         drop(keyring);
         enforced.bundle.pack();
         let enforced = &*enforced;
@@ -163,7 +174,33 @@ impl Engine {
         self.metrics.observe_sync(elapsed);
         log_sync(&report, &prune, complete, elapsed);
         self.hand_to_healer(report.results);
+        self.heal_after_window(report_only).await;
         next
+    }
+
+    /// Apps whose deny window (`heal: report`) just ended heal again: their drift, only reported so far,
+    /// is judged again under the app's own policy.
+    async fn heal_after_window(&mut self, report_only: BTreeSet<String>) {
+        let ended: BTreeSet<String> = self.report_only.difference(&report_only).cloned().collect();
+        self.report_only = report_only;
+        if ended.is_empty() {
+            return;
+        }
+        info!(apps = ?ended, "a maintenance window ended: drift is healed again by policy");
+        let keys: Vec<ObjectKey> = self
+            .healer
+            .keys()
+            .into_iter()
+            .filter(|key| self.healer.is_drifting(key))
+            .filter(|key| {
+                self.healer
+                    .app_of(key)
+                    .is_some_and(|app| ended.contains(app))
+            })
+            .collect();
+        for key in keys {
+            self.on_change(crate::watch::Change::Updated(key)).await;
+        }
     }
 
     /// The enforced bundle, parsed: as verified on acceptance, or parsed again from its bytes.
@@ -393,6 +430,12 @@ impl Engine {
             }
         }
     }
+}
+
+/// The `Instant` of a wall-clock time (now, when it has passed).
+fn instant_at(at: Timestamp) -> Instant {
+    let left = at.duration_since(Timestamp::now());
+    Instant::now() + std::time::Duration::try_from(left).unwrap_or_default()
 }
 
 /// The apps with objects held back for their dependencies.

@@ -42,6 +42,8 @@ pub struct Timers {
     backstop_every: Duration,
     backstop_at: Instant,
     retry: Option<Retry>,
+    /// When a maintenance window turns healing off or on again for some app: the release is synced then.
+    policy_at: Option<Instant>,
 }
 
 impl Timers {
@@ -51,6 +53,7 @@ impl Timers {
             backstop_every,
             backstop_at: clamp::after(now, jittered(backstop_every, BACKSTOP_JITTER, unit)),
             retry: None,
+            policy_at: None,
         }
     }
 
@@ -90,6 +93,20 @@ impl Timers {
         };
     }
 
+    /// The next time a maintenance window changes an app's healing policy (`None`: none is coming).
+    pub fn policy_changes_at(&mut self, at: Option<Instant>) {
+        self.policy_at = at;
+    }
+
+    /// True when a window changed a healing policy: the release is to be synced again (once).
+    pub fn take_policy_due(&mut self, now: Instant) -> bool {
+        let due = self.policy_at.is_some_and(|at| now >= at);
+        if due {
+            self.policy_at = None;
+        }
+        due
+    }
+
     /// A new release arrived: failures of the previous one no longer count toward the back-off.
     pub fn new_release(&mut self) {
         self.retry = None;
@@ -100,6 +117,7 @@ impl Timers {
         [
             Some(self.backstop_at),
             self.retry.map(|retry| retry.at),
+            self.policy_at,
             heal,
         ]
         .into_iter()
@@ -167,6 +185,19 @@ mod tests {
         }
         timers.synced(Next::Idle, now, 1.0);
         assert!(!timers.retry_due(now + HOUR / 2));
+    }
+
+    #[test]
+    fn a_window_changing_the_healing_policy_wakes_the_loop_once() {
+        let start = Instant::now();
+        let mut timers = Timers::new(HOUR, start, 0.5);
+        let change = start + Duration::from_secs(90);
+        timers.policy_changes_at(Some(change));
+        assert_eq!(timers.next_wake(None), change);
+        assert!(!timers.take_policy_due(change - Duration::from_millis(1)));
+        assert!(timers.take_policy_due(change));
+        assert!(!timers.take_policy_due(change + HOUR / 4), "only once");
+        assert_ne!(timers.next_wake(None), change);
     }
 
     #[test]

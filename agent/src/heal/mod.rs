@@ -112,6 +112,16 @@ impl Healer {
         self.machine.adopt(key, baseline);
     }
 
+    /// Every managed object's key.
+    pub fn keys(&self) -> Vec<ObjectKey> {
+        self.machine.keys()
+    }
+
+    /// The app a managed object belongs to.
+    pub fn app_of(&self, key: &ObjectKey) -> Option<&str> {
+        self.machine.desired(key).map(|d| d.app.as_str())
+    }
+
     /// True while drift on `key` is open.
     pub fn is_drifting(&self, key: &ObjectKey) -> bool {
         self.machine.is_drifting(key)

@@ -10,6 +10,9 @@
 //! many agents wait. A watcher ends with its last waiter. Woken agents then fetch the bundle, which the
 //! server answers from memory (one cached copy, immutable), so a publish to many waiting agents costs one
 //! read of the bundle from disk.
+//!
+//! On shutdown ([`PointerWatch::close`]) every held poll is answered at once with the pointer as it is, so a
+//! stopping server does not wait a whole poll's length for its open requests to finish.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,12 +49,28 @@ pub fn requested_wait(prefer: &[u8]) -> Option<Duration> {
 type Etags = [HeaderValue; 2];
 
 /// The watchers of channels that have waiters: channel → the pointer's current ETags.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PointerWatch {
     channels: Mutex<HashMap<String, watch::Sender<Option<Etags>>>>,
+    /// True once the server shuts down: held polls are answered and no new one is held.
+    closing: watch::Sender<bool>,
+}
+
+impl Default for PointerWatch {
+    fn default() -> Self {
+        PointerWatch {
+            channels: Mutex::default(),
+            closing: watch::Sender::new(false),
+        }
+    }
 }
 
 impl PointerWatch {
+    /// The server is shutting down: every held poll is answered now, and later ones are not held.
+    pub fn close(&self) {
+        self.closing.send_replace(true);
+    }
+
     /// A receiver that changes whenever the channel's pointer does, starting the channel's watcher if none runs.
     fn subscribe(&self, app: &Arc<App>, channel: &str) -> watch::Receiver<Option<Etags>> {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
@@ -110,6 +129,10 @@ pub(super) async fn hold(app: &Arc<App>, channel: &str, if_none_match: &[u8], wa
             route::if_none_match(if_none_match, &[plain.as_bytes(), gzip.as_bytes()])
         })
     };
+    let mut closing = app.pointer_watch.closing.subscribe();
+    if *closing.borrow_and_update() {
+        return;
+    }
     let mut changes = app.pointer_watch.subscribe(app, channel);
     if !unchanged(&current_etags(&app.files, channel)) {
         return;
@@ -117,10 +140,14 @@ pub(super) async fn hold(app: &Arc<App>, channel: &str, if_none_match: &[u8], wa
     let deadline = tokio::time::Instant::now() + wait;
     let _held = Held::count(&app.metrics.held_polls);
     while unchanged(&changes.borrow_and_update()) {
-        match tokio::time::timeout_at(deadline, changes.changed()).await {
-            Ok(Ok(())) => {}
-            // The wait is over, or the watcher is gone: answer with whatever the pointer is now.
-            Ok(Err(_)) | Err(_) => return,
+        tokio::select! {
+            changed = tokio::time::timeout_at(deadline, changes.changed()) => match changed {
+                Ok(Ok(())) => {}
+                // The wait is over, or the watcher is gone: answer with whatever the pointer is now.
+                Ok(Err(_)) | Err(_) => return,
+            },
+            // Shutting down (or the sender is gone with the server): answer now.
+            _ = closing.changed() => return,
         }
     }
 }

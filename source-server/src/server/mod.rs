@@ -306,7 +306,8 @@ impl Server {
             }
         }
         drop(listener);
-        tracing::info!("shutting down: finishing open requests");
+        app.pointer_watch.close();
+        tracing::info!("shutting down: held polls answered, finishing open requests");
         if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
             .await
             .is_err()
