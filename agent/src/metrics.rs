@@ -76,6 +76,10 @@ struct Values {
     source_stale: bool,
     /// The wave (1-based) a held release waits for; 0 when none waits.
     rollout_waiting_wave: u32,
+    /// Whether a held release waits for the maintenance windows of the apps it changes.
+    window_waiting: bool,
+    /// Apps whose drift is only reported now, inside a `heal: report` deny window.
+    window_report_only_apps: u64,
     /// Approvals the held release needs, and how many count so far (0, 0 when none waits for approval).
     approvals_required: u32,
     approvals_valid: u32,
@@ -102,6 +106,8 @@ impl Default for Values {
             release_serial: None,
             source_stale: false,
             rollout_waiting_wave: 0,
+            window_waiting: false,
+            window_report_only_apps: 0,
             approvals_required: 0,
             approvals_valid: 0,
             approvals_refused: 0,
@@ -152,6 +158,16 @@ impl Metrics {
     /// The wave a held release waits for (`waiting`), or none.
     pub fn set_rollout_wave(&self, wave: u32, waiting: bool) {
         self.lock().rollout_waiting_wave = if waiting { wave } else { 0 };
+    }
+
+    /// Whether a held release waits for a maintenance window.
+    pub fn set_window_waiting(&self, waiting: bool) {
+        self.lock().window_waiting = waiting;
+    }
+
+    /// How many apps only report drift now, inside a `heal: report` deny window.
+    pub fn set_window_report_only_apps(&self, apps: usize) {
+        self.lock().window_report_only_apps = apps as u64;
     }
 
     /// The approvals a held release needs and has (both 0 when none waits for approval).
@@ -256,6 +272,28 @@ impl Metrics {
             out,
             "windvane_rollout_waiting_wave {}",
             values.rollout_waiting_wave
+        );
+        header(
+            out,
+            "windvane_window_waiting",
+            "gauge",
+            "1 while a verified newer release waits for the maintenance windows of the apps it changes, else 0.",
+        );
+        let _ = writeln!(
+            out,
+            "windvane_window_waiting {}",
+            u8::from(values.window_waiting)
+        );
+        header(
+            out,
+            "windvane_window_report_only_apps",
+            "gauge",
+            "Apps whose drift is only reported, not healed, because a deny window with heal: report is active.",
+        );
+        let _ = writeln!(
+            out,
+            "windvane_window_report_only_apps {}",
+            values.window_report_only_apps
         );
         header(
             out,
@@ -451,6 +489,15 @@ mod tests {
         assert!(approvals.contains("windvane_approvals_refused_total 2"));
         metrics.set_rollout_wave(2, true);
         assert!(metrics.render().contains("windvane_rollout_waiting_wave 2"));
+        assert!(text.contains("windvane_window_waiting 0"));
+        metrics.set_window_waiting(true);
+        metrics.set_window_report_only_apps(2);
+        let windows = metrics.render();
+        assert!(windows.contains("windvane_window_waiting 1"), "{windows}");
+        assert!(
+            windows.contains("windvane_window_report_only_apps 2"),
+            "{windows}"
+        );
         metrics.set_source_stale(true);
         assert!(metrics.render().contains("windvane_source_stale 1"));
         assert!(text.contains("windvane_objects{state=\"Synced\"} 3"));

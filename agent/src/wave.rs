@@ -146,6 +146,8 @@ pub type GateObservation = Option<Result<RolloutView, String>>;
 pub enum GateEvent {
     /// Still waiting: what to report.
     Waiting(PendingReport),
+    /// The wave is open, but a maintenance window of an app the release changes holds it: what to report.
+    Window(PendingReport),
     /// The wave opened for this serial: take the release.
     Open(u64),
 }
@@ -189,7 +191,7 @@ pub async fn run(
         if let Some(report) = awaiting {
             if last_awaiting.as_ref() != Some(&report) {
                 last_awaiting = Some(report.clone());
-                if events.send(GateEvent::Waiting(report)).await.is_err() {
+                if events.send(GateEvent::Window(report)).await.is_err() {
                     return;
                 }
             }
@@ -207,7 +209,7 @@ pub async fn run(
             };
             if last_window.as_ref() != Some(&report) {
                 last_window = Some(report.clone());
-                if events.send(GateEvent::Waiting(report)).await.is_err() {
+                if events.send(GateEvent::Window(report)).await.is_err() {
                     return;
                 }
             }
@@ -410,6 +412,40 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(599)).await;
         assert!(events.try_recv().is_err(), "opened before its time");
         tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(events.recv().await, Some(GateEvent::Open(3)));
+        task.await.expect("gate task");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_open_wave_still_waits_for_the_windows_of_the_apps_it_changes() {
+        use windvane_shared::window::{HealInWindow, Schedule, Window, WindowKind};
+        // Issued 10:00Z; the app's deny window runs 09:00–10:30Z every day.
+        let mut first_wave = plan(0, Gate::None);
+        first_wave.wave = 0;
+        first_wave.windows = vec![AppWindows {
+            app: "web".into(),
+            windows: vec![Window {
+                kind: WindowKind::Deny,
+                schedule: Schedule::parse("0 9 * * *").expect("schedule"),
+                duration: Duration::from_secs(90 * 60),
+                time_zone: "UTC".into(),
+                heal: HealInWindow::Heal,
+            }],
+        }];
+        let (_plan, _seen, mut events, task) = channels(first_wave, None);
+        match events.recv().await {
+            Some(GateEvent::Window(report)) => {
+                assert!(report.message.contains("app web"), "{}", report.message);
+                assert_eq!(
+                    report.opens_at,
+                    Some("2026-12-04T10:30:00Z".parse().expect("time"))
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        tokio::time::sleep(Duration::from_secs(29 * 60)).await;
+        assert!(events.try_recv().is_err(), "taken inside the deny window");
+        tokio::time::sleep(Duration::from_secs(61)).await;
         assert_eq!(events.recv().await, Some(GateEvent::Open(3)));
         task.await.expect("gate task");
     }

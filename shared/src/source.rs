@@ -1408,6 +1408,57 @@ mod tests {
     }
 
     #[test]
+    fn reads_maintenance_windows_and_names_bad_fields() {
+        let apps = "fleet: acme\napps:\n  - name: web\n    path: web\n    windows:\n      - {kind: deny, schedule: \"0 22 * * 1-5\", duration: 8h, timeZone: Europe/Berlin, heal: report}\n      - {kind: allow, schedule: \"*/30 * * * *\", duration: 10m}\n";
+        let read = config(apps).expect("config");
+        let windows = &read.apps[0].app.windows;
+        assert_eq!(windows.len(), 2);
+        assert_eq!(windows[0].time_zone, "Europe/Berlin");
+        assert_eq!(windows[0].heal, crate::window::HealInWindow::Report);
+        assert_eq!(windows[1].time_zone, "UTC", "the default time zone");
+        assert_eq!(windows[1].duration, std::time::Duration::from_secs(600));
+        for (window, says) in [
+            (
+                "{kind: deny, schedule: \"0 25 * * *\", duration: 1h}",
+                "hour 25 is out of range 0-23",
+            ),
+            (
+                "{kind: deny, schedule: \"@daily\", duration: 1h}",
+                "write \"0 0 * * *\"",
+            ),
+            (
+                "{kind: deny, schedule: \"0 1 * * *\", duration: 1h, timeZone: Mars/Olympus}",
+                "not a known IANA time zone",
+            ),
+            (
+                "{kind: deny, schedule: \"0 1 * * *\", duration: 0s}",
+                "must be more than 0",
+            ),
+            (
+                "{kind: deny, schedule: \"0 1 * * *\", duration: 40d}",
+                "at most",
+            ),
+            (
+                "{kind: allow, schedule: \"0 1 * * *\", duration: 1h, heal: report}",
+                "only a deny window",
+            ),
+            (
+                "{kind: sometimes, schedule: \"0 1 * * *\", duration: 1h}",
+                "kind allow|deny",
+            ),
+            (
+                "{kind: deny, schedule: \"0 1 * * *\", duration: 1h, zone: UTC}",
+                "unknown field",
+            ),
+        ] {
+            let yaml_text = format!("apps: [{{name: web, path: web, windows: [{window}]}}]");
+            let (found, detail) = field_error(&format!("fleet: acme\n{yaml_text}\n"));
+            assert_eq!(found, "apps[0].windows", "{window}");
+            assert!(detail.contains(says), "{window}: {detail}");
+        }
+    }
+
+    #[test]
     fn depends_on_names_other_apps_without_a_cycle() {
         let apps = "fleet: acme\napps:\n  - {name: db, path: db}\n  - {name: web, path: web, dependsOn: [db]}\n";
         let read = config(apps).expect("config");

@@ -161,6 +161,16 @@ impl Engine {
                     .send_modify(|status| status.source.pending = Some(report));
                 false
             }
+            GateEvent::Window(mut report) => {
+                report.changes = self.pending.as_ref().map(|p| p.changes);
+                info!(serial = report.serial, message = %report.message, "waiting for a maintenance window");
+                self.metrics.set_rollout_wave(0, false);
+                self.metrics.set_approvals(0, 0);
+                self.metrics.set_window_waiting(true);
+                self.status
+                    .send_modify(|status| status.source.pending = Some(report));
+                false
+            }
             GateEvent::Open(serial) => {
                 let Some(pending) = self.pending.take() else {
                     return false;
@@ -179,6 +189,7 @@ impl Engine {
                 info!(serial, "the rollout wave opened; taking the release");
                 self.metrics.set_rollout_wave(0, false);
                 self.metrics.set_approvals(0, 0);
+                self.metrics.set_window_waiting(false);
                 self.accept(pending.release).await
             }
         }

@@ -181,6 +181,7 @@ impl Engine {
     /// Apps whose deny window (`heal: report`) just ended heal again: their drift, only reported so far,
     /// is judged again under the app's own policy.
     async fn heal_after_window(&mut self, report_only: BTreeSet<String>) {
+        self.metrics.set_window_report_only_apps(report_only.len());
         let ended: BTreeSet<String> = self.report_only.difference(&report_only).cloned().collect();
         self.report_only = report_only;
         if ended.is_empty() {
