@@ -3,7 +3,8 @@
 //! the fleet tests (`server`), with a simulated signing agent (`heartbeat_agent`), HTTP helpers (`http`)
 //! and a throwaway PostgreSQL (`postgres`); fleet fixtures and the real agent (`fleet`); a static store
 //! server that can be broken on purpose (`store_server`); a TCP proxy that can blackhole traffic (`proxy`);
-//! Windvane's own binaries as child processes (`process`); and polling with deadlines (`poll`).
+//! age identity Secrets and the search for secret values in clear (`secrets`); Windvane's own binaries as
+//! child processes (`process`); and polling with deadlines (`poll`).
 
 pub mod fleet;
 pub mod haproxy;
@@ -15,6 +16,7 @@ pub mod postgres;
 pub mod process;
 pub mod proxy;
 pub mod s3;
+pub mod secrets;
 pub mod server;
 pub mod store_server;
 pub mod webhook;

@@ -1,7 +1,9 @@
 //! Sealed to a cluster's own enrolled identity: `windvane seal --to-cluster eu-1 --server URL` encrypts to the
 //! age recipient of the Ed25519 key eu-1 enrolled with (the server shows it; nothing else to install). eu-1's
 //! agent opens it with that key and applies the Secret; us-1, enrolled at the same server, reports the object
-//! Failed naming the recipient it needed, and its other objects stay Synced. The value is nowhere in the store.
+//! Failed naming the recipient it needed, and its other objects stay Synced. The value, as written or in
+//! base64, is nowhere in the store, the server's database or log, or either cluster's agent `/status`,
+//! `/metrics` and log, Events or control-plane log.
 
 use std::process::Command;
 use std::time::Duration;
@@ -14,6 +16,7 @@ use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher};
 use windvane_tests::localkube::LocalKube;
 use windvane_tests::poll::wait_for;
 use windvane_tests::process::binary;
+use windvane_tests::secrets::{ensure_not_in_cluster, ensure_not_in_files};
 use windvane_tests::server::SourceServer;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -80,7 +83,7 @@ async fn a_secret_sealed_to_one_clusters_enrolled_key_opens_there_only() -> anyh
     let tree = tree()?;
     publisher.publish(&tree, "stable")?;
     let server = SourceServer::start(&publisher.store(), &[]).await?;
-    let ((eu_kube, eu), (_us_kube, us)) = tokio::try_join!(
+    let ((eu_kube, eu), (us_kube, us)) = tokio::try_join!(
         start_cluster(&server, &publisher, "eu-1"),
         start_cluster(&server, &publisher, "us-1"),
     )?;
@@ -146,26 +149,8 @@ async fn a_secret_sealed_to_one_clusters_enrolled_key_opens_there_only() -> anyh
     assert!(message.contains(&recipient), "{message}");
     assert_eq!(state(&us_status, "ConfigMap payments/settings").0, "Synced");
 
-    for entry in walk(&publisher.store())? {
-        let bytes = std::fs::read(&entry)?;
-        assert!(
-            !String::from_utf8_lossy(&bytes).contains(VALUE),
-            "{} holds the value in clear",
-            entry.display()
-        );
-    }
+    ensure_not_in_cluster(&eu_kube, &eu, &[VALUE]).await?;
+    ensure_not_in_cluster(&us_kube, &us, &[VALUE]).await?;
+    ensure_not_in_files(&[publisher.store(), server.dir().to_path_buf()], &[VALUE])?;
     Ok(())
-}
-
-fn walk(dir: &std::path::Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        if path.is_dir() {
-            files.extend(walk(&path)?);
-        } else {
-            files.push(path);
-        }
-    }
-    Ok(files)
 }

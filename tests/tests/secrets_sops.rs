@@ -2,22 +2,27 @@
 //! recipients) travels encrypted; the agent without the identity reports that object Failed naming the
 //! recipient while the rest is Synced; once the operator installs the identity Secret it applies as the
 //! right Secret (no restart), and drift on it is healed; a file sealed to a new key after rotation applies;
-//! a tampered MAC is refused while the applied Secret stays. The plaintext is in none of the store, the
-//! server's database, or any log; `windvane render` shows it only with `--reveal` and the key, and
-//! `windvane-agent diff` masks it.
+//! a tampered MAC is refused while the applied Secret stays. No value (as written or in base64) is in the
+//! store, the server's database or log, the agent's `/status`, `/metrics` or log, the cluster's Events or the
+//! control plane's log; `windvane render` shows it only with `--reveal` and the key, and `windvane-agent
+//! diff` masks both sides of a Secret that differs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Event, Secret};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
-use windvane_tests::fleet::{AGENT_NAMESPACE, Agent, AgentOptions, FleetTree, Publisher};
+use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher};
 use windvane_tests::localkube::LocalKube;
 use windvane_tests::poll::wait_for;
 use windvane_tests::process::binary;
+use windvane_tests::secrets::{
+    AGE_KEY_SECRET, age_secret_key, b64, ensure_not_in_cluster, ensure_not_in_files, forms,
+    install_age_identities,
+};
 use windvane_tests::server::SourceServer;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -26,7 +31,10 @@ const CONFIG: &str = "ConfigMap app/settings";
 /// The secret value (in the Secret's `data`, base64 as Kubernetes wants it) and its base64 form.
 const PLAIN: &str = "pl41n-s3cr3t-h0rse";
 const PLAIN_ROTATED: &str = "r0t4ted-s3cr3t-b4ttery";
-const IDENTITY_SECRET: &str = "windvane-age";
+/// The value of a newer release on another channel, which only `windvane-agent diff` sees.
+const PLAIN_NEXT: &str = "n3xt-s3cr3t-st4ple";
+/// What a hand edit writes into the live Secret (healed away).
+const HAND: &str = "h4nd-s3cr3t-c0rrect";
 
 /// A real tool built by tests/tools/build.sh: `WINDVANE_<NAME>` (set by tests/run), else target/tools.
 fn tool(name: &str) -> anyhow::Result<PathBuf> {
@@ -43,11 +51,6 @@ fn tool(name: &str) -> anyhow::Result<PathBuf> {
         path.display()
     );
     Ok(path)
-}
-
-fn b64(text: &str) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(text)
 }
 
 /// A new identity file from the real age-keygen, and its recipient.
@@ -98,33 +101,6 @@ fn sops_encrypt(dir: &Path, plain: &str, recipients: &[&str]) -> anyhow::Result<
     Ok(String::from_utf8(output.stdout)?)
 }
 
-/// Installs (or replaces) the identity Secret in the agent's namespace with these identity files.
-async fn install_identities(kube: &LocalKube, files: &[(&str, &Path)]) -> anyhow::Result<()> {
-    let mut data = serde_json::Map::new();
-    for (key, path) in files {
-        data.insert(
-            (*key).to_owned(),
-            json!(b64(&std::fs::read_to_string(path)?)),
-        );
-    }
-    let secret: Secret = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": IDENTITY_SECRET, "namespace": AGENT_NAMESPACE},
-        "data": data,
-    }))?;
-    let api: Api<Secret> = Api::namespaced(kube.client(), AGENT_NAMESPACE);
-    match api.get_opt(IDENTITY_SECRET).await? {
-        Some(_) => {
-            api.replace(IDENTITY_SECRET, &PostParams::default(), &secret)
-                .await?;
-        }
-        None => {
-            api.create(&PostParams::default(), &secret).await?;
-        }
-    }
-    Ok(())
-}
-
 fn object<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
     status["objects"]
         .as_array()?
@@ -154,34 +130,84 @@ async fn live_password(kube: &LocalKube) -> anyhow::Result<Option<String>> {
     }))
 }
 
-/// Every file under `dir` whose bytes contain `needle`.
-fn files_containing(dir: &Path, needle: &str) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if std::fs::read(&path)
-                .is_ok_and(|bytes| bytes.windows(needle.len()).any(|w| w == needle.as_bytes()))
-            {
-                found.push(path);
-            }
-        }
-    }
-    found
-}
-
 fn windvane(args: &[&str]) -> anyhow::Result<(bool, String)> {
     let output = Command::new(binary("windvane")?).args(args).output()?;
     Ok((
         output.status.success(),
         String::from_utf8(output.stdout)? + &String::from_utf8(output.stderr)?,
     ))
+}
+
+/// Runs the real `windvane-agent diff` for this cluster against `channel`: its exit code, stdout and stderr.
+fn agent_diff(
+    options: &AgentOptions,
+    kube: &LocalKube,
+    channel: &str,
+) -> anyhow::Result<(Option<i32>, String)> {
+    let diff = Command::new(binary("windvane-agent")?)
+        .args(["diff", "--source", &options.source, "--channel", channel])
+        .args(["--fleet", &options.fleet, "--cluster", &options.cluster])
+        .arg("--trusted-key")
+        .arg(&options.trusted_keys[0])
+        .arg("--kubeconfig")
+        .arg(kube.kubeconfig_path())
+        .args(["--age-key-secret", AGE_KEY_SECRET])
+        .output()?;
+    Ok((
+        diff.status.code(),
+        String::from_utf8_lossy(&diff.stdout).into_owned() + &String::from_utf8_lossy(&diff.stderr),
+    ))
+}
+
+/// `windvane-agent diff` opens the SOPS Secret with the cluster's identity: nothing differs on the release
+/// the agent applied; a newer release (on another channel, sealed to `recipient`) that changes the value is
+/// shown as a difference with both sides masked and neither value in the output.
+async fn diff_masks_secrets(
+    options: &AgentOptions,
+    kube: &LocalKube,
+    (publisher, tree): (&Publisher, &FleetTree),
+    recipient: &str,
+) -> anyhow::Result<()> {
+    // windvane-agent diff opens it with the cluster's identity: nothing differs on this release.
+    let (code, out) = agent_diff(options, kube, "stable")?;
+    ensure!(code == Some(0), "{out}");
+    ensure!(forms(&[PLAIN]).iter().all(|v| !out.contains(v)), "{out}");
+
+    // A newer release (on another channel, which the agent does not follow) changes the value: diff shows the
+    // Secret as different, both sides masked, neither value in clear or base64.
+    let next = FleetTree::new()?;
+    for file in ["fleet.yaml", "app/settings.yaml"] {
+        next.write(file, &std::fs::read_to_string(tree.path().join(file))?)?;
+    }
+    next.write(
+        "app/db.sops.yaml",
+        &sops_encrypt(next.path(), &secret_yaml(PLAIN_NEXT), &[recipient])?,
+    )?;
+    publisher.publish(&next, "next")?;
+    let (code, out) = agent_diff(options, kube, "next")?;
+    ensure!(code == Some(1), "diff exits 1 on a difference: {out}");
+    ensure!(
+        out.contains(&format!("live/{SECRET}"))
+            && out.contains(&format!("desired/{SECRET}"))
+            && out.contains("1 to change"),
+        "the Secret is reported as different: {out}"
+    );
+    let masked: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("password:") && l.contains("<masked sha256:"))
+        .collect();
+    ensure!(
+        masked.len() == 2 && masked[0] != masked[1],
+        "both sides masked and different: {out}"
+    );
+    for value in forms(&[PLAIN, PLAIN_NEXT]) {
+        ensure!(!out.contains(&value), "{value:?} in the diff: {out}");
+    }
+    ensure!(
+        live_password(kube).await?.as_deref() == Some(PLAIN),
+        "diff changes nothing"
+    );
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -248,7 +274,7 @@ async fn sops_secrets_open_only_where_the_identity_is() -> anyhow::Result<()> {
         .reporting_to(&server.url, &server.token_file, "1s");
     options
         .extra
-        .extend(["--age-key-secret".to_owned(), IDENTITY_SECRET.to_owned()]);
+        .extend(["--age-key-secret".to_owned(), AGE_KEY_SECRET.to_owned()]);
     let agent = Agent::start(&kube, &options).await?;
 
     // No identity in the cluster yet: that object is Failed, naming the recipient it needs; the rest Synced.
@@ -271,7 +297,7 @@ async fn sops_secrets_open_only_where_the_identity_is() -> anyhow::Result<()> {
         .await?;
 
     // The operator installs the identity: the Secret applies, decrypted, without a restart.
-    install_identities(&kube, &[("old.agekey", &old_key)]).await?;
+    install_age_identities(&kube, &[("old.agekey", &old_key)]).await?;
     agent
         .wait_status("the SOPS Secret Synced", WAIT, |s| {
             state(s, SECRET) == "Synced" && state(s, CONFIG) == "Synced"
@@ -288,7 +314,7 @@ async fn sops_secrets_open_only_where_the_identity_is() -> anyhow::Result<()> {
             == Some("backend")
     );
 
-    // Drift on the decrypted Secret is healed like on any object.
+    // Drift on the decrypted Secret is healed like on any object, and its Events carry no value.
     let params = PatchParams {
         field_manager: Some("kubectl-edit".into()),
         ..PatchParams::default()
@@ -297,46 +323,38 @@ async fn sops_secrets_open_only_where_the_identity_is() -> anyhow::Result<()> {
         .patch(
             "db",
             &params,
-            &Patch::Merge(json!({"data": {"password": b64("changed-by-hand")}})),
+            &Patch::Merge(json!({"data": {"password": b64(HAND)}})),
         )
         .await?;
     wait_for("the Secret healed", WAIT, || async {
         Ok((live_password(&kube).await?.as_deref() == Some(PLAIN)).then_some(()))
     })
     .await?;
+    let events: Api<Event> = Api::namespaced(kube.client(), "app");
+    wait_for("the Secret's DriftReverted Event", WAIT, || async {
+        let list = events.list(&ListParams::default()).await?;
+        Ok(list
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("DriftReverted")
+                    && e.involved_object.name.as_deref() == Some("db")
+            })
+            .then_some(()))
+    })
+    .await?;
+    let faces = ensure_not_in_cluster(&kube, &agent, &[PLAIN, HAND]).await?;
+    ensure!(
+        faces
+            .iter()
+            .any(|(place, text)| place.ends_with("(DriftReverted)") && text.contains("\"db\"")),
+        "the search covered the drift Event"
+    );
 
-    // windvane-agent diff opens it with the cluster's identity and masks its values.
-    let diff = Command::new(binary("windvane-agent")?)
-        .args([
-            "diff",
-            "--source",
-            &options.source,
-            "--channel",
-            "stable",
-            "--fleet",
-            "acme",
-            "--cluster",
-            "c1",
-        ])
-        .arg("--trusted-key")
-        .arg(&options.trusted_keys[0])
-        .arg("--kubeconfig")
-        .arg(kube.kubeconfig_path())
-        .args(["--age-key-secret", IDENTITY_SECRET])
-        .output()?;
-    let diff_out = String::from_utf8_lossy(&diff.stdout).into_owned();
-    ensure!(
-        diff.status.code() == Some(0),
-        "{diff_out}{}",
-        String::from_utf8_lossy(&diff.stderr)
-    );
-    ensure!(
-        !diff_out.contains(&b64(PLAIN)) && !diff_out.contains(PLAIN),
-        "{diff_out}"
-    );
+    diff_masks_secrets(&options, &kube, (&publisher, &tree), &old_recipient).await?;
 
     // Rotation: add the new identity, re-seal to the new recipient only, then remove the old identity.
-    install_identities(&kube, &[("old.agekey", &old_key), ("new.agekey", &new_key)]).await?;
+    install_age_identities(&kube, &[("old.agekey", &old_key), ("new.agekey", &new_key)]).await?;
     tree.write(
         "app/db.sops.yaml",
         &sops_encrypt(tree.path(), &secret_yaml(PLAIN_ROTATED), &[&new_recipient])?,
@@ -346,7 +364,7 @@ async fn sops_secrets_open_only_where_the_identity_is() -> anyhow::Result<()> {
         Ok((live_password(&kube).await?.as_deref() == Some(PLAIN_ROTATED)).then_some(()))
     })
     .await?;
-    install_identities(&kube, &[("new.agekey", &new_key)]).await?;
+    install_age_identities(&kube, &[("new.agekey", &new_key)]).await?;
     tree.write(
         "app/settings.yaml",
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: app}\ndata: {mode: lax}\n",
@@ -395,20 +413,19 @@ async fn sops_secrets_open_only_where_the_identity_is() -> anyhow::Result<()> {
     ensure!(state(&status, CONFIG) == "Synced", "{status}");
     ensure!(live_password(&kube).await?.as_deref() == Some(PLAIN_ROTATED));
 
-    // No plaintext outside the cluster: not in the store, the server's database or log, the agent's log.
-    let agent_log = agent.process.log();
+    // No value, nor identity, outside the cluster, as written or in base64: not in the agent's /status,
+    // /metrics or log, any Event, the control plane's log, the store, or the server's database and log.
+    let (old_secret, new_secret) = (age_secret_key(&old_key)?, age_secret_key(&new_key)?);
+    let values = [
+        PLAIN,
+        PLAIN_ROTATED,
+        PLAIN_NEXT,
+        HAND,
+        &old_secret,
+        &new_secret,
+    ];
+    ensure_not_in_cluster(&kube, &agent, &values).await?;
     drop(agent);
-    for value in [PLAIN, PLAIN_ROTATED] {
-        for needle in [value.to_owned(), b64(value)] {
-            for dir in [publisher.store(), server.dir().to_path_buf()] {
-                let found = files_containing(&dir, &needle);
-                ensure!(found.is_empty(), "{needle:?} in {found:?}");
-            }
-            ensure!(
-                !agent_log.contains(&needle),
-                "{needle:?} in the agent's log"
-            );
-        }
-    }
+    ensure_not_in_files(&[publisher.store(), server.dir().to_path_buf()], &values)?;
     Ok(())
 }
