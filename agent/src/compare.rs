@@ -4,6 +4,8 @@
 //! difference means Windvane's apply would really change the object. Secret values are masked before
 //! anything is shown.
 
+use std::sync::OnceLock;
+
 use serde_json::Value;
 use windvane_shared::digest::sha256_hex;
 
@@ -33,8 +35,33 @@ pub fn would_change(live: Option<&Value>, dry_run: &Value) -> bool {
     live.is_none_or(|live| comparable(live) != comparable(dry_run))
 }
 
-/// A Secret with every value under `data` and `stringData` replaced by a short digest, so a diff shows that
-/// a value changed without showing the value. Other kinds are returned as they are.
+/// The key of this process's masks: random, never shown, so a mask reveals whether two values of one output
+/// are equal but cannot be checked against guessed passwords offline (an unkeyed digest of a weak password
+/// can). `None` when the system has no randomness: values are then masked without any digest.
+fn mask_key() -> Option<&'static [u8; 32]> {
+    static KEY: OnceLock<Option<[u8; 32]>> = OnceLock::new();
+    KEY.get_or_init(|| {
+        let mut key = [0u8; 32];
+        getrandom::fill(&mut key).ok().map(|()| key)
+    })
+    .as_ref()
+}
+
+/// How a Secret value is shown: a keyed digest, the same for the same value within this process.
+fn masked(text: &str) -> String {
+    match mask_key() {
+        Some(key) => {
+            let mut keyed = Vec::with_capacity(key.len() + text.len());
+            keyed.extend_from_slice(key);
+            keyed.extend_from_slice(text.as_bytes());
+            format!("<masked {}>", &sha256_hex(&keyed)[..12])
+        }
+        None => "<masked>".to_owned(),
+    }
+}
+
+/// A Secret with every value under `data` and `stringData` replaced by a short keyed digest ([`masked`]), so
+/// a diff shows that a value changed without showing the value. Other kinds are returned as they are.
 pub fn mask_secret(object: &Value) -> Value {
     let mut object = object.clone();
     let is_secret = object.get("kind").and_then(Value::as_str) == Some("Secret")
@@ -43,11 +70,7 @@ pub fn mask_secret(object: &Value) -> Value {
         for field in ["data", "stringData"] {
             if let Some(values) = map.get_mut(field).and_then(Value::as_object_mut) {
                 for value in values.values_mut() {
-                    let text = value.as_str().unwrap_or_default();
-                    *value = Value::String(format!(
-                        "<masked sha256:{}>",
-                        &sha256_hex(text.as_bytes())[..12]
-                    ));
+                    *value = Value::String(masked(value.as_str().unwrap_or_default()));
                 }
             }
         }
@@ -87,7 +110,19 @@ mod tests {
             !masked.contains("aHVudGVyMg==") && !masked.contains("\"abc\""),
             "{masked}"
         );
-        assert!(masked.contains("<masked sha256:"));
+        assert!(masked.contains("<masked "));
+        // The mask is keyed: not the plain digest of the value, which a weak password could be found from.
+        assert!(
+            !masked.contains(&sha256_hex(b"aHVudGVyMg==")[..12]),
+            "{masked}"
+        );
+        let again = mask_secret(&secret);
+        assert_eq!(again.to_string(), masked, "equal values show equal masks");
+        let changed = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "data": {"password": "aHVudGVyMw=="}});
+        assert_ne!(
+            mask_secret(&changed)["data"]["password"],
+            again["data"]["password"]
+        );
         let other = json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"password": "x"}});
         assert_eq!(mask_secret(&other), other);
     }

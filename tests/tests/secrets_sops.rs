@@ -194,7 +194,7 @@ async fn diff_masks_secrets(
     );
     let masked: Vec<&str> = out
         .lines()
-        .filter(|l| l.contains("password:") && l.contains("<masked sha256:"))
+        .filter(|l| l.contains("password:") && l.contains("<masked "))
         .collect();
     ensure!(
         masked.len() == 2 && masked[0] != masked[1],
