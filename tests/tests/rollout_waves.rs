@@ -1,17 +1,18 @@
-//! Progressive rollouts end to end: one real `windvane-server` and three localkube clusters with real agents
-//! — a canary (`tier=canary`), one cluster the 50 % wave takes by the hash of its name, and one left for
-//! the last wave — following a channel whose releases carry `rollout:` (canary, 50 %, the rest; soak 10 s
-//! each, `gate: healthy`). In order, on the same clusters:
+//! Progressive rollouts end to end: one real `windvane-server` and six localkube clusters with real agents
+//! — a canary (`tier=canary`), two clusters the 40 % wave takes by the hash of their names, and three left
+//! for the last wave — following a channel whose releases carry `rollout:` (canary, 40 %, the rest; soak
+//! 20 s each, `gate: healthy`). In order, on the same clusters:
 //!
-//! 1. a release reaches the waves in order: no cluster of a later wave changes before the earlier waves'
-//!    clusters are Synced on it and its signed time has come; a waiting agent reports
+//! 1. a release reaches the waves in order: no cluster of a later wave changes before every cluster of the
+//!    earlier waves is Synced on it and its signed time has come; a waiting agent reports
 //!    `Pending (wave 2, opens in …)`; `windvane rollout status` exits 1 until every cluster has it, then 0;
 //! 2. a canary that goes Degraded holds wave 2 past its time, and the server's rollout view (API and page)
 //!    and the waiting agent say why; the fleet page links the rollout; server and agent metrics show it;
 //! 3. with the server stopped during a gated rollout, the waiting agents do not advance (they say they cannot
 //!    read the rollout status); they advance once it is back;
 //! 4. `windvane rollout halt` stops the next waves of the current serial; `resume` lets them go on;
-//! 5. `windvane rollback` publishes the previous bundle as a new serial, and every cluster returns to it.
+//! 5. `windvane rollback` publishes the previous bundle as a new serial, and every cluster returns to its
+//!    objects: the value changed back, and the object only the newer release had pruned.
 //!
 //! Each cluster's ConfigMap `web/release` carries the release's version: the test reads it from the
 //! clusters' own API servers.
@@ -31,24 +32,27 @@ use windvane_tests::process::binary;
 use windvane_tests::server::SourceServer;
 
 const WAIT: Duration = Duration::from_secs(120);
-const SOAK_SECONDS: i64 = 10;
+const SOAK_SECONDS: i64 = 20;
+/// The index of each cluster's wave (0-based) in [`names`]'s order.
+const WAVES: [usize; 6] = [0, 1, 1, 2, 2, 2];
 
 const ROLLOUT: &str = "\
 rollout:
   waves:
     - name: canary
       selector: {matchLabels: {tier: canary}}
-      soak: 10s
+      soak: 20s
       gate: healthy
-    - name: half
-      percent: 50
-      soak: 10s
+    - name: forty
+      percent: 40
+      soak: 20s
       gate: healthy
     - name: rest
 ";
 
 fn fleet_yaml(with_rollout: bool, trouble: bool) -> String {
-    let mut text = "fleet: acme\napps:\n  - name: web\n    path: web\n".to_owned();
+    let mut text =
+        "fleet: acme\napps:\n  - name: web\n    path: web\n    policy: {prune: true}\n".to_owned();
     if trouble {
         text.push_str(
             "  - name: trouble\n    path: trouble\n    selector: {matchLabels: {tier: canary}}\n",
@@ -66,6 +70,14 @@ fn web(version: u32) -> String {
          metadata: {{name: release, namespace: web}}\ndata: {{version: \"{version}\"}}\n"
     )
 }
+
+/// An object that only release 5 carries.
+const EXTRA: &str = "\
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: extra, namespace: web}
+data: {only: release-5}
+";
 
 /// A ReplicaSet whose pods a quota forbids: Degraded.
 const TROUBLE: &str = "\
@@ -91,15 +103,23 @@ spec:
       containers: [{name: c, image: registry.example.com/c:1.0}]
 ";
 
-/// The cluster names: the canary, the first `edge-N` the 50 % wave takes, the first it leaves.
-fn names() -> [String; 3] {
-    let pick = |half: bool| {
+/// The cluster names: the canary, the first two `edge-N` the 40 % wave takes, the first three it leaves.
+fn names() -> Vec<String> {
+    let pick = |taken: bool, count: usize| {
         (0..1000)
             .map(|n| format!("edge-{n}"))
-            .find(|n| (bucket(n) < BUCKETS / 2) == half)
-            .expect("a name")
+            .filter(move |n| (bucket(n) < BUCKETS * 2 / 5) == taken)
+            .take(count)
     };
-    ["canary-1".to_owned(), pick(true), pick(false)]
+    std::iter::once("canary-1".to_owned())
+        .chain(pick(true, 2))
+        .chain(pick(false, 3))
+        .collect()
+}
+
+/// The clusters of wave `wave` (0-based), by index.
+fn in_wave(wave: usize) -> impl Iterator<Item = usize> {
+    (0..WAVES.len()).filter(move |&index| WAVES[index] == wave)
 }
 
 struct Fleet {
@@ -113,6 +133,12 @@ impl Fleet {
     fn release(&self, version: u32, trouble: bool) -> anyhow::Result<Timestamp> {
         self.tree.write("fleet.yaml", &fleet_yaml(true, trouble))?;
         self.tree.write("web/config.yaml", &web(version))?;
+        // Release 5 alone has one more object: a rollback from it must prune it.
+        if version == 5 {
+            self.tree.write("web/extra.yaml", EXTRA)?;
+        } else {
+            let _ = self.tree.remove("web/extra.yaml");
+        }
         if trouble {
             self.tree.write("trouble/objects.yaml", TROUBLE)?;
         } else {
@@ -137,6 +163,18 @@ impl Fleet {
             out.push(self.version(index).await);
         }
         out
+    }
+
+    /// True when every cluster of the later waves (2 and 3) still carries `version`.
+    async fn later_waves_at(&self, version: &str) -> bool {
+        let versions = self.versions().await;
+        (1..WAVES.len()).all(|index| versions[index].as_deref() == Some(version))
+    }
+
+    /// Whether the object only release 5 has is on cluster `index`.
+    async fn has_extra(&self, index: usize) -> anyhow::Result<bool> {
+        let configs = Api::<ConfigMap>::namespaced(self.clusters[index].kube.client(), "web");
+        Ok(configs.get_opt("extra").await?.is_some())
     }
 
     /// Waits until every cluster carries `version`.
@@ -241,7 +279,7 @@ async fn start() -> anyhow::Result<Fleet> {
 async fn waves_in_order(fleet: &Fleet) -> anyhow::Result<()> {
     let issued = fleet.release(2, false)?;
     let want = Some("2".to_owned());
-    let mut changed: [Option<f64>; 3] = [None; 3];
+    let mut changed: Vec<Option<f64>> = vec![None; WAVES.len()];
     let mut pending_seen = false;
     let mut status_incomplete = false;
     let deadline = std::time::Instant::now() + WAIT;
@@ -275,12 +313,23 @@ async fn waves_in_order(fleet: &Fleet) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let [canary, half, rest] = changed.map(|c| c.unwrap_or_default());
+    println!("release 2 reached the clusters after (s): {changed:?}");
+    let at = |wave: usize| -> Vec<f64> {
+        in_wave(wave)
+            .map(|index| changed[index].unwrap_or_default())
+            .collect()
+    };
+    let (first, second, third) = (at(0), at(1), at(2));
+    let latest = |times: &[f64]| times.iter().copied().fold(f64::MIN, f64::max);
+    let earliest = |times: &[f64]| times.iter().copied().fold(f64::MAX, f64::min);
     let soak = SOAK_SECONDS as f64;
-    assert!(canary < soak, "the canary takes it at once: {canary}s");
-    assert!(half >= soak, "wave 2 not before its soak: {half}s");
-    assert!(rest >= 2.0 * soak, "wave 3 not before both soaks: {rest}s");
-    assert!(half > canary && rest > half, "in wave order: {changed:?}");
+    assert!(latest(&first) < soak, "the canary takes it at once: {first:?}");
+    assert!(earliest(&second) >= soak, "wave 2 not before its soak: {second:?}");
+    assert!(earliest(&third) >= 2.0 * soak, "wave 3 not before both soaks: {third:?}");
+    assert!(
+        earliest(&second) > latest(&first) && earliest(&third) > latest(&second),
+        "no cluster moves before every cluster of the earlier waves has: {changed:?}"
+    );
     assert!(
         pending_seen,
         "the wave-2 agent reported Pending (wave 2, …)"
@@ -329,8 +378,11 @@ async fn degraded_canary_holds(fleet: &Fleet) -> anyhow::Result<()> {
         Ok((seconds_since(issued) > (SOAK_SECONDS * 2 + 5) as f64).then_some(()))
     })
     .await?;
-    assert_eq!(fleet.version(1).await.as_deref(), Some("2"), "wave 2 held");
-    assert_eq!(fleet.version(2).await.as_deref(), Some("2"), "wave 3 held");
+    assert!(
+        fleet.later_waves_at("2").await,
+        "waves 2 and 3 held: {:?}",
+        fleet.versions().await
+    );
     let message = fleet.pending_message(1).await;
     assert!(
         message.contains("Degraded"),
@@ -382,15 +434,10 @@ async fn server_outage_holds(fleet: &mut Fleet) -> anyhow::Result<()> {
         Ok((seconds_since(issued) > (SOAK_SECONDS * 2 + 8) as f64).then_some(()))
     })
     .await?;
-    assert_eq!(
-        fleet.version(1).await.as_deref(),
-        Some("2"),
-        "wave 2 did not advance without the server"
-    );
-    assert_eq!(
-        fleet.version(2).await.as_deref(),
-        Some("2"),
-        "wave 3 did not advance without the server"
+    assert!(
+        fleet.later_waves_at("2").await,
+        "waves 2 and 3 did not advance without the server: {:?}",
+        fleet.versions().await
     );
     let message = fleet.pending_message(1).await;
     assert!(
@@ -436,15 +483,10 @@ async fn halt_and_resume(fleet: &Fleet) -> anyhow::Result<()> {
         Ok((seconds_since(issued) > (SOAK_SECONDS * 2 + 5) as f64).then_some(()))
     })
     .await?;
-    assert_eq!(
-        fleet.version(1).await.as_deref(),
-        Some("4"),
-        "wave 2 stays where it is"
-    );
-    assert_eq!(
-        fleet.version(2).await.as_deref(),
-        Some("4"),
-        "wave 3 stays where it is"
+    assert!(
+        fleet.later_waves_at("4").await,
+        "waves 2 and 3 stay where they are: {:?}",
+        fleet.versions().await
     );
     assert_eq!(fleet.rollout().await?["halted"], true);
     let mut args = vec!["rollout".to_owned(), "resume".to_owned()];
@@ -456,7 +498,11 @@ async fn halt_and_resume(fleet: &Fleet) -> anyhow::Result<()> {
         "resume: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    fleet.wait_all(5).await
+    fleet.wait_all(5).await?;
+    for index in 0..WAVES.len() {
+        assert!(fleet.has_extra(index).await?, "release 5's object on cluster {index}");
+    }
+    Ok(())
 }
 
 /// `windvane rollback` publishes release 4's bundle again as serial 6; every cluster returns to it.
@@ -474,6 +520,12 @@ async fn rollback(fleet: &Fleet) -> anyhow::Result<()> {
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("serial 6"), "{said}");
     fleet.wait_all(4).await?;
+    for index in 0..WAVES.len() {
+        wait_for("release 5's object pruned by the rollback", WAIT, || async {
+            Ok((!fleet.has_extra(index).await?).then_some(()))
+        })
+        .await?;
+    }
     let view = fleet.rollout().await?;
     assert_eq!(view["serial"], 6);
     Ok(())
