@@ -181,6 +181,12 @@ impl Fetcher {
         {
             return (Fetched::Current(Box::new(accepted)), None);
         }
+        // When the agent first saw a release, apart from when it could apply it: the long-poll tests and an
+        // operator timing a publish read this line.
+        tracing::info!(
+            serial = accepted.pointer.serial,
+            "a new release pointer verified; fetching its bundle"
+        );
         match self.fetch_bundle(&accepted).await {
             Ok((bundle_bytes, bundle)) => {
                 let (taken, answer) = oneshot::channel();

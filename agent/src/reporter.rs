@@ -297,9 +297,20 @@ fn next_heartbeat(
     }
 }
 
-/// How long to wait after the `failures`-th failed heartbeat in a row: a jittered back-off up to the
-/// interval (at least a minute), or, from a busy server, what its `Retry-After` says (already clamped).
+/// How long to wait after the `failures`-th failed heartbeat in a row (see [`retry_wait`]).
 fn failure_wait(error: &Error, failures: u32, interval: Duration) -> Duration {
+    let busy = match error {
+        Error::SourceBusy { retry_after, .. } => Some(*retry_after),
+        _ => None,
+    };
+    retry_wait(failures, interval, busy)
+}
+
+/// How long the reporter waits before its next heartbeat after the `failures`-th failed one in a row (0 for
+/// the first): a jittered back-off from 1 s up to the interval (at least a minute), or, when a busy server
+/// answered with a `Retry-After` (`busy`, already clamped), at least that. The next attempt is a new
+/// heartbeat with the next sequence. Public so that the tests' simulated agents retry as this one does.
+pub fn retry_wait(failures: u32, interval: Duration, busy: Option<Duration>) -> Duration {
     let backoff = full_jitter(
         failures,
         Duration::from_secs(1),
@@ -307,9 +318,9 @@ fn failure_wait(error: &Error, failures: u32, interval: Duration) -> Duration {
         random_unit(),
     );
     // A busy server says when to come back; sooner would only add to its load.
-    match error {
-        Error::SourceBusy { retry_after, .. } => after_busy(*retry_after, backoff, random_unit()),
-        _ => backoff,
+    match busy {
+        Some(retry_after) => after_busy(retry_after, backoff, random_unit()),
+        None => backoff,
     }
 }
 

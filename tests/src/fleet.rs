@@ -1,5 +1,6 @@
 //! Fleet fixtures for end-to-end tests: a fleet source tree written from strings, a publisher that signs
-//! releases into a store directory (through the same library `windvane publish` uses), and the real
+//! releases into a store directory (through the same library `windvane publish` uses, or by running the
+//! real command line), and the real
 //! `windvane-agent` binary run against a localkube, with its admin endpoints read over HTTP; and a
 //! [`Cluster`] — a localkube with its agent — for tests and the demo that run a whole fleet. The server
 //! they report to is [`crate::server::SourceServer`].
@@ -110,6 +111,30 @@ impl Publisher {
             now: jiff::Timestamp::now(),
         };
         Ok(store::publish_dir(&self.store(), &request)?.pointer)
+    }
+
+    /// Publishes the tree on `channel` with the real `windvane publish` command line, as an operator would
+    /// (signing with the key [`Publisher::key_path`] writes); its output, or an error carrying it.
+    pub fn publish_cli(&self, tree: &FleetTree, channel: &str) -> anyhow::Result<String> {
+        let output = std::process::Command::new(binary("windvane")?)
+            .arg("publish")
+            .arg(tree.path())
+            .arg("--root")
+            .arg(self.store())
+            .arg("--channel")
+            .arg(channel)
+            .arg("--key")
+            .arg(self.key_path()?)
+            .output()
+            .context("running windvane publish")?;
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        anyhow::ensure!(
+            output.status.success(),
+            "windvane publish failed ({}):\n{stdout}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(stdout)
     }
 
     /// Writes the release signing key (PKCS#8 PEM, mode 0600) for the `windvane` command line; its path.

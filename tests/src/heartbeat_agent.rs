@@ -1,12 +1,17 @@
 //! A simulated agent for the server tests: an identity key, labels and a heartbeat counter; it enrols and
 //! signs heartbeats exactly as the wire format says (DSSE over the JSON heartbeat), so a test can send
-//! valid, stale, forged or malformed ones to a real `windvane-server`. Not the real agent: that is
+//! valid, stale, forged or malformed ones to a real `windvane-server`, or report on a schedule and retry
+//! failed heartbeats with the real agent's back-off ([`Answer::wait`]). Not the real agent: that is
 //! [`crate::fleet::Agent`].
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use ed25519_dalek::SigningKey;
 use jiff::Timestamp;
+use windvane_agent::backoff::{jittered, random_unit};
+use windvane_agent::clamp;
+use windvane_agent::reporter::retry_wait;
 use windvane_shared::dsse;
 use windvane_shared::heartbeat::{
     AppReport, EnrollRequest, HEARTBEAT_PAYLOAD_TYPE, Heartbeat, ObjectReport, SourceReport,
@@ -15,6 +20,31 @@ use windvane_shared::keys::{signing_key_from_seed, verifying_key_to_pem};
 use windvane_shared::status::SyncState;
 
 use crate::server::{CHANNEL, FLEET, TOKEN};
+
+/// What became of one heartbeat sent by [`SimulatedAgent::try_beat`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// A 2xx: the server has stored the heartbeat.
+    Acknowledged,
+    /// No answer (the connection failed or broke) or a non-2xx `status`; `retry_after` is a busy server's
+    /// (429/503) `Retry-After`, clamped.
+    Failed {
+        status: Option<u16>,
+        retry_after: Option<Duration>,
+    },
+}
+
+impl Answer {
+    /// When the real agent sends its next heartbeat after this answer, with `failures` failed ones in a row
+    /// before it, heartbeating every `interval`: the interval ±20 % after an acknowledgement, the reporter's
+    /// own back-off after a failure ([`windvane_agent::reporter::retry_wait`]).
+    pub fn wait(&self, failures: u32, interval: Duration) -> Duration {
+        match self {
+            Answer::Acknowledged => jittered(interval, 0.2, random_unit()),
+            Answer::Failed { retry_after, .. } => retry_wait(failures, interval, *retry_after),
+        }
+    }
+}
 
 /// A simulated agent: its identity key and heartbeat counter.
 #[derive(Debug)]
@@ -120,6 +150,50 @@ impl SimulatedAgent {
             .send()
             .await
             .expect("post heartbeat")
+    }
+
+    /// Signs and sends the next heartbeat in `state` without judging the answer, as the real agent's
+    /// reporter does: its sequence and what came back. A failed attempt still uses up its sequence (the next
+    /// one is a new heartbeat), and [`Answer::wait`] says when the real agent would send it.
+    pub async fn try_beat(
+        &mut self,
+        http: &reqwest::Client,
+        url: &str,
+        state: SyncState,
+    ) -> (u64, Answer) {
+        let hb = self.next(state);
+        let sent = http
+            .post(format!("{url}/api/v1/clusters/{}/heartbeat", self.name))
+            .header("content-type", "application/json")
+            .body(self.sign(&hb))
+            .send()
+            .await;
+        let answer = match sent {
+            Ok(response) if response.status().is_success() => match response.bytes().await {
+                Ok(_) => Answer::Acknowledged,
+                Err(_) => Answer::Failed {
+                    status: None,
+                    retry_after: None,
+                },
+            },
+            Ok(response) => {
+                let status = response.status();
+                // Only a busy answer's Retry-After counts, clamped as the agent clamps it.
+                let busy = matches!(status.as_u16(), 429 | 503).then(|| {
+                    let header = response.headers().get(reqwest::header::RETRY_AFTER);
+                    clamp::retry_after(header.map(|v| v.as_bytes()), Timestamp::now())
+                });
+                Answer::Failed {
+                    status: Some(status.as_u16()),
+                    retry_after: busy,
+                }
+            }
+            Err(_) => Answer::Failed {
+                status: None,
+                retry_after: None,
+            },
+        };
+        (hb.sequence, answer)
     }
 
     /// Signs and sends the next heartbeat in `state`, asserting a 200.

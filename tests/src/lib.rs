@@ -2,9 +2,10 @@
 //! planes (`localkube`); the real `windvane-server` under test, started one way for the server tests and
 //! the fleet tests (`server`), with a simulated signing agent (`heartbeat_agent`), HTTP helpers (`http`)
 //! and a throwaway PostgreSQL (`postgres`); fleet fixtures and the real agent (`fleet`); a static store
-//! server that can be broken on purpose (`store_server`); a TCP proxy that can blackhole traffic (`proxy`);
-//! age identity Secrets and the search for secret values in clear (`secrets`); Windvane's own binaries as
-//! child processes (`process`); and polling with deadlines (`poll`).
+//! server that can be broken on purpose (`store_server`); the fleet as the API and the page show it
+//! (`views`); a TCP proxy that can blackhole traffic (`proxy`); age identity Secrets and the search for
+//! secret values in clear (`secrets`); Windvane's own binaries as child processes (`process`); and polling
+//! with deadlines (`poll`).
 
 pub mod fleet;
 pub mod haproxy;
@@ -19,4 +20,5 @@ pub mod s3;
 pub mod secrets;
 pub mod server;
 pub mod store_server;
+pub mod views;
 pub mod webhook;

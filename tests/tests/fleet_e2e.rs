@@ -32,6 +32,7 @@ use windvane_tests::localkube::LocalKube;
 use windvane_tests::poll::wait_for;
 use windvane_tests::process::binary;
 use windvane_tests::server::SourceServer;
+use windvane_tests::views::{Shown, from_api, from_page};
 
 /// Deadline of every wait: generous, for a loaded 2-core machine.
 const WAIT: Duration = Duration::from_secs(120);
@@ -193,68 +194,6 @@ fn windvane(args: &[&str]) -> anyhow::Result<(bool, String, String)> {
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     ))
-}
-
-/// Cluster name → state, and state → count, as one of the three views shows them.
-#[derive(Debug, PartialEq, Eq)]
-struct Shown {
-    states: BTreeMap<String, String>,
-    counts: BTreeMap<String, u64>,
-}
-
-fn from_api(fleet: &Value) -> Shown {
-    let states = fleet["clusters"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-        .iter()
-        .map(|c| {
-            (
-                c["name"].as_str().unwrap_or("?").to_owned(),
-                c["state"].as_str().unwrap_or("?").to_owned(),
-            )
-        })
-        .collect();
-    let counts = fleet["counts"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .filter(|(_, n)| n.as_u64().unwrap_or(0) > 0)
-                .map(|(s, n)| (s.clone(), n.as_u64().unwrap_or(0)))
-                .collect()
-        })
-        .unwrap_or_default();
-    Shown { states, counts }
-}
-
-/// Reads the fleet page's rows (`<tr class="s-STATE"><td><a href="/clusters/NAME">`) and its counters
-/// (`id="count-STATE" …><div class="n">N</div>`).
-fn from_page(html: &str) -> Shown {
-    let mut states = BTreeMap::new();
-    for row in html.split("<tr class=\"s-").skip(1) {
-        let state = row.split('"').next().unwrap_or("?").to_owned();
-        if let Some(name) = row
-            .split("href=\"/clusters/")
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-        {
-            states.insert(name.to_owned(), state);
-        }
-    }
-    let mut counts = BTreeMap::new();
-    for counter in html.split("id=\"count-").skip(1) {
-        let state = counter.split('"').next().unwrap_or("?");
-        let n = counter
-            .split("<div class=\"n\">")
-            .nth(1)
-            .and_then(|r| r.split('<').next())
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or(0);
-        if state != "total" && n > 0 {
-            counts.insert(state.to_owned(), n);
-        }
-    }
-    Shown { states, counts }
 }
 
 /// Reads `windvane status`'s table: `N clusters: Synced 3 · Unknown 1`, a header, one row per cluster.

@@ -4,21 +4,29 @@
 //! client's address that the trusted balancer forwards (a forged `X-Forwarded-For` does not help); each
 //! notification is sent once for the fleet, by the one replica leading the sender; the page and API agree
 //! whichever replica answers; and when the leading replica dies the other takes over, notifications included.
+//! Under load: 200 clusters heartbeat through the balancer while the leading replica is `kill -9`ed; every
+//! heartbeat answered 2xx is in PostgreSQL, no cluster is ever shown Unknown, and each state change is
+//! notified once (by id).
 
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use windvane_shared::status::SyncState;
+use windvane_source_server::server::outbox;
 use windvane_tests::haproxy::{LoadBalancer, PROXY_SOURCE};
-use windvane_tests::heartbeat_agent::SimulatedAgent;
+use windvane_tests::heartbeat_agent::{Answer, SimulatedAgent};
 use windvane_tests::http::{client, get_json, json_body};
 use windvane_tests::poll::wait_for as wait_until;
 use windvane_tests::postgres::Postgres;
 use windvane_tests::server::{Options, ServerProcess};
+use windvane_tests::views::{Shown, from_api, from_page};
 use windvane_tests::webhook::{receiver, stays_quiet, triggers, wait_for};
 
-/// Two replicas on `pg`, each sending notifications to `hooks` and trusting the balancer's address.
-fn replicas(pg: &Postgres, hooks: &str) -> Vec<ServerProcess> {
+/// Two replicas on `pg`, each sending notifications to `hooks`, judging a cluster Unknown after
+/// `unknown_after` of silence and trusting the balancer's address.
+fn replicas(pg: &Postgres, hooks: &str, unknown_after: &str) -> Vec<ServerProcess> {
     let notifications = serde_json::json!({
         "sinks": [{ "name": "ops", "type": "webhook", "url": format!("{hooks}/hook") }]
     });
@@ -27,7 +35,7 @@ fn replicas(pg: &Postgres, hooks: &str) -> Vec<ServerProcess> {
             ServerProcess::start(Options {
                 database_url: Some(pg.url.clone()),
                 notifications: Some(notifications.to_string()),
-                unknown_after: Some("3s".into()),
+                unknown_after: Some(unknown_after.into()),
                 extra: vec!["--trusted-proxy".into(), PROXY_SOURCE.into()],
                 ..Options::default()
             })
@@ -77,16 +85,27 @@ async fn metric(http: &reqwest::Client, server: &ServerProcess, series: &str) ->
     windvane_tests::fleet::metric(&metrics, series).unwrap_or(0.0)
 }
 
-/// The fleet as the API reports it, without what changes by the second (ages).
-fn fleet_summary(fleet: &Value) -> Value {
-    serde_json::json!({ "total": fleet["total"], "counts": fleet["counts"] })
+/// The JSON API and the fleet page, through the balancer and from each replica directly, show the same
+/// clusters in the same states with the same counts; what they show.
+async fn views_agree(http: &reqwest::Client, lb: &str, servers: &[ServerProcess]) -> Shown {
+    let through_balancer = from_api(&get_json(http, &format!("{lb}/api/v1/fleet")).await);
+    let bases = std::iter::once(lb).chain(servers.iter().map(|s| s.url.as_str()));
+    for base in bases {
+        let api = from_api(&get_json(http, &format!("{base}/api/v1/fleet")).await);
+        let response = http.get(format!("{base}/")).send().await.expect("GET /");
+        assert_eq!(response.status(), 200, "GET {base}/");
+        let page = from_page(&response.text().await.expect("page"));
+        assert_eq!(api, through_balancer, "the API at {base} disagrees");
+        assert_eq!(page, through_balancer, "the page at {base} disagrees");
+    }
+    through_balancer
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_behind_a_load_balancer_act_as_one_server() {
     let pg = Postgres::start();
     let (hooks, received) = receiver().await;
-    let mut servers = replicas(&pg, &hooks);
+    let mut servers = replicas(&pg, &hooks, "3s");
     let addrs: Vec<String> = servers.iter().map(ServerProcess::addr).collect();
     let balancer = LoadBalancer::start(&addrs).await.expect("haproxy");
     let lb = balancer.url.clone();
@@ -110,15 +129,8 @@ async fn replicas_behind_a_load_balancer_act_as_one_server() {
         through_balancer["counts"]["Synced"], 3,
         "{through_balancer}"
     );
-    for server in &servers {
-        let direct = get_json(&http, &format!("{}/api/v1/fleet", server.url)).await;
-        assert_eq!(
-            fleet_summary(&direct),
-            fleet_summary(&through_balancer),
-            "replica {} disagrees",
-            server.url
-        );
-    }
+    let shown = views_agree(&http, &lb, &servers).await;
+    assert_eq!(shown.states.len(), 3, "{shown:?}");
     for server in &servers {
         assert!(
             accepted_heartbeats(&http, server).await > 0.0,
@@ -237,7 +249,7 @@ async fn notifications_are_sent_once_for_the_fleet(
     http: &reqwest::Client,
     lb: &str,
     agents: &mut [SimulatedAgent],
-    received: &std::sync::Arc<std::sync::Mutex<windvane_tests::webhook::Received>>,
+    received: &Arc<Mutex<windvane_tests::webhook::Received>>,
 ) {
     for state in [SyncState::Degraded, SyncState::Synced] {
         for _ in 0..4 {
@@ -253,4 +265,418 @@ async fn notifications_are_sent_once_for_the_fleet(
     }
     wait_for(received, "/hook", &["Degraded", "Recovered"]).await;
     stays_quiet(received, Duration::from_secs(1)).await;
+}
+
+/// Clusters reporting in [`a_replica_killed_under_load_loses_no_heartbeat_and_no_cluster_turns_unknown`].
+const FLEET_SIZE: usize = 200;
+/// Their heartbeat interval (announced in each heartbeat), ±20 % as the agent jitters it.
+const BEAT: Duration = Duration::from_secs(1);
+/// Silence before the replicas call a cluster Unknown: set explicitly (the default, 3 × the announced 1 s
+/// interval, is the threshold of a fleet beating every second) and comfortably above a failover, which
+/// costs an agent one failed heartbeat and a retry within a second or two (HAProxy takes the dead replica
+/// out after two failed checks 200 ms apart, and meanwhile redispatches refused connections).
+const UNKNOWN_AFTER: &str = "10s";
+/// The clusters that report Degraded before the kill (their notifications may be in the dead leader's
+/// hands) and recover after it, and those that go Degraded and recover after it.
+const DEGRADED_BEFORE: std::ops::Range<usize> = 0..3;
+const DEGRADED_AFTER: std::ops::Range<usize> = 3..8;
+
+/// What the test tells the simulated fleet (the state each cluster reports, when to stop) and what it
+/// sees of it as it runs (heartbeats acknowledged per cluster).
+struct Script {
+    states: Mutex<Vec<SyncState>>,
+    acknowledged: Vec<AtomicU64>,
+    stop: AtomicBool,
+}
+
+impl Script {
+    fn new(clusters: usize) -> Script {
+        Script {
+            states: Mutex::new(vec![SyncState::Synced; clusters]),
+            acknowledged: (0..clusters).map(|_| AtomicU64::new(0)).collect(),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    fn set(&self, clusters: std::ops::Range<usize>, state: SyncState) {
+        let mut states = self.states.lock().expect("lock");
+        for i in clusters {
+            states[i] = state;
+        }
+    }
+
+    fn acknowledged(&self) -> Vec<u64> {
+        self.acknowledged
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .collect()
+    }
+}
+
+/// One simulated cluster's record of the run: its heartbeats answered 2xx (sequence, when), and those that
+/// were not (sequence, HTTP status if any came back).
+#[derive(Debug, Default)]
+struct Reported {
+    name: String,
+    acknowledged: Vec<(u64, Instant)>,
+    failed: Vec<(u64, Option<u16>)>,
+}
+
+/// Heartbeats through the balancer every [`BEAT`] in the state the script says, retrying a failed one the
+/// way the real agent's reporter does (a new heartbeat with the next sequence after its back-off), until
+/// the script says stop.
+async fn report(
+    mut agent: SimulatedAgent,
+    index: usize,
+    http: reqwest::Client,
+    lb: String,
+    script: Arc<Script>,
+) -> Reported {
+    let mut out = Reported {
+        name: agent.name.clone(),
+        ..Reported::default()
+    };
+    let mut failures = 0;
+    while !script.stop.load(Ordering::Relaxed) {
+        let state = script.states.lock().expect("lock")[index];
+        let sent = Instant::now();
+        let (sequence, answer) = agent.try_beat(&http, &lb, state).await;
+        let wait = answer.wait(failures, BEAT);
+        if answer != Answer::Acknowledged || sent.elapsed() > Duration::from_secs(3) {
+            // Seen only when the test fails (or with --nocapture): what a cluster went through.
+            println!(
+                "{} heartbeat {sequence}: {answer:?} after {:?}; next in {wait:?}",
+                agent.name,
+                sent.elapsed()
+            );
+        }
+        match answer {
+            Answer::Acknowledged => {
+                failures = 0;
+                out.acknowledged.push((sequence, Instant::now()));
+                script.acknowledged[index].fetch_add(1, Ordering::Relaxed);
+            }
+            Answer::Failed { status, .. } => {
+                failures += 1;
+                out.failed.push((sequence, status));
+            }
+        }
+        tokio::time::sleep(wait).await;
+    }
+    out
+}
+
+/// Reads the fleet API of `url` every 200 ms until the script says stop: every cluster it ever showed
+/// Unknown, and how many times it looked.
+async fn unknown_seen(
+    http: reqwest::Client,
+    url: String,
+    script: Arc<Script>,
+) -> (BTreeSet<String>, u32) {
+    let mut unknown = BTreeSet::new();
+    let mut looks = 0;
+    while !script.stop.load(Ordering::Relaxed) {
+        let shown = from_api(&get_json(&http, &format!("{url}/api/v1/fleet")).await);
+        looks += 1;
+        unknown.extend(
+            shown
+                .states
+                .into_iter()
+                .filter(|(_, state)| state == "Unknown")
+                .map(|(name, _)| name),
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    (unknown, looks)
+}
+
+/// Waits until the fleet API of `url` counts `expected` clusters in each of the states named.
+async fn fleet_counts(http: &reqwest::Client, url: &str, expected: &[(&str, usize)]) {
+    let what = format!("{url} to count {expected:?}");
+    let counted = wait_until(&what, Duration::from_secs(30), || async {
+        let shown = from_api(&get_json(http, &format!("{url}/api/v1/fleet")).await);
+        let all = expected
+            .iter()
+            .all(|(state, n)| shown.counts.get(*state).copied().unwrap_or(0) == *n as u64);
+        if all {
+            Ok(Some(()))
+        } else {
+            Err(anyhow::anyhow!("counts {:?}", shown.counts))
+        }
+    })
+    .await;
+    counted.unwrap_or_else(|error| panic!("{error:#}"));
+}
+
+/// Every (cluster, sequence) the heartbeat log in PostgreSQL holds.
+async fn stored_heartbeats(url: &str) -> HashSet<(String, u64)> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to PostgreSQL");
+    tokio::spawn(connection);
+    client
+        .query("SELECT cluster, sequence FROM heartbeat_log", &[])
+        .await
+        .expect("read heartbeat_log")
+        .iter()
+        .map(|row| {
+            let sequence: i64 = row.get(1);
+            (row.get(0), u64::try_from(sequence).expect("a sequence"))
+        })
+        .collect()
+}
+
+/// Two replicas behind HAProxy with 200 clusters heartbeating through it every second; the replica leading
+/// the notification sender is `kill -9`ed mid-stream. Every heartbeat answered 2xx is a row in PostgreSQL,
+/// no cluster is ever shown Unknown (the survivor's fleet API, read every 200 ms, and the notifications),
+/// and each state change — Degraded and Recovered, on clusters that changed before and after the kill — is
+/// notified under one id. Notifications are at least once: a delivery the dead leader had taken may come
+/// again with the same id after its lease (15 s), so duplicates of the same id are counted and allowed only
+/// for notifications that existed before the kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_under_load_loses_no_heartbeat_and_no_cluster_turns_unknown() {
+    let pg = Postgres::start();
+    let (hooks, received) = receiver().await;
+    let mut servers = replicas(&pg, &hooks, UNKNOWN_AFTER);
+    let addrs: Vec<String> = servers.iter().map(ServerProcess::addr).collect();
+    let balancer = LoadBalancer::start(&addrs).await.expect("haproxy");
+    let http = client();
+    let leader = sole_leader(&http, &servers).await;
+    let survivor = servers[1 - leader].url.clone();
+
+    let script = Arc::new(Script::new(FLEET_SIZE));
+    let fleet = start_fleet(&http, &balancer.url, &script).await;
+    let watcher = tokio::spawn(unknown_seen(
+        http.clone(),
+        survivor.clone(),
+        Arc::clone(&script),
+    ));
+    fleet_counts(&http, &survivor, &[("Synced", FLEET_SIZE)]).await;
+
+    script.set(DEGRADED_BEFORE, SyncState::Degraded);
+    fleet_counts(&http, &survivor, &[("Degraded", DEGRADED_BEFORE.len())]).await;
+    let killed = kill_the_leader(&http, &mut servers, leader, &script).await;
+    script.set(DEGRADED_BEFORE, SyncState::Synced);
+    script.set(DEGRADED_AFTER, SyncState::Degraded);
+    let synced = FLEET_SIZE - DEGRADED_AFTER.len();
+    fleet_counts(
+        &http,
+        &survivor,
+        &[("Degraded", DEGRADED_AFTER.len()), ("Synced", synced)],
+    )
+    .await;
+    script.set(DEGRADED_AFTER, SyncState::Synced);
+    fleet_counts(&http, &survivor, &[("Synced", FLEET_SIZE)]).await;
+    // The fleet keeps beating while the notifications are watched, so that silence cannot pass for a flap.
+    let changed = |range: std::ops::Range<usize>| -> Vec<String> {
+        range.map(|i| format!("edge-{i:03}")).collect()
+    };
+    one_notification_per_state_change(
+        &received,
+        &changed(DEGRADED_BEFORE),
+        &changed(DEGRADED_AFTER),
+        killed,
+    )
+    .await;
+
+    script.stop.store(true, Ordering::Relaxed);
+    let mut reports = Vec::new();
+    for task in fleet {
+        reports.push(task.await.expect("a simulated cluster"));
+    }
+    let (unknown, looks) = watcher.await.expect("the fleet API watcher");
+    assert!(
+        looks >= 10,
+        "the survivor's fleet API was read {looks} times"
+    );
+    assert!(
+        unknown.is_empty(),
+        "shown Unknown during the run: {unknown:?}"
+    );
+    every_acknowledged_heartbeat_is_stored(&pg.url, &reports, killed).await;
+}
+
+/// Enrols [`FLEET_SIZE`] simulated clusters through the balancer at `lb` and starts each reporting.
+async fn start_fleet(
+    http: &reqwest::Client,
+    lb: &str,
+    script: &Arc<Script>,
+) -> Vec<tokio::task::JoinHandle<Reported>> {
+    let mut fleet = Vec::new();
+    for i in 0..FLEET_SIZE {
+        let seed = u8::try_from(i + 1).expect("a seed per cluster");
+        let mut agent = SimulatedAgent::new(&format!("edge-{i:03}"), seed, &[("env", "edge")]);
+        agent.interval_seconds = BEAT.as_secs();
+        assert_eq!(agent.enroll(http, lb).await.status(), 201);
+        let run = report(agent, i, http.clone(), lb.to_owned(), Arc::clone(script));
+        fleet.push(tokio::spawn(run));
+    }
+    fleet
+}
+
+/// `kill -9`s the replica leading the notification sender while the fleet reports, and waits until the
+/// other leads and has heard every cluster twice since; when the kill happened.
+async fn kill_the_leader(
+    http: &reqwest::Client,
+    servers: &mut [ServerProcess],
+    leader: usize,
+    script: &Script,
+) -> Instant {
+    let at_kill = script.acknowledged();
+    servers[leader].kill9();
+    let killed = Instant::now();
+    let survivor = &servers[1 - leader];
+    let takeover = wait_until("the survivor leading", Duration::from_secs(10), || async {
+        let leads = metric(http, survivor, "windvane_notification_sender_leader").await;
+        Ok((leads == 1.0).then_some(()))
+    });
+    takeover
+        .await
+        .expect("the survivor takes over the notification sender");
+    let what = "every cluster heard twice since the kill";
+    let beating = wait_until(what, Duration::from_secs(30), || {
+        let now = script.acknowledged();
+        let all = now.iter().zip(&at_kill).all(|(now, then)| *now >= then + 2);
+        async move { Ok(all.then_some(())) }
+    });
+    beating
+        .await
+        .expect("the fleet keeps reporting through the survivor");
+    killed
+}
+
+/// Every heartbeat a simulated cluster had answered 2xx is in the heartbeat log; the figures of the run
+/// are printed.
+async fn every_acknowledged_heartbeat_is_stored(url: &str, reports: &[Reported], killed: Instant) {
+    let stored = stored_heartbeats(url).await;
+    let acknowledged: HashSet<(String, u64)> = reports
+        .iter()
+        .flat_map(|r| r.acknowledged.iter().map(|(seq, _)| (r.name.clone(), *seq)))
+        .collect();
+    let mut lost: Vec<&(String, u64)> = acknowledged.difference(&stored).collect();
+    lost.sort();
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged heartbeats not in PostgreSQL: {lost:?}",
+        lost.len()
+    );
+
+    let mut failed: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, status) in reports.iter().flat_map(|r| &r.failed) {
+        // A failure is the dead replica's doing (no answer, or the balancer's 502/503/504) or a busy
+        // server's 429/503; a 4xx would be a valid heartbeat refused.
+        assert!(
+            !status.is_some_and(|s| (400..500).contains(&s) && s != 429),
+            "a valid heartbeat refused with {status:?}"
+        );
+        let what = status.map_or_else(|| "no answer".to_owned(), |s| s.to_string());
+        *failed.entry(what).or_default() += 1;
+    }
+    let after_kill: usize = reports
+        .iter()
+        .map(|r| r.acknowledged.iter().filter(|(_, at)| *at > killed).count())
+        .sum();
+    let longest_gap = reports
+        .iter()
+        .flat_map(|r| r.acknowledged.windows(2).map(|w| w[1].1 - w[0].1))
+        .max()
+        .unwrap_or_default();
+    let unacknowledged_rows = stored.difference(&acknowledged).count();
+    println!(
+        "{FLEET_SIZE} clusters every {BEAT:?}: {} heartbeats acknowledged ({after_kill} after the kill), all {} \
+         in PostgreSQL ({} rows); {} attempts failed {failed:?}; {unacknowledged_rows} stored without an \
+         acknowledgement (in flight at the kill); longest gap between two acknowledged heartbeats of one \
+         cluster {:.2} s (Unknown after {UNKNOWN_AFTER})",
+        acknowledged.len(),
+        acknowledged.len(),
+        stored.len(),
+        failed.values().sum::<usize>(),
+        longest_gap.as_secs_f64(),
+    );
+}
+
+/// The webhook got each state change — `before` clusters' Degraded (before the kill) and Recovered (after
+/// it), `after` clusters' Degraded and Recovered (after it) — under one id each, and nothing else (no
+/// Unknown). Deliveries are watched until the dead leader's leases have run out ([`outbox::LEASE`] after
+/// the kill, and a margin), so that a duplicate it left behind would be seen; a duplicate (the same id
+/// again) is allowed only for the notifications that existed before the kill.
+async fn one_notification_per_state_change(
+    received: &Arc<Mutex<windvane_tests::webhook::Received>>,
+    before: &[String],
+    after: &[String],
+    killed: Instant,
+) {
+    let expected: BTreeSet<(String, String)> = before
+        .iter()
+        .chain(after)
+        .flat_map(|c| {
+            [
+                (c.clone(), "Degraded".to_owned()),
+                (c.clone(), "Recovered".to_owned()),
+            ]
+        })
+        .collect();
+    let seen = || -> Vec<(String, String, String)> {
+        received
+            .lock()
+            .expect("lock")
+            .by_path
+            .get("/hook")
+            .map_or_else(Vec::new, |list| {
+                list.iter()
+                    .map(|v| {
+                        let text = |key: &str| v[key].as_str().unwrap_or_default().to_owned();
+                        (text("cluster"), text("trigger"), text("id"))
+                    })
+                    .collect()
+            })
+    };
+    let watch_until = (killed + outbox::LEASE + Duration::from_secs(3))
+        .max(Instant::now() + Duration::from_secs(2));
+    let what = "one notification per state change, until the dead leader's leases ran out";
+    let watched = wait_until(what, Duration::from_secs(60), || {
+        let arrived = seen();
+        let changes: BTreeSet<(String, String)> = arrived
+            .iter()
+            .map(|(c, t, _)| (c.clone(), t.clone()))
+            .collect();
+        let unexpected: Vec<_> = changes.difference(&expected).collect();
+        assert!(
+            unexpected.is_empty(),
+            "notified: {unexpected:?}; all: {arrived:?}"
+        );
+        let done = changes == expected && Instant::now() >= watch_until;
+        async move { Ok(done.then_some(arrived)) }
+    });
+    let arrived = watched
+        .await
+        .unwrap_or_else(|error| panic!("{error:#}: {:?}", seen()));
+
+    let mut ids: BTreeMap<(String, String), BTreeMap<String, usize>> = BTreeMap::new();
+    for (cluster, trigger, id) in &arrived {
+        *ids.entry((cluster.clone(), trigger.clone()))
+            .or_default()
+            .entry(id.clone())
+            .or_default() += 1;
+    }
+    let mut duplicates = 0;
+    for (change, by_id) in &ids {
+        assert_eq!(
+            by_id.len(),
+            1,
+            "{change:?} notified under several ids: {by_id:?}"
+        );
+        let copies = by_id.values().sum::<usize>();
+        let existed_before_kill = change.1 == "Degraded" && before.contains(&change.0);
+        assert!(
+            copies == 1 || existed_before_kill,
+            "{change:?} sent {copies} times, though it came after the kill: {by_id:?}"
+        );
+        duplicates += copies - 1;
+    }
+    println!(
+        "notifications: {} state changes, {} deliveries, {duplicates} duplicates (same id, a lease of the dead leader)",
+        ids.len(),
+        arrived.len()
+    );
 }
