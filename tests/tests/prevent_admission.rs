@@ -8,7 +8,7 @@
 //! both and the ticket, and is reverted (its annotations cleared) when its short hold ends; an approval left
 //! standing is spent when a release writes the object; a change that a release then declares is taken in:
 //! closed as TakenIn, its annotations cleared, and not reverted when its hold ends; one a release writes
-//! other values over is closed as Reverted.
+//! other values over is closed as Reverted. Deleting the agent's Namespace (uninstalling) removes the policy.
 
 use anyhow::Context as _;
 use std::path::{Path, PathBuf};
@@ -680,5 +680,25 @@ async fn break_glass_needs_a_ticket_and_a_second_person_and_is_held_then_reverte
             })
         })
         .await?;
+
+    // Uninstalling the agent (its Namespace deleted) removes the policy and binding through their owner.
+    drop(s.agent);
+    assert!(
+        policy_objects(kube).await?.iter().all(Option::is_some),
+        "the policy outlives the agent's process"
+    );
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(kube.client());
+    namespaces
+        .delete(AGENT_NAMESPACE, &kube::api::DeleteParams::default())
+        .await?;
+    wait_for(
+        "the policy removed with the agent's namespace",
+        WAIT,
+        || async {
+            let found = policy_objects(kube).await?;
+            Ok(found.iter().all(Option::is_none).then_some(()))
+        },
+    )
+    .await?;
     Ok(())
 }
