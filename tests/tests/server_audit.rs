@@ -69,8 +69,12 @@ async fn every_stored_drift_record_is_posted_once_as_a_json_line() {
     ];
     let signed = agent.sign(&heartbeat);
     assert_eq!(agent.post(&http, &server.url, signed).await.status(), 200);
+    // A break-glass change a release took in.
+    let mut worker = drift("worker", DriftAction::TakenIn);
+    worker.reverted_at = Some(Timestamp::now());
+    worker.break_glass = held_break_glass().break_glass;
     let mut heartbeat = agent.next(SyncState::Synced);
-    heartbeat.drift = vec![drift("worker", DriftAction::Reverted)];
+    heartbeat.drift = vec![worker];
     let signed = agent.sign(&heartbeat);
     assert_eq!(agent.post(&http, &server.url, signed).await.status(), 200);
 
@@ -100,6 +104,27 @@ async fn every_stored_drift_record_is_posted_once_as_a_json_line() {
     let web = exported.iter().find(|l| l["name"] == "web").expect("web");
     assert_eq!(web["action"], "Reported");
     assert!(web["repairedAt"].is_null(), "{web}");
+    assert!(web["breakGlass"].is_null(), "{web}");
+    let worker = exported
+        .iter()
+        .find(|l| l["name"] == "worker")
+        .expect("worker");
+    assert_eq!(worker["action"], "TakenIn");
+    assert!(worker["repairedAt"].is_string(), "{worker}");
+    assert_eq!(
+        (
+            &worker["breakGlass"]["by"],
+            &worker["breakGlass"]["approver"],
+            &worker["breakGlass"]["ticket"]
+        ),
+        (
+            &Value::from("alice"),
+            &Value::from("bob"),
+            &Value::from("INC-7")
+        ),
+        "{worker}"
+    );
+    assert!(worker["breakGlass"]["until"].is_string(), "{worker}");
 }
 
 /// alice's break-glass change of `api`, approved by bob, held for two hours.
