@@ -91,15 +91,18 @@ impl Healer {
     /// ended is closed on its record (taken in, or replaced), with an Event saying which.
     pub async fn applied(&mut self, key: &ObjectKey, baseline: Baseline) {
         let was_drifting = self.machine.is_drifting(key);
-        // The apply's response is in the cache, unless a lagging watch event replaced it meanwhile: only an
-        // object at least as new as the write shows what the write left. A held change (rare) is worth a
-        // read to tell taken in from replaced.
+        // Only a held change (rare) needs the object after the write, to tell taken in from replaced. The
+        // apply's response is in the cache, unless a lagging watch event replaced it meanwhile: only an
+        // object at least as new as the write shows what the write left; else it is read.
         let fresh =
             |live: &Value| crate::drift::resource_version(live) >= baseline.resource_version;
-        let live = match self.live.get(key).filter(fresh) {
-            Some(live) => Some(live),
-            None if self.machine.is_held(key) => self.fetch(key).await.filter(fresh),
-            None => None,
+        let live = if self.machine.is_held(key) {
+            match self.live.get(key).filter(fresh) {
+                Some(live) => Some(live),
+                None => self.fetch(key).await.filter(fresh),
+            }
+        } else {
+            None
         };
         let actions = self
             .machine
