@@ -2,14 +2,15 @@
 //! `windvane` Apply entry of its managedFields is the set of fields Windvane owns. When anyone else changes
 //! one of those fields the API server moves it to that manager (or drops it, if it was removed); so a watch
 //! event whose Windvane-owned set shrank is drift, and the other entries that now hold the lost fields say
-//! who took them, how and when. Also here: operators' holds (`windvane.io/hold-until`) and the tracker that
-//! notices a controller war and stops fighting it. All pure; the engine feeds it watch events and acts.
+//! who took them, how and when. Also here: operators' holds (`windvane.io/hold-until`), the tracker that
+//! notices a controller war and stops fighting it, and a field's value read by its FieldsV1 path. All pure;
+//! the engine feeds it watch events and acts.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use jiff::Timestamp;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use windvane_shared::desired::{FIELD_MANAGER, HOLD_UNTIL_ANNOTATION};
 use windvane_shared::digest::sha256_hex;
 
@@ -115,7 +116,7 @@ pub fn readable(path: &str) -> String {
         if let Some(field) = token.strip_prefix("f:") {
             out.push_str(&field.replace('~', "~0").replace('/', "~1"));
         } else if let Some(keys) = token.strip_prefix("k:") {
-            let pairs = serde_json::from_str::<serde_json::Map<String, Value>>(keys)
+            let pairs = serde_json::from_str::<Map<String, Value>>(keys)
                 .map(|m| {
                     m.iter()
                         .map(|(k, v)| {
@@ -138,6 +139,55 @@ pub fn readable(path: &str) -> String {
         }
     }
     out
+}
+
+/// The value a `/`-joined FieldsV1 path (as [`owned_fields`] writes it) names in `live`; `None` when `live`
+/// does not have it. A `/` inside a token (an annotation's key, a list key's value) stays in its token: a
+/// new token starts only at a segment beginning `f:`, `k:`, `v:` or `i:`.
+pub fn value_at<'a>(live: &'a Value, path: &str) -> Option<&'a Value> {
+    let mut tokens: Vec<String> = Vec::new();
+    for segment in path.split('/') {
+        let starts_token = ["f:", "k:", "v:", "i:"]
+            .iter()
+            .any(|prefix| segment.starts_with(prefix));
+        match tokens.last_mut() {
+            Some(last) if !starts_token => {
+                last.push('/');
+                last.push_str(segment);
+            }
+            _ => tokens.push(segment.to_owned()),
+        }
+    }
+    tokens.iter().try_fold(live, |node, token| {
+        step(node, token).map(|(_, value)| value)
+    })
+}
+
+/// One FieldsV1 token applied to a live value: the pointer segment and the value it names.
+pub fn step<'a>(live: &'a Value, token: &str) -> Option<(String, &'a Value)> {
+    if let Some(field) = token.strip_prefix("f:") {
+        return live.get(field).map(|v| (escape(field), v));
+    }
+    let items = live.as_array()?;
+    let index = if let Some(keys) = token.strip_prefix("k:") {
+        let keys: Map<String, Value> = serde_json::from_str(keys).ok()?;
+        items.iter().position(|item| matches_keys(item, &keys))?
+    } else if let Some(value) = token.strip_prefix("v:") {
+        let value: Value = serde_json::from_str(value).ok()?;
+        items.iter().position(|item| *item == value)?
+    } else {
+        token.strip_prefix("i:")?.parse::<usize>().ok()?
+    };
+    items.get(index).map(|v| (index.to_string(), v))
+}
+
+/// True when a list item has every key of a FieldsV1 `k:` token.
+pub fn matches_keys(item: &Value, keys: &Map<String, Value>) -> bool {
+    keys.iter().all(|(k, v)| item.get(k) == Some(v))
+}
+
+fn escape(token: &str) -> String {
+    token.replace('~', "~0").replace('/', "~1")
 }
 
 /// Who took fields from Windvane.
@@ -343,6 +393,37 @@ mod tests {
         assert_eq!(
             readable("f:spec/f:template/f:spec/f:containers/k:{\"name\":\"web\"}/f:image"),
             "/spec/template/spec/containers/[name=web]/image"
+        );
+    }
+
+    #[test]
+    fn a_field_path_names_its_value_in_the_live_object() {
+        let live = json!({"metadata": {"annotations": {"example.com/ticket": "INC-7"}},
+            "spec": {"replicas": 3, "template": {"spec": {"containers": [
+                {"name": "side", "image": "side:1"},
+                {"name": "a/b", "image": "web:2", "args": ["--fast"]}]}}}});
+        let at = |path: &str| value_at(&live, path).cloned();
+        assert_eq!(at("f:spec/f:replicas"), Some(json!(3)));
+        assert_eq!(
+            at("f:spec/f:template/f:spec/f:containers/k:{\"name\":\"a/b\"}/f:image"),
+            Some(json!("web:2"))
+        );
+        assert_eq!(
+            at("f:spec/f:template/f:spec/f:containers/i:0/f:image"),
+            Some(json!("side:1"))
+        );
+        assert_eq!(
+            at("f:spec/f:template/f:spec/f:containers/k:{\"name\":\"a/b\"}/f:args/v:\"--fast\""),
+            Some(json!("--fast"))
+        );
+        assert_eq!(
+            at("f:metadata/f:annotations/f:example.com/ticket"),
+            Some(json!("INC-7"))
+        );
+        assert_eq!(at("f:spec/f:paused"), None);
+        assert_eq!(
+            at("f:spec/f:template/f:spec/f:containers/k:{\"name\":\"gone\"}/f:image"),
+            None
         );
     }
 

@@ -16,6 +16,7 @@ use windvane_shared::desired::FIELD_MANAGER;
 
 use crate::cluster::{Cluster, Resolved};
 use crate::desired::Desired;
+use crate::drift::{matches_keys, step};
 use crate::{Error, Result};
 
 /// The field manager that takes over fields Windvane hands over. It never changes a value: it applies the
@@ -118,10 +119,6 @@ fn under(pointer: &str, ignored: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('/'))
 }
 
-fn escape(token: &str) -> String {
-    token.replace('~', "~0").replace('/', "~1")
-}
-
 /// The owned leaves of a FieldsV1 tree (a node with no children, or marked `.`), each located in `live`.
 fn walk(
     node: &Value,
@@ -149,28 +146,6 @@ fn walk(
         walk(child, located.map(|(_, v)| v), &child_pointer, tokens, out);
         tokens.pop();
     }
-}
-
-/// One FieldsV1 token applied to a live value: the pointer segment and the value it names.
-fn step<'a>(live: &'a Value, token: &str) -> Option<(String, &'a Value)> {
-    if let Some(field) = token.strip_prefix("f:") {
-        return live.get(field).map(|v| (escape(field), v));
-    }
-    let items = live.as_array()?;
-    let index = if let Some(keys) = token.strip_prefix("k:") {
-        let keys: Map<String, Value> = serde_json::from_str(keys).ok()?;
-        items.iter().position(|item| matches_keys(item, &keys))?
-    } else if let Some(value) = token.strip_prefix("v:") {
-        let value: Value = serde_json::from_str(value).ok()?;
-        items.iter().position(|item| *item == value)?
-    } else {
-        token.strip_prefix("i:")?.parse::<usize>().ok()?
-    };
-    items.get(index).map(|v| (index.to_string(), v))
-}
-
-fn matches_keys(item: &Value, keys: &Map<String, Value>) -> bool {
-    keys.iter().all(|(k, v)| item.get(k) == Some(v))
 }
 
 /// The object's identity, with its resourceVersion as the apply's precondition.

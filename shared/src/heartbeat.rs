@@ -153,6 +153,10 @@ pub enum DriftAction {
     Held,
     /// Windvane stopped fighting another manager for now.
     Contested,
+    /// A release wrote the object while the change was held and kept the changed values: the release took
+    /// the change in, so it is not reverted when the hold ends. (A release that wrote other values ended the
+    /// change too; that is recorded as `Reverted`.)
+    TakenIn,
 }
 
 /// Who changed what on a managed object, and when it was noticed and repaired.
@@ -177,6 +181,7 @@ pub struct DriftRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub changed_at: Option<Timestamp>,
     pub detected_at: Timestamp,
+    /// When the drift ended: reverted by Windvane (or by a release's write), or taken in by a release.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reverted_at: Option<Timestamp>,
     pub action: DriftAction,

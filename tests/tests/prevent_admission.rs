@@ -6,7 +6,9 @@
 //! release, and turning prevent off removes the policy. Break-glass takes two people: alice alone, or
 //! approving herself, is refused; with a ticket and bob's approval her change goes through, is Held naming
 //! both and the ticket, and is reverted (its annotations cleared) when its short hold ends; an approval left
-//! standing is spent when a release writes the object.
+//! standing is spent when a release writes the object; a change that a release then declares is taken in:
+//! closed as TakenIn, its annotations cleared, and not reverted when its hold ends; one a release writes
+//! other values over is closed as Reverted. Deleting the agent's Namespace (uninstalling) removes the policy.
 
 use anyhow::Context as _;
 use std::path::{Path, PathBuf};
@@ -569,5 +571,134 @@ async fn break_glass_needs_a_ticket_and_a_second_person_and_is_held_then_reverte
     .await?;
     let stale = run("alice", &patch("registry.example.com/web:6.8")).await?;
     assert!(!stale.ok, "{}", stale.output);
+
+    // A release that takes the change in: it is closed as TakenIn, and not reverted when its hold ends.
+    let own = run(
+        "alice",
+        &annotate(&[
+            "windvane.io/break-glass-ticket=INC-9",
+            "windvane.io/break-glass-by=alice",
+        ]),
+    )
+    .await?;
+    assert!(own.ok, "{}", own.output);
+    let approval = run("bob", &annotate(&["windvane.io/break-glass-approver=bob"])).await?;
+    assert!(approval.ok, "{}", approval.output);
+    let until = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_secs(20))?
+        .round(jiff::Unit::Second)?;
+    let hold = format!("windvane.io/hold-until={until}");
+    let held = run("alice", &annotate(&[hold.as_str()])).await?;
+    assert!(held.ok, "{}", held.output);
+    let change = run("alice", &patch("registry.example.com/web:6.9")).await?;
+    assert!(change.ok, "{}", change.output);
+    s.agent
+        .wait_status("held again", WAIT, |st| {
+            object_state(st, "Deployment shop/web") == Some("Held")
+        })
+        .await?;
+    s.tree
+        .write("web/objects.yaml", &objects("registry.example.com/web:6.9"))?;
+    s.publisher.publish(&s.tree, "stable")?;
+    let inc9 = |st: &Value, action: &str| {
+        st["drift"].as_array().is_some_and(|d| {
+            d.iter()
+                .any(|r| r["breakGlass"]["ticket"] == "INC-9" && r["action"] == action)
+        })
+    };
+    let status = s
+        .agent
+        .wait_status("taken in", WAIT, |st| {
+            inc9(st, "TakenIn") && object_state(st, "Deployment shop/web") != Some("Held")
+        })
+        .await?;
+    assert!(!inc9(&status, "Held"), "{status}");
+    wait_for(
+        "the taken-in change's annotations cleared",
+        WAIT,
+        || async {
+            let annotations = deployments
+                .get("web")
+                .await?
+                .metadata
+                .annotations
+                .unwrap_or_default();
+            let cleared = !annotations
+                .keys()
+                .any(|k| k.starts_with("windvane.io/break-glass") || k == "windvane.io/hold-until");
+            Ok(cleared.then_some(()))
+        },
+    )
+    .await?;
+    // Past the end of its hold, the change stands and nothing was reverted.
+    let after_hold = until.checked_add(jiff::SignedDuration::from_secs(5))?;
+    wait_for("the hold's end passed", WAIT, || async {
+        Ok((jiff::Timestamp::now() > after_hold).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        image(kube).await?.as_deref(),
+        Some("registry.example.com/web:6.9")
+    );
+    let status = s
+        .agent
+        .wait_status("not held", WAIT, |st| {
+            object_state(st, "Deployment shop/web") != Some("Held")
+        })
+        .await?;
+    assert!(inc9(&status, "TakenIn"), "{status}");
+    assert!(!inc9(&status, "Reverted"), "{status}");
+
+    // A release that writes other values over a held change ends it too, recorded as Reverted.
+    let own = run(
+        "alice",
+        &annotate(&[
+            "windvane.io/break-glass-ticket=INC-10",
+            "windvane.io/break-glass-by=alice",
+        ]),
+    )
+    .await?;
+    assert!(own.ok, "{}", own.output);
+    let approval = run("bob", &annotate(&["windvane.io/break-glass-approver=bob"])).await?;
+    assert!(approval.ok, "{}", approval.output);
+    let change = run("alice", &patch("registry.example.com/web:7.7")).await?;
+    assert!(change.ok, "{}", change.output);
+    s.agent
+        .wait_status("held a third time", WAIT, |st| {
+            object_state(st, "Deployment shop/web") == Some("Held")
+        })
+        .await?;
+    s.tree
+        .write("web/objects.yaml", &objects("registry.example.com/web:8.0"))?;
+    s.publisher.publish(&s.tree, "stable")?;
+    wait_image(kube, "registry.example.com/web:8.0").await?;
+    s.agent
+        .wait_status("replaced by the release", WAIT, |st| {
+            st["drift"].as_array().is_some_and(|d| {
+                d.iter()
+                    .any(|r| r["breakGlass"]["ticket"] == "INC-10" && r["action"] == "Reverted")
+            })
+        })
+        .await?;
+
+    // Uninstalling the agent (its Namespace deleted) removes the policy and binding through their owner.
+    drop(s.agent);
+    assert!(
+        policy_objects(kube).await?.iter().all(Option::is_some),
+        "the policy outlives the agent's process"
+    );
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(kube.client());
+    namespaces
+        .delete(AGENT_NAMESPACE, &kube::api::DeleteParams::default())
+        .await?;
+    wait_for(
+        "the policy removed with the agent's namespace",
+        WAIT,
+        || async {
+            let found = policy_objects(kube).await?;
+            Ok(found.iter().all(Option::is_none).then_some(()))
+        },
+    )
+    .await?;
     Ok(())
 }

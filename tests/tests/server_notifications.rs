@@ -3,7 +3,8 @@
 //! itself, recovery, silence turning Unknown) arrives exactly once per sink, the Slack sink gets only the
 //! critical ones in Slack's shape, a sink that fails first gets it after a retry, and repeats within the
 //! same release serial and alert episode are deduplicated — but a cluster that recovers and goes Unknown
-//! again alerts again, once per episode, across restarts.
+//! again alerts again, once per episode, across restarts. A break-glass change notifies when opened, before
+//! its hold ends and when reverted — or, taken in by a release, says so once and is never "expiring".
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -346,4 +347,55 @@ async fn a_break_glass_change_notifies_when_opened_before_it_ends_and_when_rever
             "{phase}: {summaries:?}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_glass_change_a_release_took_in_notifies_that_and_never_expires() {
+    let (hooks, received) = receiver().await;
+    let config = serde_json::json!({
+        "sinks": [{ "name": "ops", "type": "webhook", "url": format!("{hooks}/hook"), "triggers": ["BreakGlass"] }]
+    });
+    // Scans every 0.5 s, for expiring break-glass changes every 2.5 s.
+    let server = ServerProcess::start(Options {
+        notifications: Some(config.to_string()),
+        unknown_after: Some("1s".into()),
+        ..Options::default()
+    });
+    let http = client();
+    let mut agent = SimulatedAgent::new("prod-eu", 1, &[("env", "prod")]);
+    assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
+    // Held and taken in between two heartbeats: the agent reports it taken in, its hold ending within the
+    // hour (which would make an open change "expiring").
+    let mut record = rbac_drift();
+    record.action = DriftAction::TakenIn;
+    record.reverted_at = Some(Timestamp::now());
+    record.break_glass = Some(windvane_shared::heartbeat::BreakGlassRecord {
+        by: "alice".into(),
+        approver: "bob".into(),
+        ticket: "INC-7".into(),
+        until: Timestamp::now()
+            .checked_add(jiff::SignedDuration::from_mins(30))
+            .expect("time"),
+    });
+    let mut hb = agent.next(SyncState::Synced);
+    hb.drift = vec![record];
+    assert_eq!(
+        agent
+            .post(&http, &server.url, agent.sign(&hb))
+            .await
+            .status(),
+        200
+    );
+    wait_for(&received, "/hook", &["BreakGlass"]).await;
+    // Longer than one expiring scan: nothing more, not "expiring", not "reverted".
+    stays_quiet(&received, Duration::from_secs(4)).await;
+    let summary = received.lock().expect("lock").by_path["/hook"][0]["summary"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        summary.starts_with("break-glass taken in on cluster prod-eu")
+            && summary.contains("alice, approved by bob, ticket INC-7"),
+        "{summary}"
+    );
 }

@@ -250,6 +250,8 @@ impl Engine {
     /// Syncs the enforced release and schedules what it asks for next.
     async fn sync(&mut self) {
         let next = self.reconcile().await;
+        // A release's write may have closed held drift (taken in, or replaced): its records changed.
+        self.publish_drift();
         self.timers.synced(next, Instant::now(), random_unit());
     }
 

@@ -173,7 +173,7 @@ impl Engine {
         let elapsed = started.elapsed();
         self.metrics.observe_sync(elapsed);
         log_sync(&report, &prune, complete, elapsed);
-        self.hand_to_healer(report.results);
+        self.hand_to_healer(report.results).await;
         self.heal_after_window(report_only).await;
         next
     }
@@ -404,7 +404,7 @@ impl Engine {
     }
 
     /// Drift is judged from now on against the objects as applied; they move to the healer.
-    fn hand_to_healer(&mut self, results: Vec<ObjectResult>) {
+    async fn hand_to_healer(&mut self, results: Vec<ObjectResult>) {
         let mut baselines = Vec::new();
         let mut unwritten = Vec::new();
         self.healer
@@ -420,7 +420,7 @@ impl Engine {
                 Some(result.object)
             }));
         for (key, baseline) in baselines {
-            self.healer.applied(&key, baseline);
+            self.healer.applied(&key, baseline).await;
         }
         // Objects found intact after a restart are judged from what they own now.
         for key in unwritten {

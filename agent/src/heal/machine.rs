@@ -93,6 +93,8 @@ struct Episode {
     phase: Phase,
     /// When it was detected, for the time to repair.
     detected: Instant,
+    /// The object as last seen while held, to tell whether a release's write kept the held change.
+    held: Option<Value>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,11 +190,63 @@ impl DriftMachine {
         self.desired.keys().cloned().collect()
     }
 
-    /// Records what an apply returned: the fields Windvane owns from now on.
-    pub fn applied(&mut self, key: &ObjectKey, baseline: Baseline) {
-        self.baseline.insert(key.clone(), baseline);
-        // Windvane just wrote the object as the release says: whatever drift was open is over.
-        self.episodes.remove(key);
+    /// Records what a release's apply returned: the fields Windvane owns from now on. Windvane just wrote the
+    /// object as the release says, so whatever drift was open is over. A held change (a break-glass, an
+    /// operator's hold) is closed on its record rather than left open until its hold would have ended:
+    /// `TakenIn` when `live`, the object after the write, still has the held values of every field the
+    /// change took (the release declares them, or no longer declares them at all), `Reverted` when the
+    /// release wrote others. `live` is `None` when the object after the write is not known: the release
+    /// wrote it while it was held, which is taken as taking the change in.
+    pub fn applied(
+        &mut self,
+        key: &ObjectKey,
+        baseline: Baseline,
+        live: Option<&Value>,
+        now: Now,
+    ) -> Vec<Action> {
+        let before = self.baseline.insert(key.clone(), baseline);
+        let Some(episode) = self.episodes.remove(key) else {
+            return Vec::new();
+        };
+        let (Phase::Held(_), Some(held)) = (episode.phase, &episode.held) else {
+            return Vec::new();
+        };
+        let taken: Vec<String> = before.map_or_else(Vec::new, |before| {
+            drift::lost_fields(&before.owned, &Baseline::of(held).owned)
+        });
+        let kept = live.is_none_or(|live| {
+            taken
+                .iter()
+                .all(|field| drift::value_at(held, field) == drift::value_at(live, field))
+        });
+        let Some(record) = record_mut(&mut self.records, self.first_record, episode.record) else {
+            return Vec::new();
+        };
+        record.reverted_at = Some(now.wall);
+        record.action = if kept {
+            DriftAction::TakenIn
+        } else {
+            DriftAction::Reverted
+        };
+        let what = record.break_glass.as_ref().map_or_else(
+            || "the held change".to_owned(),
+            |b| format!("the break-glass change by {} (ticket {})", b.by, b.ticket),
+        );
+        let (reason, note) = if kept {
+            let note = format!("{what} was taken in by the release: it is not reverted");
+            ("DriftTakenIn", note)
+        } else {
+            let note = format!("{what} was replaced by the release's values");
+            ("DriftReverted", note)
+        };
+        info!(taken_in = kept, "a release wrote a held object");
+        vec![Action::Event {
+            key: key.clone(),
+            uid: uid(held),
+            kind: EventType::Normal,
+            reason,
+            note,
+        }]
     }
 
     /// True when an apply's baseline is known for `key` (always, but after a restart until the object is
@@ -214,6 +268,13 @@ impl DriftMachine {
     /// True while drift on `key` is open (held, contested, in grace, reported or failing to revert).
     pub fn is_drifting(&self, key: &ObjectKey) -> bool {
         self.episodes.contains_key(key)
+    }
+
+    /// True while drift on `key` is held (by an operator's hold or a break-glass change).
+    pub fn is_held(&self, key: &ObjectKey) -> bool {
+        self.episodes
+            .get(key)
+            .is_some_and(|e| matches!(e.phase, Phase::Held(_)))
     }
 
     /// The earliest pending re-check (grace, hold or back-off ending).
@@ -411,6 +472,9 @@ impl DriftMachine {
         }
         let at = now.at + until.duration_since(now.wall).unsigned_abs();
         self.set_phase(key, Phase::Held(at));
+        if let Some(episode) = self.episodes.get_mut(key) {
+            episode.held = Some(live.clone());
+        }
         self.schedule(key, at);
         let message = format!("{setter} until {until}");
         out.push(set_state(key, SyncState::Held, message));
@@ -551,7 +615,8 @@ impl DriftMachine {
             record.reverted_at = Some(now.wall);
             record.action = DriftAction::Reverted;
         }
-        self.applied(key, Baseline::of(live));
+        self.baseline.insert(key.clone(), Baseline::of(live));
+        self.episodes.remove(key);
         info!(fields = ?fields, "drift reverted");
         let what = if fields.is_empty() {
             "the object to the release".to_owned()
@@ -623,6 +688,7 @@ impl DriftMachine {
             record,
             phase: Phase::Reported,
             detected: now.at,
+            held: None,
         };
         self.episodes.insert(key.clone(), episode);
     }

@@ -87,10 +87,39 @@ impl Healer {
         self.publish_open();
     }
 
-    /// Records what an apply returned: the fields Windvane owns from now on.
-    pub fn applied(&mut self, key: &ObjectKey, baseline: Baseline) {
+    /// Records what a release's apply returned: the fields Windvane owns from now on. A held change it
+    /// ended is closed on its record (taken in, or replaced), with an Event saying which.
+    pub async fn applied(&mut self, key: &ObjectKey, baseline: Baseline) {
         let was_drifting = self.machine.is_drifting(key);
-        self.machine.applied(key, baseline);
+        // Only a held change (rare) needs the object after the write, to tell taken in from replaced. The
+        // apply's response is in the cache, unless a lagging watch event replaced it meanwhile: only an
+        // object at least as new as the write shows what the write left; else it is read.
+        let fresh =
+            |live: &Value| crate::drift::resource_version(live) >= baseline.resource_version;
+        let live = if self.machine.is_held(key) {
+            match self.live.get(key).filter(fresh) {
+                Some(live) => Some(live),
+                None => self.fetch(key).await.filter(fresh),
+            }
+        } else {
+            None
+        };
+        let actions = self
+            .machine
+            .applied(key, baseline, live.as_ref(), Now::current());
+        for action in actions {
+            // A release's write only ends drift: the machine answers with Events alone.
+            if let Action::Event {
+                key,
+                uid,
+                kind,
+                reason,
+                note,
+            } = action
+            {
+                self.event(&key, uid, kind, reason, note);
+            }
+        }
         if was_drifting {
             self.publish_open();
         }

@@ -136,7 +136,7 @@ fn live(resource_version: u64, entries: Vec<Value>, annotations: Option<Value>) 
 fn machine(desired: Desired) -> DriftMachine {
     let mut machine = DriftMachine::new(24 * HOUR, ContestTracker::default());
     machine.set_desired([desired]);
-    machine.applied(&key(), Baseline::of(&in_step(1)));
+    machine.applied(&key(), Baseline::of(&in_step(1)), None, Clock::new().now());
     machine
 }
 
@@ -561,7 +561,12 @@ fn an_episode_whose_record_was_evicted_points_at_no_younger_record() {
     other.id = other_ref;
     other.body = renamed(&other.body, "other");
     machine.set_desired([desired(false, None), Desired::of(other)]);
-    machine.applied(&other_key, Baseline::of(&renamed(&in_step(1), "other")));
+    machine.applied(
+        &other_key,
+        Baseline::of(&renamed(&in_step(1), "other")),
+        None,
+        now,
+    );
 
     // The first object's drift stays open (report-only) while the other's come and go past the record cap.
     machine.on_event(
@@ -734,4 +739,133 @@ async fn alert_only_drift_is_reverted_once_when_an_operator_asks() {
         summary(&actions),
         ["Warning DriftDetected", "state OutOfSync"]
     );
+}
+
+/// The object as a release's write leaves it: Windvane owns `data.mode` again, and it reads `mode`.
+fn written_with(mode: &str, resource_version: u64) -> Value {
+    let mut written = in_step(resource_version);
+    written["data"]["mode"] = json!(mode);
+    written
+}
+
+/// alice's break-glass change of `data.mode` to `fast`, approved by bob.
+fn fast_break_glass(resource_version: u64) -> Value {
+    let mut changed = broken_glass("alice", "bob", resource_version);
+    changed["data"]["mode"] = json!("fast");
+    changed
+}
+
+fn note(actions: &[Action]) -> String {
+    actions
+        .iter()
+        .find_map(|action| match action {
+            Action::Event { note, .. } => Some(note.clone()),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_that_takes_a_break_glass_change_in_closes_it_and_nothing_is_reverted() {
+    let clock = Clock::new();
+    let mut machine = machine(prevented());
+    machine.on_event(
+        &key(),
+        Some(&fast_break_glass(2)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert_eq!(machine.records()[0].action, DriftAction::Held);
+    advance(HOUR).await;
+    // It is looked at again while held (alice touched it once more): the latest look counts.
+    machine.on_event(
+        &key(),
+        Some(&fast_break_glass(3)),
+        clock.now(),
+        Cause::Watch,
+    );
+
+    // The next release says `fast` too and writes the object.
+    let mut release = desired_object(true, None);
+    release.prevent = true;
+    release.body["data"]["mode"] = json!("fast");
+    machine.set_desired([Desired::of(release)]);
+    let written = written_with("fast", 4);
+    let actions = machine.applied(&key(), Baseline::of(&written), Some(&written), clock.now());
+    assert_eq!(summary(&actions), ["Normal DriftTakenIn"]);
+    assert_eq!(
+        note(&actions),
+        "the break-glass change by alice (ticket INC-7) was taken in by the release: it is not reverted"
+    );
+    let record = &machine.records()[0];
+    assert_eq!(record.action, DriftAction::TakenIn);
+    assert_eq!(record.reverted_at, Some(clock.now().wall));
+    assert_eq!(record.break_glass.as_ref().unwrap().by, "alice");
+    assert!(!machine.is_drifting(&key()));
+    assert_eq!(machine.contested_and_held(), (0, 0));
+
+    // When the hold would have ended, there is nothing to revert.
+    advance(23 * HOUR).await;
+    assert_eq!(machine.due(Instant::now()).len(), 1);
+    let at_end = machine.on_event(&key(), Some(&written), clock.now(), Cause::Timer);
+    assert_eq!(summary(&at_end), ["state Synced"]);
+    assert_eq!(machine.records().len(), 1, "no new drift");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_that_writes_other_values_over_a_held_change_ends_it_as_reverted() {
+    let clock = Clock::new();
+    let mut machine = machine(prevented());
+    machine.on_event(
+        &key(),
+        Some(&fast_break_glass(2)),
+        clock.now(),
+        Cause::Watch,
+    );
+    advance(HOUR).await;
+    let written = written_with("careful", 3);
+    let actions = machine.applied(&key(), Baseline::of(&written), Some(&written), clock.now());
+    assert_eq!(summary(&actions), ["Normal DriftReverted"]);
+    assert_eq!(
+        note(&actions),
+        "the break-glass change by alice (ticket INC-7) was replaced by the release's values"
+    );
+    let record = &machine.records()[0];
+    assert_eq!(record.action, DriftAction::Reverted);
+    assert_eq!(record.reverted_at, Some(clock.now().wall));
+    assert!(!machine.is_drifting(&key()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_write_closes_an_operators_hold_too_and_leaves_other_drift_as_recorded() {
+    let clock = Clock::new();
+    // An operator's hold on a change the release then declares; the object after the write is not known.
+    let mut held = machine(desired(true, None));
+    held.on_event(
+        &key(),
+        Some(&held_until(clock.wall_after(HOUR), 2)),
+        clock.now(),
+        Cause::Watch,
+    );
+    let actions = held.applied(&key(), Baseline::of(&in_step(3)), None, clock.now());
+    assert_eq!(summary(&actions), ["Normal DriftTakenIn"]);
+    assert_eq!(
+        note(&actions),
+        "the held change was taken in by the release: it is not reverted"
+    );
+    assert_eq!(held.records()[0].action, DriftAction::TakenIn);
+
+    // Drift that was only reported ends with the write as before: nothing to close, no Event.
+    let mut reported = machine(desired(false, None));
+    reported.on_event(
+        &key(),
+        Some(&taken_by("kubectl-edit", 2)),
+        clock.now(),
+        Cause::Watch,
+    );
+    let actions = reported.applied(&key(), Baseline::of(&in_step(3)), None, clock.now());
+    assert!(actions.is_empty(), "{actions:?}");
+    assert_eq!(reported.records()[0].action, DriftAction::Reported);
+    assert_eq!(reported.records()[0].reverted_at, None);
+    assert!(!reported.is_drifting(&key()));
 }

@@ -1,6 +1,7 @@
 //! The open break-glass changes of the fleet (`GET /api/v1/break-glass`), decided purely from the drift
 //! log: an object's latest drift record (the log is newest first) that is Held with break-glass names whose
-//! hold has not ended. A record reported again as Reverted, or a hold past its end, is closed.
+//! hold has not ended. A record reported again as Reverted, or as TakenIn (a release wrote the object and kept
+//! the change), or a hold past its end, is closed.
 
 use std::collections::BTreeSet;
 
@@ -115,10 +116,12 @@ mod tests {
     }
 
     #[test]
-    fn held_changes_are_open_until_reverted_or_past_their_end() {
+    fn held_changes_are_open_until_reverted_taken_in_or_past_their_end() {
         let entries = [
             entry("reverted", DriftAction::Reverted, 3600),
             entry("reverted", DriftAction::Held, 3600),
+            entry("taken-in", DriftAction::TakenIn, 3600),
+            entry("taken-in", DriftAction::Held, 3600),
             entry("held", DriftAction::Held, 3600),
             entry("ended", DriftAction::Held, 10),
         ];

@@ -290,7 +290,7 @@ pub struct Event {
     pub serial: u64,
     pub message: Option<String>,
     pub drift: Vec<DriftRecord>,
-    /// Drift records of break-glass changes in a heartbeat: held (opened) or reverted.
+    /// Drift records of break-glass changes in a heartbeat: held (opened), reverted, or taken in by a release.
     pub break_glass: Vec<DriftRecord>,
     /// Open break-glass changes whose hold ends within the hour (from the scan).
     pub break_glass_expiring: Vec<DriftRecord>,
@@ -462,8 +462,10 @@ impl Tracker {
         out
     }
 
-    /// The notification of a break-glass record: opened when held, reverted, or `expiring` (a held record
-    /// whose hold ends within the hour, as the scan finds it).
+    /// The notification of a break-glass record: opened when held, reverted, taken in (a release now declares
+    /// the change, so it is closed and will not be reverted: those told it opened, and perhaps that it was
+    /// expiring, learn it is over, at the same severity so the same sinks hear it), or `expiring` (a held
+    /// record whose hold ends within the hour, as the scan finds it).
     fn break_glass(
         &self,
         event: &Event,
@@ -477,6 +479,7 @@ impl Tracker {
             DriftAction::Held if expiring => "expiring",
             DriftAction::Held => "opened",
             DriftAction::Reverted if !expiring => "reverted",
+            DriftAction::TakenIn if !expiring => "taken in",
             _ => return None,
         };
         let object = object_name(record);
@@ -1043,6 +1046,43 @@ mod tests {
             keys.iter().any(|k| k.starts_with("BreakGlass reverted ")),
             "{keys:?}"
         );
+    }
+
+    #[test]
+    fn a_break_glass_change_a_release_took_in_notifies_that_it_is_over() {
+        use windvane_shared::heartbeat::BreakGlassRecord;
+        let mut record = drift("apps", "Deployment", &["/spec/template"]);
+        record.action = DriftAction::TakenIn;
+        record.break_glass = Some(BreakGlassRecord {
+            by: "alice".into(),
+            approver: "bob".into(),
+            ticket: "INC-7".into(),
+            until: Timestamp::from_second(1_800_003_600).expect("valid"),
+        });
+        let mut t = Tracker::default();
+        let mut taken = event(ClusterState::Synced, 4);
+        taken.break_glass = vec![record.clone()];
+        let notes = t.observe(&taken);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0]
+                .trigger_key
+                .starts_with("BreakGlass taken in apps/Deployment ns/x "),
+            "{}",
+            notes[0].trigger_key
+        );
+        assert!(
+            notes[0]
+                .summary
+                .starts_with("break-glass taken in on cluster c1: apps/Deployment ns/x by alice"),
+            "{}",
+            notes[0].summary
+        );
+        assert_eq!(notes[0].severity, Severity::Warning);
+        // A taken-in record is never an expiring one.
+        let mut scanned = event(ClusterState::Synced, 4);
+        scanned.break_glass_expiring = vec![record];
+        assert!(t.observe(&scanned).is_empty());
     }
 
     #[test]
