@@ -566,7 +566,14 @@ pub fn sink_wants(sink: &Sink, notification: &Notification) -> bool {
     let below_max = sink
         .max_severity
         .is_none_or(|max| notification.severity <= max);
-    trigger_ok && notification.severity >= sink.min_severity && below_max && selector_ok
+    // A recovery (severity info) resolves an incident a PagerDuty sink may have opened at any severity:
+    // filtered by severity, a `minSeverity: critical` sink would never close its incidents. Resolving one
+    // that was never opened does nothing at PagerDuty.
+    let resolves_incident = sink.kind == SinkKind::Pagerduty
+        && notification.trigger == Trigger::Recovered.name();
+    let severity_ok =
+        resolves_incident || (notification.severity >= sink.min_severity && below_max);
+    trigger_ok && severity_ok && selector_ok
 }
 
 /// The request body for `sink` (PagerDuty needs the sink's routing key).
@@ -1112,6 +1119,11 @@ mod tests {
         let out_of_sync = t.observe(&event(ClusterState::OutOfSync, 1)).remove(0);
         assert!(!sink_wants(&config.sinks[0], &out_of_sync));
         assert!(sink_wants(&config.sinks[1], &out_of_sync));
+        // The recovery (severity info) still reaches the critical-only PagerDuty sink, to resolve its incident.
+        let recovered = t.observe(&event(ClusterState::Synced, 1)).remove(0);
+        assert_eq!(recovered.trigger, "Recovered");
+        assert!(sink_wants(&config.sinks[0], &recovered));
+        assert_eq!(sink_body(&config.sinks[0], &recovered)["event_action"], "resolve");
         // The routing key is a secret: never written back out.
         assert!(
             !serde_json::to_string(&config.sinks[0])
