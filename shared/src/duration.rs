@@ -98,6 +98,23 @@ pub mod serde_opt {
     }
 }
 
+/// Serde for a `Duration` field written as text (`#[serde(with = "crate::duration::text")]`): read with
+/// [`parse_duration`], written with [`format_duration`].
+pub mod text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&super::format_duration(*value))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        super::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

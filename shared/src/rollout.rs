@@ -60,7 +60,7 @@ pub struct Wave {
     /// Time between this wave opening and the next one opening, at least.
     #[serde(
         default,
-        with = "soak_serde",
+        with = "crate::duration::text",
         skip_serializing_if = "Duration::is_zero"
     )]
     pub soak: Duration,
@@ -82,21 +82,6 @@ pub enum Gate {
 impl Gate {
     fn is_none(&self) -> bool {
         *self == Gate::None
-    }
-}
-
-mod soak_serde {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&crate::duration::format_duration(*value))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        crate::duration::parse_duration(&text).map_err(serde::de::Error::custom)
     }
 }
 

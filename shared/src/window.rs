@@ -57,7 +57,7 @@ pub struct Window {
     /// When each window starts, in [`Window::time_zone`].
     pub schedule: Schedule,
     /// How long each window lasts from each start, written like `8h` or `1h30m` (at most [`MAX_DURATION`]).
-    #[serde(with = "duration_text")]
+    #[serde(with = "crate::duration::text")]
     pub duration: Duration,
     /// The IANA time zone the schedule is read in, like `Europe/Berlin`.
     #[serde(default = "utc")]
@@ -90,22 +90,6 @@ pub enum HealInWindow {
     Heal,
     /// Drift is only reported.
     Report,
-}
-
-/// Human durations (`8h`) for [`Window::duration`], as [`crate::duration`] reads and writes them.
-mod duration_text {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&crate::duration::format_duration(*value))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        crate::duration::parse_duration(&text).map_err(serde::de::Error::custom)
-    }
 }
 
 impl Window {

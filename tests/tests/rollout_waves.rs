@@ -323,9 +323,18 @@ async fn waves_in_order(fleet: &Fleet) -> anyhow::Result<()> {
     let latest = |times: &[f64]| times.iter().copied().fold(f64::MIN, f64::max);
     let earliest = |times: &[f64]| times.iter().copied().fold(f64::MAX, f64::min);
     let soak = SOAK_SECONDS as f64;
-    assert!(latest(&first) < soak, "the canary takes it at once: {first:?}");
-    assert!(earliest(&second) >= soak, "wave 2 not before its soak: {second:?}");
-    assert!(earliest(&third) >= 2.0 * soak, "wave 3 not before both soaks: {third:?}");
+    assert!(
+        latest(&first) < soak,
+        "the canary takes it at once: {first:?}"
+    );
+    assert!(
+        earliest(&second) >= soak,
+        "wave 2 not before its soak: {second:?}"
+    );
+    assert!(
+        earliest(&third) >= 2.0 * soak,
+        "wave 3 not before both soaks: {third:?}"
+    );
     assert!(
         earliest(&second) > latest(&first) && earliest(&third) > latest(&second),
         "no cluster moves before every cluster of the earlier waves has: {changed:?}"
@@ -500,7 +509,10 @@ async fn halt_and_resume(fleet: &Fleet) -> anyhow::Result<()> {
     );
     fleet.wait_all(5).await?;
     for index in 0..WAVES.len() {
-        assert!(fleet.has_extra(index).await?, "release 5's object on cluster {index}");
+        assert!(
+            fleet.has_extra(index).await?,
+            "release 5's object on cluster {index}"
+        );
     }
     Ok(())
 }
@@ -521,9 +533,11 @@ async fn rollback(fleet: &Fleet) -> anyhow::Result<()> {
     assert!(said.contains("serial 6"), "{said}");
     fleet.wait_all(4).await?;
     for index in 0..WAVES.len() {
-        wait_for("release 5's object pruned by the rollback", WAIT, || async {
-            Ok((!fleet.has_extra(index).await?).then_some(()))
-        })
+        wait_for(
+            "release 5's object pruned by the rollback",
+            WAIT,
+            || async { Ok((!fleet.has_extra(index).await?).then_some(())) },
+        )
         .await?;
     }
     let view = fleet.rollout().await?;

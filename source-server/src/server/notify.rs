@@ -569,8 +569,8 @@ pub fn sink_wants(sink: &Sink, notification: &Notification) -> bool {
     // A recovery (severity info) resolves an incident a PagerDuty sink may have opened at any severity:
     // filtered by severity, a `minSeverity: critical` sink would never close its incidents. Resolving one
     // that was never opened does nothing at PagerDuty.
-    let resolves_incident = sink.kind == SinkKind::Pagerduty
-        && notification.trigger == Trigger::Recovered.name();
+    let resolves_incident =
+        sink.kind == SinkKind::Pagerduty && notification.trigger == Trigger::Recovered.name();
     let severity_ok =
         resolves_incident || (notification.severity >= sink.min_severity && below_max);
     trigger_ok && severity_ok && selector_ok
@@ -1123,7 +1123,10 @@ mod tests {
         let recovered = t.observe(&event(ClusterState::Synced, 1)).remove(0);
         assert_eq!(recovered.trigger, "Recovered");
         assert!(sink_wants(&config.sinks[0], &recovered));
-        assert_eq!(sink_body(&config.sinks[0], &recovered)["event_action"], "resolve");
+        assert_eq!(
+            sink_body(&config.sinks[0], &recovered)["event_action"],
+            "resolve"
+        );
         // The routing key is a secret: never written back out.
         assert!(
             !serde_json::to_string(&config.sinks[0])
