@@ -1,7 +1,8 @@
 //! Object storage as the store: `windvane publish --root s3://…` into a real S3-protocol server (SeaweedFS),
 //! agents polling the bucket directly over HTTP (ETags and 304s, no Windvane server in between), a second
 //! release and a rollback visible to them, and of two publishers of the same serial exactly one wins — the
-//! other is told so and changes nothing.
+//! other is told so and changes nothing. The other store commands (`render --root`, `rollout halt|resume`,
+//! `approve`, `promote`) run against the bucket too, each checked by reading back what it wrote.
 
 mod fault_support;
 
@@ -9,7 +10,9 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use fault_support::{SYNC, config_map, data};
+use windvane_shared::approval::{self, ApprovalStatement, approval_path};
 use windvane_shared::bundle::{Bundle, BundleLimits};
+use windvane_shared::digest::sha256_hex;
 use windvane_shared::keys::{TrustedKeys, signing_key_from_seed};
 use windvane_shared::release::{DEFAULT_MAX_POINTER_BYTES, ReleasePointer, verify_signed_pointer};
 use windvane_store::{self as store, PublishRequest, Store};
@@ -49,9 +52,9 @@ fn succeeded(output: &Output) -> bool {
     output.status.success()
 }
 
-/// The channel's pointer as anyone may read it from the bucket, verified.
-async fn pointer(s3: &S3Server, prefix: &str, key: &TrustedKeys) -> anyhow::Result<ReleasePointer> {
-    let url = format!("{}/channels/stable.json", s3.http_url(prefix));
+/// A file of the store under `prefix`, as anyone may read it from the bucket over HTTP.
+async fn bucket_file(s3: &S3Server, prefix: &str, relative: &str) -> anyhow::Result<Vec<u8>> {
+    let url = format!("{}/{relative}", s3.http_url(prefix));
     let bytes = windvane_tests::http::client()
         .get(&url)
         .send()
@@ -59,7 +62,23 @@ async fn pointer(s3: &S3Server, prefix: &str, key: &TrustedKeys) -> anyhow::Resu
         .error_for_status()?
         .bytes()
         .await?;
+    Ok(bytes.to_vec())
+}
+
+/// A channel's pointer as anyone may read it from the bucket, verified.
+async fn channel_pointer(
+    s3: &S3Server,
+    prefix: &str,
+    channel: &str,
+    key: &TrustedKeys,
+) -> anyhow::Result<ReleasePointer> {
+    let bytes = bucket_file(s3, prefix, &store::channel_path(channel)).await?;
     Ok(verify_signed_pointer(&bytes, key, DEFAULT_MAX_POINTER_BYTES)?.pointer)
+}
+
+/// The `stable` channel's pointer, verified.
+async fn pointer(s3: &S3Server, prefix: &str, key: &TrustedKeys) -> anyhow::Result<ReleasePointer> {
+    channel_pointer(s3, prefix, "stable", key).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,6 +170,211 @@ async fn agents_converge_from_a_bucket_with_no_server_in_between() -> anyhow::Re
             s["state"] == "Synced" && s["source"]["appliedSerial"] == 3
         })
         .await?;
+    Ok(())
+}
+
+/// A release that rolls out in two waves and needs one approval, so that halt, resume and approve apply.
+fn gated_release(tree: &FleetTree) -> anyhow::Result<()> {
+    release(tree, "gated")?;
+    tree.write(
+        "fleet.yaml",
+        "fleet: acme\napps:\n  - name: web\n    path: web\nrollout:\n  waves:\n    - name: canary\n      \
+         selector: {matchLabels: {tier: canary}}\n      soak: 1m\n    - name: rest\n  approval: {threshold: 1}\n",
+    )?;
+    Ok(())
+}
+
+fn failed_saying(output: &Output, expected: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "succeeded, expected: {expected}");
+    assert!(stderr.contains(expected), "{stderr}");
+}
+
+/// The store commands besides publish, verify and rollback, each the real `windvane` with an `s3://` root:
+/// `render --root` renders what the tree renders, `rollout halt|resume` re-sign the pointer in the bucket,
+/// `approve` writes (and a second approver adds to) the approval file, `promote` moves the exact digest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_store_command_takes_a_bucket_as_its_root() -> anyhow::Result<()> {
+    let s3 = S3Server::start().await?;
+    let publisher = Publisher::new(64)?;
+    let release_key = publisher.key_path()?;
+    let release_key = release_key.to_str().expect("utf-8");
+    let release_pub = publisher.public_key_path();
+    let release_pub = release_pub.to_str().expect("utf-8");
+    let mut trusted = TrustedKeys::new();
+    let publisher_keyid = trusted.insert(signing_key_from_seed([64; 32]).verifying_key())?;
+    let root = s3.store_url("cmds");
+    let tree = FleetTree::new()?;
+    gated_release(&tree)?;
+    let tree_path = tree.path().to_str().expect("utf-8");
+    let publish = [
+        "publish",
+        tree_path,
+        "--root",
+        &root,
+        "--channel",
+        "staging",
+        "--key",
+        release_key,
+    ];
+    assert!(succeeded(&windvane(&s3, &publish)), "publish to staging");
+    let first = channel_pointer(&s3, "cmds", "staging", &trusted).await?;
+
+    // render --root: the bucket's release, verified, renders byte for byte as the tree it came from.
+    let cluster = ["--cluster", "eu-1", "--label", "tier=canary"];
+    let local = windvane(&s3, &[&["render", tree_path][..], &cluster].concat());
+    let from_bucket = [
+        "render",
+        "--root",
+        &root,
+        "--channel",
+        "staging",
+        "--trusted-key",
+        release_pub,
+    ];
+    let remote = windvane(&s3, &[&from_bucket[..], &cluster].concat());
+    assert!(succeeded(&local), "render of the tree");
+    assert!(succeeded(&remote), "render --root of the bucket");
+    let rendered = String::from_utf8_lossy(&remote.stdout);
+    assert!(rendered.contains("version: gated"), "{rendered}");
+    assert_eq!(
+        rendered,
+        String::from_utf8_lossy(&local.stdout),
+        "render --root s3://… differs from the tree's render"
+    );
+
+    // rollout halt, then resume: the pointer in the bucket is re-signed (same serial and bundle) each time.
+    let sign = |action: &str, channel: &str| {
+        windvane(
+            &s3,
+            &[
+                "rollout",
+                action,
+                "--root",
+                &root,
+                "--channel",
+                channel,
+                "--key",
+                release_key,
+            ],
+        )
+    };
+    for (action, halted, control) in [("halt", true, 1), ("resume", false, 2)] {
+        assert!(succeeded(&sign(action, "staging")), "rollout {action}");
+        let current = channel_pointer(&s3, "cmds", "staging", &trusted).await?;
+        let rollout = current.rollout.as_ref().expect("the release's rollout");
+        assert_eq!(
+            (rollout.halted, rollout.control),
+            (halted, control),
+            "after {action}"
+        );
+        assert_eq!(current.serial, first.serial);
+        assert_eq!(current.bundle.sha256, first.bundle.sha256);
+    }
+    failed_saying(
+        &sign("resume", "staging"),
+        "channel \"staging\" serial 1 is already running",
+    );
+    failed_saying(
+        &sign("halt", "canary"),
+        "s3://fleet/cmds: no release published on channel \"canary\"",
+    );
+
+    // approve: the approval file lands in the bucket and counts; a second approver adds to it.
+    let approvers = [Publisher::new(65)?, Publisher::new(66)?];
+    let mut approver_keys = TrustedKeys::new();
+    let mut approved = std::collections::BTreeSet::new();
+    for (seed, approver) in [65, 66].into_iter().zip(&approvers) {
+        let key = approver.key_path()?;
+        let approve = windvane(
+            &s3,
+            &[
+                "approve",
+                "--root",
+                &root,
+                "--channel",
+                "staging",
+                "--serial",
+                "1",
+                "--key",
+                key.to_str().expect("utf-8"),
+                "--trusted-key",
+                release_pub,
+            ],
+        );
+        assert!(succeeded(&approve), "approve with key {seed}");
+        approved.insert(approver_keys.insert(signing_key_from_seed([seed; 32]).verifying_key())?);
+        let current = channel_pointer(&s3, "cmds", "staging", &trusted).await?;
+        let file = bucket_file(&s3, "cmds", &approval_path("staging", 1)).await?;
+        let tally = approval::tally(
+            &file,
+            &approver_keys,
+            &publisher_keyid,
+            &ApprovalStatement::of(&current),
+        );
+        assert_eq!(tally.approved, approved, "refused: {:?}", tally.refused);
+        let policy = current.rollout.and_then(|r| r.approval).expect("policy");
+        assert!(tally.meets(&policy));
+    }
+    let own = windvane(
+        &s3,
+        &[
+            "approve",
+            "--root",
+            &root,
+            "--channel",
+            "staging",
+            "--serial",
+            "1",
+            "--key",
+            release_key,
+            "--trusted-key",
+            release_pub,
+        ],
+    );
+    assert!(
+        !own.status.success(),
+        "the publisher approved its own release"
+    );
+
+    // promote: prod's first serial carries staging's exact bundle digest, and that bundle is in the bucket.
+    let promote = windvane(
+        &s3,
+        &[
+            "promote",
+            "--root",
+            &root,
+            "--from",
+            "staging",
+            "--to",
+            "prod",
+            "--key",
+            release_key,
+        ],
+    );
+    assert!(succeeded(&promote), "promote staging to prod");
+    let promoted = channel_pointer(&s3, "cmds", "prod", &trusted).await?;
+    assert_eq!((promoted.channel.as_str(), promoted.serial), ("prod", 1));
+    assert_eq!(promoted.bundle.sha256, first.bundle.sha256);
+    let bundle = bucket_file(&s3, "cmds", &store::bundle_path(&promoted.bundle.sha256)).await?;
+    assert_eq!(sha256_hex(&bundle), promoted.bundle.sha256);
+    failed_saying(
+        &windvane(
+            &s3,
+            &[
+                "promote",
+                "--root",
+                &root,
+                "--from",
+                "qa",
+                "--to",
+                "prod",
+                "--key",
+                release_key,
+            ],
+        ),
+        "s3://fleet/cmds: no release published on channel \"qa\"",
+    );
     Ok(())
 }
 
