@@ -3,9 +3,10 @@
 //! [`windvane_shared::rollout::decide`] (pure); this module runs it on time. [`run`] is a task per waiting
 //! release: it wakes when the signed schedule opens the wave, when the server's rollout view changes (for a
 //! `gate: healthy`), or when the publisher halts or resumes; it tells the engine what to report while it
-//! waits and when the release may be taken ([`GateEvent`]). [`watch_server`] is the thin HTTP side: it reads
-//! `GET /api/v1/rollouts/CHANNEL` from the source server every few seconds and publishes what it got, or why
-//! it got nothing — an unreachable server keeps the gate closed. A release whose signed rollout requires
+//! waits and when the release may be taken ([`GateEvent`]). [`watch_server`] is the thin HTTP side: from the
+//! wave's signed time on, it reads `GET /api/v1/rollouts/CHANNEL?summary=1` (revalidated with its ETag:
+//! mostly `304`) from the source server every few seconds and publishes what it got, or why it got nothing —
+//! an unreachable server keeps the gate closed. A release whose signed rollout requires
 //! approval waits here first, until the tally from [`crate::approval::watch_store`] meets its threshold
 //! (`Awaiting approval (0 of 1)`), and only then for its wave; once the wave is open, it waits for the
 //! maintenance windows of the apps it changes ([`crate::windows`]).
@@ -272,11 +273,15 @@ pub struct GateServer {
 }
 
 /// Reads the channel's rollout view every `every` and publishes it (or why it could not) until the
-/// receivers are gone. Without a server, publishes once that there is none: the gate stays closed.
+/// receivers are gone, starting `not_before` from now (the wave's signed time: before it, the schedule
+/// alone holds the wave, whatever the server says). It asks for the summary (`?summary=1`: every wave's
+/// counts and only its clusters not done) with the ETag of the last answer, and a `304` keeps that answer.
+/// Without a server, publishes once that there is none: the gate stays closed.
 pub async fn watch_server(
     server: Option<GateServer>,
     channel: String,
     every: Duration,
+    not_before: Duration,
     tx: watch::Sender<GateObservation>,
 ) {
     let Some(server) = server else {
@@ -286,17 +291,32 @@ pub async fn watch_server(
         tx.closed().await;
         return;
     };
+    tokio::select! {
+        () = tokio::time::sleep(not_before) => {}
+        () = tx.closed() => return,
+    }
     let client = reqwest::Client::new();
     let url = format!(
-        "{}/api/v1/rollouts/{channel}",
+        "{}/api/v1/rollouts/{channel}?summary=1",
         server.url.trim_end_matches('/')
     );
+    let mut last: Option<(String, RolloutView)> = None;
     loop {
-        let observed = fetch_view(&client, &url, &server.token).await;
-        if let Err(why) = &observed {
-            warn!(%url, %why, "cannot read the rollout status; the wave gate stays closed");
-        }
-        if tx.send(Some(observed)).is_err() {
+        let observed = match fetch_view(&client, &url, &server.token, last.as_ref()).await {
+            Ok(Fetched::Unchanged) => None,
+            Ok(Fetched::View(etag, view)) => {
+                last = etag.map(|etag| (etag, view.clone()));
+                Some(Ok(view))
+            }
+            Err(why) => {
+                warn!(%url, %why, "cannot read the rollout status; the wave gate stays closed");
+                last = None;
+                Some(Err(why))
+            }
+        };
+        if let Some(observed) = observed
+            && tx.send(Some(observed)).is_err()
+        {
             return;
         }
         tokio::select! {
@@ -306,19 +326,38 @@ pub async fn watch_server(
     }
 }
 
+/// What one read of the rollout view brought.
+enum Fetched {
+    /// `304`: the view last read (whose ETag was sent) still holds.
+    Unchanged,
+    /// A view, and its ETag when the server sent one.
+    View(Option<String>, RolloutView),
+}
+
 async fn fetch_view(
     client: &reqwest::Client,
     url: &str,
     token: &str,
-) -> Result<RolloutView, String> {
-    let body = with_deadline(url, VIEW_DEADLINE, async {
-        let response = client
-            .get(url)
-            .bearer_auth(token)
+    last: Option<&(String, RolloutView)>,
+) -> Result<Fetched, String> {
+    let fetched = with_deadline(url, VIEW_DEADLINE, async {
+        let mut request = client.get(url).bearer_auth(token);
+        if let Some((etag, _)) = last {
+            request = request.header(reqwest::header::IF_NONE_MATCH, etag);
+        }
+        let response = request
             .send()
             .await
             .map_err(|e| crate::http::fetch_error(url, &e))?;
         let status = response.status();
+        if status == reqwest::StatusCode::NOT_MODIFIED && last.is_some() {
+            return Ok(None);
+        }
+        let etag = response
+            .headers()
+            .get(reqwest::header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let body = read_capped(url, response, MAX_VIEW_BYTES, "rollout view").await?;
         if !status.is_success() {
             return Err(crate::Error::Fetch {
@@ -326,11 +365,16 @@ async fn fetch_view(
                 detail: format!("HTTP {status}"),
             });
         }
-        Ok(body)
+        Ok(Some((etag, body)))
     })
     .await
     .map_err(|e| e.to_string())?;
-    serde_json::from_slice(&body).map_err(|e| format!("{url}: not a rollout view: {e}"))
+    let Some((etag, body)) = fetched else {
+        return Ok(Fetched::Unchanged);
+    };
+    let view =
+        serde_json::from_slice(&body).map_err(|e| format!("{url}: not a rollout view: {e}"))?;
+    Ok(Fetched::View(etag, view))
 }
 
 #[cfg(test)]

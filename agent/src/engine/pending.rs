@@ -71,6 +71,12 @@ impl Engine {
             "what the held release would change here"
         );
         let needs_server = plan.needs_server();
+        // The server is asked only from the wave's signed time on: before it, the schedule holds the wave.
+        let opens_at = windvane_shared::rollout::opens_at(&plan.rollout, plan.issued_at, plan.wave);
+        let not_before = opens_at
+            .duration_since(Timestamp::now())
+            .try_into()
+            .unwrap_or(Duration::ZERO);
         let approval = plan.approval.clone();
         let (plan_tx, plan_rx) = watch::channel(plan);
         let (seen_tx, seen_rx) = watch::channel(None);
@@ -108,6 +114,7 @@ impl Engine {
                 self.config.rollout_server.clone(),
                 self.config.channel.clone(),
                 every,
+                not_before,
                 seen_tx,
             ))));
         }

@@ -5,9 +5,14 @@
 //! their states from the database, as the fleet view computes them (Unknown when silent). Built by
 //! [`windvane_shared::rollout::rollout_view`].
 //!
+//! Views are built at most once a second per channel and served as cached bytes with an ETag
+//! ([`crate::server::rollout_cache`]); `If-None-Match` gets `304`. Agents ask for `?summary=1`: every
+//! wave's counts and only its clusters not done (at most 20), O(waves) instead of O(fleet).
+//!
 //! Access: the read token when one is set — or the fleet registration token, which every agent holds.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
@@ -19,15 +24,38 @@ use windvane_shared::rollout::{ClusterFacts, Rollout, RolloutView, rollout_view}
 use crate::server::App;
 use crate::server::db::Database;
 use crate::server::view::ClusterRow;
-use crate::server::{auth, page, view};
+use crate::server::{auth, page, route, view};
 
-use super::{Body, html, json, json_error};
+use super::{Body, JSON, html, json_error};
+
+/// Which representation a request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Form {
+    /// `GET /rollouts/CHANNEL`.
+    Page,
+    /// `GET /api/v1/rollouts/CHANNEL`: every cluster of every wave.
+    Full,
+    /// `GET /api/v1/rollouts/CHANNEL?summary=1`: what a wave gate needs
+    /// ([`windvane_shared::rollout::summary`]).
+    Summary,
+}
+
+impl Form {
+    /// The JSON form a query asks for.
+    pub(super) fn of_query(query: Option<&str>) -> Form {
+        let summary = query
+            .unwrap_or_default()
+            .split('&')
+            .any(|pair| matches!(pair, "summary=1" | "summary=true" | "summary"));
+        if summary { Form::Summary } else { Form::Full }
+    }
+}
 
 pub(super) async fn handle(
     app: &Arc<App>,
     request: &Request<Incoming>,
     channel: &str,
-    is_page: bool,
+    form: Form,
 ) -> Response<Body> {
     if !allowed(app, request) {
         return json_error(
@@ -36,22 +64,63 @@ pub(super) async fn handle(
             "the read token or the registration token is required (Authorization: Bearer …)",
         );
     }
-    let pointer = match current_pointer(app, channel) {
-        Ok(pointer) => pointer,
-        Err(detail) => return json_error(StatusCode::NOT_FOUND, "unknown_channel", &detail),
+    let Ok(file) = app.files.pointer(channel) else {
+        return json_error(
+            StatusCode::NOT_FOUND,
+            "unknown_channel",
+            &format!("channel {channel} has no release in the store"),
+        );
     };
-    match build(app, channel, &pointer).await {
-        Ok(view) if is_page => html(page::rollout_page(&view)),
-        Ok(view) => json(StatusCode::OK, &view),
-        Err(error) => {
-            tracing::error!(%error, "rollout view failed");
-            json_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                &error.to_string(),
-            )
-        }
-    }
+    let built = app
+        .rollouts
+        .get(channel, &file.etag, || async {
+            app.metrics
+                .rollout_view_builds
+                .fetch_add(1, Ordering::Relaxed);
+            let pointer = parse_pointer(channel, &file.body)
+                .map_err(|detail| json_error(StatusCode::NOT_FOUND, "unknown_channel", &detail))?;
+            build(app, channel, &pointer).await.map_err(|error| {
+                tracing::error!(%error, "rollout view failed");
+                json_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    &error.to_string(),
+                )
+            })
+        })
+        .await;
+    let built = match built {
+        Ok(built) => built,
+        Err(response) => return response,
+    };
+    let encoded = match form {
+        Form::Page => return html(page::rollout_page(&built.view)),
+        Form::Full => &built.full,
+        Form::Summary => &built.summary,
+    };
+    let not_modified = request
+        .headers()
+        .get(header::IF_NONE_MATCH)
+        .is_some_and(|v| route::if_none_match(v.as_bytes(), &[encoded.etag.as_bytes()]));
+    let builder = Response::builder()
+        .header(header::ETAG, encoded.etag.clone())
+        .header(header::CACHE_CONTROL, "no-cache");
+    let answered = if not_modified {
+        &app.metrics.rollout_view_not_modified
+    } else {
+        &app.metrics.rollout_view_sent
+    };
+    answered.fetch_add(1, Ordering::Relaxed);
+    let response = if not_modified {
+        builder
+            .status(StatusCode::NOT_MODIFIED)
+            .body(Body::default())
+    } else {
+        builder
+            .header(header::CONTENT_TYPE, JSON.clone())
+            .body(Body::new(encoded.body.clone()))
+    };
+    response.unwrap_or_default()
 }
 
 fn allowed(app: &App, request: &Request<Incoming>) -> bool {
@@ -73,7 +142,12 @@ fn current_pointer(app: &App, channel: &str) -> Result<ReleasePointer, String> {
         .files
         .pointer(channel)
         .map_err(|_| format!("channel {channel} has no release in the store"))?;
-    let envelope = windvane_shared::dsse::Envelope::from_json_slice(&file.body)
+    parse_pointer(channel, &file.body)
+}
+
+/// A pointer file's payload, read without verification (the server is no authority on releases).
+fn parse_pointer(channel: &str, body: &[u8]) -> Result<ReleasePointer, String> {
+    let envelope = windvane_shared::dsse::Envelope::from_json_slice(body)
         .map_err(|e| format!("channel {channel}: {e}"))?;
     let payload = envelope
         .payload_bytes()
