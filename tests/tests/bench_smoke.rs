@@ -134,7 +134,10 @@ fn the_server_sections_of_the_benchmark_run_and_report() -> anyhow::Result<()> {
     }
     assert!(waves["gateReads"].as_u64() > Some(0), "{waves}");
     assert!(value("waves_rest_acked_seconds") < 60.0);
-    assert!(baseline("waves_server_cores").is_some(), "the idle fleet is the baseline");
+    assert!(
+        baseline("waves_server_cores").is_some(),
+        "the idle fleet is the baseline"
+    );
     assert!(
         stdout.contains("| metric"),
         "the table is printed:\n{stdout}"

@@ -1,16 +1,20 @@
 //! The rollout view over real HTTP on a real `windvane-server`: it carries a strong ETag, a read with that
 //! ETag is `304` (the view is served from the server's cache, not rebuilt per request), the agents' summary
 //! (`?summary=1`) lists only clusters not done, and the view still changes — with a new ETag — when a signed
-//! heartbeat changes what it says, and at once when a new release is published.
+//! heartbeat changes what it says, and when a new release is published. A waiting cluster's reason from
+//! its heartbeat (`source.pending.message`) shows in the view, on the page and in `windvane rollout status`.
 
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use windvane_shared::rollout::PendingReport;
 use windvane_shared::status::SyncState;
 use windvane_tests::fleet::metric;
 use windvane_tests::heartbeat_agent::SimulatedAgent;
 use windvane_tests::http::client;
 use windvane_tests::poll::eventually;
+use windvane_tests::process::binary;
 use windvane_tests::server::{CHANNEL, Options, ServerProcess, TOKEN, write_store};
 
 /// Status, ETag and JSON body (`Null` for a `304`) of one read of the view.
@@ -117,6 +121,63 @@ async fn the_rollout_view_is_revalidated_by_etag_and_follows_heartbeats_and_publ
     );
     let (status, _, _) = read(&http, &full, Some(&full_etag)).await;
     assert_eq!(status, 304);
+
+    // The cluster reports what it waits for: the view, the page and `windvane rollout status` show it.
+    let mut waiting = behind.next(SyncState::Synced);
+    waiting.source.pending = Some(PendingReport {
+        serial: 4,
+        wave: 2,
+        waves: 3,
+        opens_at: None,
+        halted: false,
+        message: "Pending (wave 2, opens in 14m)".into(),
+        approval: None,
+        changes: None,
+    });
+    assert_eq!(
+        behind
+            .post(&http, &server.url, behind.sign(&waiting))
+            .await
+            .status(),
+        200
+    );
+    let (etag, _) = eventually("the view to show the wait", Duration::from_secs(10), || {
+        let (http, summary, etag) = (&http, &summary, &etag);
+        async move {
+            let (status, tag, view) = read(http, summary, Some(etag)).await;
+            let shown = &view["waves"][0]["clusters"][0]["waiting"];
+            (status == 200 && shown == "Pending (wave 2, opens in 14m)").then_some((tag, view))
+        }
+    })
+    .await;
+    let page = http
+        .get(format!("{}/rollouts/{CHANNEL}", server.url))
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("page text");
+    assert!(page.contains("Pending (wave 2, opens in 14m)"), "{page}");
+    let status = Command::new(binary("windvane").expect("the windvane binary"))
+        .args([
+            "rollout",
+            "status",
+            "--server",
+            &server.url,
+            "--channel",
+            CHANNEL,
+        ])
+        .output()
+        .expect("windvane rollout status");
+    let printed = String::from_utf8_lossy(&status.stdout);
+    assert!(!status.status.success(), "not complete: exit 1");
+    assert!(
+        printed
+            .lines()
+            .any(|l| l.contains("edge-behind") && l.ends_with("Pending (wave 2, opens in 14m)")),
+        "{printed}"
+    );
 
     // A heartbeat that changes what the view says: the same ETag is no longer current.
     let mut caught_up = behind.next(SyncState::Synced);

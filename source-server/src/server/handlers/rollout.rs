@@ -2,7 +2,8 @@
 //! and by `windvane rollout status`) and `GET /rollouts/CHANNEL` (the page). The release and its plan come
 //! from the channel's pointer in the server's own store (read, not verified: the server is no authority on
 //! releases, and an agent opens a wave only at its own signed time, whatever this says); the clusters and
-//! their states from the database, as the fleet view computes them (Unknown when silent). Built by
+//! their states from the database, as the fleet view computes them (Unknown when silent), with what each
+//! waiting cluster's latest heartbeat says it waits for (`source.pending.message`). Built by
 //! [`windvane_shared::rollout::rollout_view`].
 //!
 //! Views are built at most once a second per channel and served as cached bytes with an ETag
@@ -11,6 +12,7 @@
 //!
 //! Access: the read token when one is set — or the fleet registration token, which every agent holds.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -164,7 +166,41 @@ async fn build(app: &App, channel: &str, pointer: &ReleasePointer) -> crate::Res
         .into_iter()
         .map(|c| view::cluster_row(c, now, app.unknown_after, &|_| None))
         .collect();
-    Ok(view_of(channel, pointer, &rows, now))
+    let waiting: HashMap<String, String> = app
+        .db
+        .waiting_reports()
+        .await?
+        .into_iter()
+        .filter_map(|(name, payload)| Some((name, waiting_message(&payload, pointer.serial)?)))
+        .collect();
+    Ok(view_of(channel, pointer, &rows, &waiting, now))
+}
+
+/// Most characters of an agent's wait message shown in a rollout view (it comes from outside).
+const MAX_WAITING_CHARS: usize = 300;
+
+/// What a cluster's latest report says it waits for, when it holds release `serial` for later
+/// (`source.pending.message`: `Pending (wave 2, opens in 14m)`, `Awaiting approval (0 of 1)`, `Pending
+/// (maintenance window): …`); cut to [`MAX_WAITING_CHARS`]. Pure.
+fn waiting_message(payload: &str, serial: u64) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Report {
+        source: Source,
+    }
+    #[derive(serde::Deserialize)]
+    struct Source {
+        pending: Option<Pending>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Pending {
+        serial: u64,
+        message: String,
+    }
+    let pending = serde_json::from_str::<Report>(payload)
+        .ok()?
+        .source
+        .pending?;
+    (pending.serial == serial).then(|| pending.message.chars().take(MAX_WAITING_CHARS).collect())
 }
 
 /// The rollout view of `pointer` over the clusters of its fleet that follow `channel` (or have never said
@@ -173,6 +209,7 @@ fn view_of(
     channel: &str,
     pointer: &ReleasePointer,
     rows: &[ClusterRow],
+    waiting: &HashMap<String, String>,
     now: Timestamp,
 ) -> RolloutView {
     let facts: Vec<ClusterFacts> = rows
@@ -183,7 +220,7 @@ fn view_of(
             labels: &row.labels,
             state: row.state,
             applied_serial: row.applied_serial,
-            waiting: None,
+            waiting: waiting.get(&row.name).cloned(),
         })
         .collect();
     let single = Rollout::default();
@@ -210,7 +247,7 @@ pub(super) fn metrics(app: &App, rows: &[ClusterRow], now: Timestamp) -> String 
         .filter_map(|ch| {
             current_pointer(app, ch)
                 .ok()
-                .map(|p| view_of(ch, &p, rows, now))
+                .map(|p| view_of(ch, &p, rows, &HashMap::new(), now))
         })
         .collect();
     render_metrics(&views)
@@ -283,6 +320,55 @@ mod tests {
     }
 
     #[test]
+    fn a_waiting_cluster_shows_what_its_report_says_for_this_serial_only() {
+        let report = |serial: u64, message: &str| {
+            serde_json::json!({"cluster": "b", "source": {"channel": "prod", "pending": {
+                "serial": serial, "wave": 2, "waves": 3, "halted": false, "message": message}}})
+            .to_string()
+        };
+        assert_eq!(
+            waiting_message(&report(4, "Pending (wave 2, opens in 14m)"), 4).as_deref(),
+            Some("Pending (wave 2, opens in 14m)")
+        );
+        assert_eq!(
+            waiting_message(&report(3, "Awaiting approval (0 of 1)"), 4),
+            None
+        );
+        assert_eq!(
+            waiting_message(r#"{"source": {"channel": "prod"}}"#, 4),
+            None
+        );
+        assert_eq!(waiting_message("not json", 4), None);
+        let long = waiting_message(&report(4, &"x".repeat(5000)), 4).expect("cut");
+        assert_eq!(long.chars().count(), MAX_WAITING_CHARS);
+
+        let pointer: ReleasePointer = serde_json::from_value(serde_json::json!({
+            "fleet": "acme", "channel": "prod", "serial": 4,
+            "issuedAt": "2026-12-04T10:00:00Z", "expiresAt": "2026-12-05T10:00:00Z",
+            "bundle": {"sha256": "0".repeat(64), "size": 1}, "allowEmpty": false
+        }))
+        .expect("pointer");
+        let rows = [
+            row("a", ClusterState::Synced, 4, Some("prod")),
+            row("b", ClusterState::Synced, 3, Some("prod")),
+        ];
+        let waiting = HashMap::from([("b".to_owned(), "Awaiting approval (0 of 1)".to_owned())]);
+        let view = view_of(
+            "prod",
+            &pointer,
+            &rows,
+            &waiting,
+            "2026-12-04T10:01:00Z".parse().expect("time"),
+        );
+        let shown: Vec<Option<&str>> = view.waves[0]
+            .clusters
+            .iter()
+            .map(|c| c.waiting.as_deref())
+            .collect();
+        assert_eq!(shown, [None, Some("Awaiting approval (0 of 1)")]);
+    }
+
+    #[test]
     fn the_view_takes_the_channels_clusters_and_the_silent_ones_and_renders_metrics() {
         let pointer: ReleasePointer = serde_json::from_value(serde_json::json!({
             "fleet": "acme", "channel": "prod", "serial": 4,
@@ -297,7 +383,7 @@ mod tests {
             row("d", ClusterState::NeverSeen, 0, None),
         ];
         let now = "2026-12-04T10:01:00Z".parse().expect("time");
-        let view = view_of("prod", &pointer, &rows, now);
+        let view = view_of("prod", &pointer, &rows, &HashMap::new(), now);
         assert_eq!(view.waves.len(), 1);
         let names: Vec<&str> = view.waves[0]
             .clusters
