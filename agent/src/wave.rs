@@ -200,7 +200,8 @@ pub async fn run(
             }
             continue;
         }
-        let decision = judge(&current, now, &observed.borrow_and_update());
+        let seen = observed.borrow_and_update().clone();
+        let decision = judge(&current, now, &seen);
         if decision == WaveDecision::Open {
             let Some((report, look_again)) = current.window_wait(now) else {
                 let _ = events.send(GateEvent::Open(current.serial)).await;
@@ -223,9 +224,17 @@ pub async fn run(
             }
             continue;
         }
-        let kind = std::mem::discriminant(&decision);
-        if last_kind != Some((kind, current.rollout.control)) {
-            last_kind = Some((kind, current.rollout.control));
+        // Reported once per kind of wait, not per change of its text (each report is a heartbeat): for a
+        // gate, once more when what it rests on changes (no answer yet, the server's view, unreachable).
+        let rests_on = matches!(decision, WaveDecision::Gated { .. })
+            .then(|| seen.as_ref().map(Result::is_ok));
+        let kind = (
+            std::mem::discriminant(&decision),
+            current.rollout.control,
+            rests_on,
+        );
+        if last_kind != Some(kind) {
+            last_kind = Some(kind);
             let report = rollout::pending_report(
                 &current.rollout,
                 current.serial,
@@ -273,8 +282,8 @@ pub struct GateServer {
 }
 
 /// Reads the channel's rollout view every `every` and publishes it (or why it could not) until the
-/// receivers are gone, starting `not_before` from now (the wave's signed time: before it, the schedule
-/// alone holds the wave, whatever the server says). It asks for the summary (`?summary=1`: every wave's
+/// receivers are gone, starting `not_before` from now (one read before the wave's signed time: before it,
+/// the schedule alone holds the wave, whatever the server says). It asks for the summary (`?summary=1`: every wave's
 /// counts and only its clusters not done) with the ETag of the last answer, and a `304` keeps that answer.
 /// Without a server, publishes once that there is none: the gate stays closed.
 pub async fn watch_server(
@@ -472,6 +481,9 @@ mod tests {
         );
         seen.send(Some(Err("connection refused".into())))
             .expect("send");
+        assert!(
+            matches!(events.recv().await, Some(GateEvent::Waiting(r)) if r.message.contains("connection refused"))
+        );
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert!(
             events.try_recv().is_err(),
@@ -496,6 +508,9 @@ mod tests {
             issued,
         );
         seen.send(Some(Ok(degraded))).expect("send");
+        assert!(
+            matches!(events.recv().await, Some(GateEvent::Waiting(r)) if r.message.contains("is Degraded"))
+        );
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert!(events.try_recv().is_err(), "opened past a Degraded canary");
         let synced = rollout_view(
@@ -508,6 +523,56 @@ mod tests {
         );
         seen.send(Some(Ok(synced))).expect("send");
         assert_eq!(events.recv().await, Some(GateEvent::Open(3)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gate_reports_again_when_what_it_rests_on_changes_but_not_per_view() {
+        let plan = plan(10, Gate::Healthy);
+        let rollout = plan.rollout.clone();
+        let (_plan, seen, mut events, _task) = channels(plan, None);
+        assert!(
+            matches!(events.recv().await, Some(GateEvent::Waiting(r)) if r.message.contains("opens in"))
+        );
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert!(
+            matches!(events.recv().await, Some(GateEvent::Waiting(r)) if r.message.contains("waiting for the server"))
+        );
+        let canary: Labels = [("tier".to_owned(), "canary".to_owned())].into();
+        let issued = "2026-12-04T10:00:00Z".parse().expect("time");
+        let view = |state| {
+            rollout_view(
+                "prod",
+                3,
+                issued,
+                &rollout,
+                &[ClusterFacts {
+                    name: "c1",
+                    labels: &canary,
+                    state,
+                    applied_serial: Some(3),
+                    waiting: None,
+                }],
+                issued,
+            )
+        };
+        // The first view after the wave's time: the report says what holds it.
+        seen.send(Some(Ok(view(ClusterState::Degraded))))
+            .expect("send");
+        let report = events.recv().await;
+        assert!(
+            matches!(&report, Some(GateEvent::Waiting(r)) if r.message.contains("c1 (wave 1) is Degraded")),
+            "{report:?}"
+        );
+        // Another view that still holds it: no new report (each one is a heartbeat).
+        seen.send(Some(Ok(view(ClusterState::Progressing))))
+            .expect("send");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(events.try_recv().is_err(), "a report per view");
+        seen.send(Some(Err("connection refused".into())))
+            .expect("send");
+        assert!(
+            matches!(events.recv().await, Some(GateEvent::Waiting(r)) if r.message.contains("cannot read the rollout status"))
+        );
     }
 
     #[tokio::test(start_paused = true)]

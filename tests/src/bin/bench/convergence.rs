@@ -674,7 +674,8 @@ impl SimAgent {
                 if next_gate.is_none()
                     && let Some(held) = &self.held
                 {
-                    next_gate = Some(now + held.opens_in());
+                    // As the agent: from one gate read before the wave's signed time on.
+                    next_gate = Some(now + held.opens_in().saturating_sub(self.shared.gate_every));
                 }
             }
             if next_gate.is_some_and(|at| now >= at) {
