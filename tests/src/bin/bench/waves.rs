@@ -191,6 +191,7 @@ pub fn report(m: &Waves, s: Settings, results: &mut crate::Results) {
     }
     let c = &m.convergence;
     let gate = &m.published;
+    let [polls, _, bundles, heartbeats, shed, errors, _, _] = c.during;
     results.rows.push(
         Row::new(
             "waves",
@@ -201,7 +202,9 @@ pub fn report(m: &Waves, s: Settings, results: &mut crate::Results) {
         )
         .note(format!(
             "publish until the server's database shows every cluster on the new serial; soaks {} s each; \
-             the held agents' gates read the rollout view {} times ({} answered 304)",
+             the held agents' gates read the rollout view {} times ({} answered 304). Meanwhile {polls} \
+             pointer polls, {bundles} bundle downloads, {heartbeats} heartbeats, {shed} shed with 429 (retried \
+             after Retry-After), {errors} failed requests retried",
             s.soak.as_secs(),
             gate.gate_reads,
             gate.gate_not_modified
@@ -244,6 +247,7 @@ pub fn report(m: &Waves, s: Settings, results: &mut crate::Results) {
             "idleCores": c.idle_cores,
             "gateReads": gate.gate_reads,
             "gateNotModified": gate.gate_not_modified,
+            "polls": polls, "bundles": bundles, "heartbeats": heartbeats, "shed": shed, "errors": errors,
             "waves": waves,
         }),
     );
