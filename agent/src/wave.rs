@@ -3,9 +3,10 @@
 //! [`windvane_shared::rollout::decide`] (pure); this module runs it on time. [`run`] is a task per waiting
 //! release: it wakes when the signed schedule opens the wave, when the server's rollout view changes (for a
 //! `gate: healthy`), or when the publisher halts or resumes; it tells the engine what to report while it
-//! waits and when the release may be taken ([`GateEvent`]). [`watch_server`] is the thin HTTP side: it reads
-//! `GET /api/v1/rollouts/CHANNEL` from the source server every few seconds and publishes what it got, or why
-//! it got nothing — an unreachable server keeps the gate closed. A release whose signed rollout requires
+//! waits and when the release may be taken ([`GateEvent`]). [`watch_server`] is the thin HTTP side: from the
+//! wave's signed time on, it reads `GET /api/v1/rollouts/CHANNEL?summary=1` (revalidated with its ETag:
+//! mostly `304`) from the source server every few seconds and publishes what it got, or why it got nothing —
+//! an unreachable server keeps the gate closed. A release whose signed rollout requires
 //! approval waits here first, until the tally from [`crate::approval::watch_store`] meets its threshold
 //! (`Awaiting approval (0 of 1)`), and only then for its wave; once the wave is open, it waits for the
 //! maintenance windows of the apps it changes ([`crate::windows`]).
@@ -201,7 +202,8 @@ pub async fn run(
             }
             continue;
         }
-        let decision = judge(&current, now, &observed.borrow_and_update());
+        let seen = observed.borrow_and_update().clone();
+        let decision = judge(&current, now, &seen);
         if decision == WaveDecision::Open {
             let Some((report, look_again)) = current.window_wait(now) else {
                 let _ = events.send(GateEvent::Open(current.serial)).await;
@@ -224,9 +226,17 @@ pub async fn run(
             }
             continue;
         }
-        let kind = std::mem::discriminant(&decision);
-        if last_kind != Some((kind, current.rollout.control)) {
-            last_kind = Some((kind, current.rollout.control));
+        // Reported once per kind of wait, not per change of its text (each report is a heartbeat): for a
+        // gate, once more when what it rests on changes (no answer yet, the server's view, unreachable).
+        let rests_on = matches!(decision, WaveDecision::Gated { .. })
+            .then(|| seen.as_ref().map(Result::is_ok));
+        let kind = (
+            std::mem::discriminant(&decision),
+            current.rollout.control,
+            rests_on,
+        );
+        if last_kind != Some(kind) {
+            last_kind = Some(kind);
             let report = rollout::pending_report(
                 &current.rollout,
                 current.serial,
@@ -274,11 +284,15 @@ pub struct GateServer {
 }
 
 /// Reads the channel's rollout view every `every` and publishes it (or why it could not) until the
-/// receivers are gone. Without a server, publishes once that there is none: the gate stays closed.
+/// receivers are gone, starting `not_before` from now (one read before the wave's signed time: before it,
+/// the schedule alone holds the wave, whatever the server says). It asks for the summary (`?summary=1`: every wave's
+/// counts and only its clusters not done) with the ETag of the last answer, and a `304` keeps that answer.
+/// Without a server, publishes once that there is none: the gate stays closed.
 pub async fn watch_server(
     server: Option<GateServer>,
     channel: String,
     every: Duration,
+    not_before: Duration,
     tx: watch::Sender<GateObservation>,
 ) {
     let Some(server) = server else {
@@ -288,17 +302,32 @@ pub async fn watch_server(
         tx.closed().await;
         return;
     };
+    tokio::select! {
+        () = tokio::time::sleep(not_before) => {}
+        () = tx.closed() => return,
+    }
     let client = reqwest::Client::new();
     let url = format!(
-        "{}/api/v1/rollouts/{channel}",
+        "{}/api/v1/rollouts/{channel}?summary=1",
         server.url.trim_end_matches('/')
     );
+    let mut last: Option<(String, RolloutView)> = None;
     loop {
-        let observed = fetch_view(&client, &url, &server.token).await;
-        if let Err(why) = &observed {
-            warn!(%url, %why, "cannot read the rollout status; the wave gate stays closed");
-        }
-        if tx.send(Some(observed)).is_err() {
+        let observed = match fetch_view(&client, &url, &server.token, last.as_ref()).await {
+            Ok(Fetched::Unchanged) => None,
+            Ok(Fetched::View(etag, view)) => {
+                last = etag.map(|etag| (etag, view.clone()));
+                Some(Ok(view))
+            }
+            Err(why) => {
+                warn!(%url, %why, "cannot read the rollout status; the wave gate stays closed");
+                last = None;
+                Some(Err(why))
+            }
+        };
+        if let Some(observed) = observed
+            && tx.send(Some(observed)).is_err()
+        {
             return;
         }
         tokio::select! {
@@ -308,19 +337,38 @@ pub async fn watch_server(
     }
 }
 
+/// What one read of the rollout view brought.
+enum Fetched {
+    /// `304`: the view last read (whose ETag was sent) still holds.
+    Unchanged,
+    /// A view, and its ETag when the server sent one.
+    View(Option<String>, RolloutView),
+}
+
 async fn fetch_view(
     client: &reqwest::Client,
     url: &str,
     token: &str,
-) -> Result<RolloutView, String> {
-    let body = with_deadline(url, VIEW_DEADLINE, async {
-        let response = client
-            .get(url)
-            .bearer_auth(token)
+    last: Option<&(String, RolloutView)>,
+) -> Result<Fetched, String> {
+    let fetched = with_deadline(url, VIEW_DEADLINE, async {
+        let mut request = client.get(url).bearer_auth(token);
+        if let Some((etag, _)) = last {
+            request = request.header(reqwest::header::IF_NONE_MATCH, etag);
+        }
+        let response = request
             .send()
             .await
             .map_err(|e| crate::http::fetch_error(url, &e))?;
         let status = response.status();
+        if status == reqwest::StatusCode::NOT_MODIFIED && last.is_some() {
+            return Ok(None);
+        }
+        let etag = response
+            .headers()
+            .get(reqwest::header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let body = read_capped(url, response, MAX_VIEW_BYTES, "rollout view").await?;
         if !status.is_success() {
             return Err(crate::Error::Fetch {
@@ -328,11 +376,16 @@ async fn fetch_view(
                 detail: format!("HTTP {status}"),
             });
         }
-        Ok(body)
+        Ok(Some((etag, body)))
     })
     .await
     .map_err(|e| e.to_string())?;
-    serde_json::from_slice(&body).map_err(|e| format!("{url}: not a rollout view: {e}"))
+    let Some((etag, body)) = fetched else {
+        return Ok(Fetched::Unchanged);
+    };
+    let view =
+        serde_json::from_slice(&body).map_err(|e| format!("{url}: not a rollout view: {e}"))?;
+    Ok(Fetched::View(etag, view))
 }
 
 #[cfg(test)]
@@ -464,6 +517,9 @@ mod tests {
         );
         seen.send(Some(Err("connection refused".into())))
             .expect("send");
+        assert!(
+            matches!(events.recv().await, Some(GateEvent::Waiting(r)) if r.message.contains("connection refused"))
+        );
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert!(
             events.try_recv().is_err(),
@@ -488,6 +544,9 @@ mod tests {
             issued,
         );
         seen.send(Some(Ok(degraded))).expect("send");
+        assert!(
+            matches!(events.recv().await, Some(GateEvent::Waiting(r)) if r.message.contains("is Degraded"))
+        );
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert!(events.try_recv().is_err(), "opened past a Degraded canary");
         let synced = rollout_view(
@@ -500,6 +559,56 @@ mod tests {
         );
         seen.send(Some(Ok(synced))).expect("send");
         assert_eq!(events.recv().await, Some(GateEvent::Open(3)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gate_reports_again_when_what_it_rests_on_changes_but_not_per_view() {
+        let plan = plan(10, Gate::Healthy);
+        let rollout = plan.rollout.clone();
+        let (_plan, seen, mut events, _task) = channels(plan, None);
+        assert!(
+            matches!(events.recv().await, Some(GateEvent::Waiting(r)) if r.message.contains("opens in"))
+        );
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert!(
+            matches!(events.recv().await, Some(GateEvent::Waiting(r)) if r.message.contains("waiting for the server"))
+        );
+        let canary: Labels = [("tier".to_owned(), "canary".to_owned())].into();
+        let issued = "2026-12-04T10:00:00Z".parse().expect("time");
+        let view = |state| {
+            rollout_view(
+                "prod",
+                3,
+                issued,
+                &rollout,
+                &[ClusterFacts {
+                    name: "c1",
+                    labels: &canary,
+                    state,
+                    applied_serial: Some(3),
+                    waiting: None,
+                }],
+                issued,
+            )
+        };
+        // The first view after the wave's time: the report says what holds it.
+        seen.send(Some(Ok(view(ClusterState::Degraded))))
+            .expect("send");
+        let report = events.recv().await;
+        assert!(
+            matches!(&report, Some(GateEvent::Waiting(r)) if r.message.contains("c1 (wave 1) is Degraded")),
+            "{report:?}"
+        );
+        // Another view that still holds it: no new report (each one is a heartbeat).
+        seen.send(Some(Ok(view(ClusterState::Progressing))))
+            .expect("send");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(events.try_recv().is_err(), "a report per view");
+        seen.send(Some(Err("connection refused".into())))
+            .expect("send");
+        assert!(
+            matches!(events.recv().await, Some(GateEvent::Waiting(r)) if r.message.contains("cannot read the rollout status"))
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -298,13 +298,18 @@ pub fn render(view: &RolloutView) -> String {
         }
         for cluster in &wave.clusters {
             out.push_str(&format!(
-                "  {:<24} {:<12} serial {:<6} {:?}\n",
+                "  {:<24} {:<12} serial {:<6} {:?}{}\n",
                 cluster.name,
                 cluster.state.as_str(),
                 cluster
                     .applied_serial
                     .map_or("-".to_owned(), |s| s.to_string()),
-                cluster.phase
+                cluster.phase,
+                cluster
+                    .waiting
+                    .as_deref()
+                    .map(|w| format!("  {w}"))
+                    .unwrap_or_default()
             ));
         }
     }

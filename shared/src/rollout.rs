@@ -228,13 +228,20 @@ pub fn gate_ready(
         let Some(shown) = view.waves.iter().find(|w| w.index == index) else {
             continue;
         };
+        let mut listed = 0u64;
         for cluster in shown.clusters.iter().filter(|c| !c.done) {
+            listed += 1;
             holding.push(format!(
                 "{} ({}) is {}",
                 cluster.name,
                 spec.label(index),
                 cluster.describe(serial)
             ));
+        }
+        // A summary lists only some of the clusters not done: its counts still hold the gate.
+        let unlisted = shown.not_done().saturating_sub(listed);
+        if unlisted > 0 {
+            holding.push(format!("{unlisted} more of {} not done", spec.label(index)));
         }
     }
     if holding.is_empty() {
@@ -303,6 +310,55 @@ pub struct WaveView {
     pub failed: u64,
     pub unknown: u64,
     pub clusters: Vec<WaveCluster>,
+}
+
+impl WaveView {
+    /// Clusters of the wave not done (pending, failed or unknown), by the counts.
+    pub fn not_done(&self) -> u64 {
+        self.pending + self.failed + self.unknown
+    }
+}
+
+/// Most clusters not done that a [`summary`] lists per wave.
+pub const SUMMARY_LISTED: usize = 20;
+
+/// What a waiting agent's gate needs of a view, in size O(waves) instead of O(fleet): every wave with its
+/// counts, listing only its clusters not done, at most `listed` of them (`GET
+/// /api/v1/rollouts/CHANNEL?summary=1`). [`gate_ready`] holds a wave on the counts as well as on the listed
+/// clusters, so a summary opens a gate exactly when the full view would.
+pub fn summary(view: &RolloutView, listed: usize) -> RolloutView {
+    let waves = view
+        .waves
+        .iter()
+        .map(|wave| WaveView {
+            index: wave.index,
+            name: wave.name.clone(),
+            opens_at: wave.opens_at,
+            opened: wave.opened,
+            held: wave.held.clone(),
+            soak_seconds: wave.soak_seconds,
+            gate: wave.gate,
+            done: wave.done,
+            pending: wave.pending,
+            failed: wave.failed,
+            unknown: wave.unknown,
+            clusters: wave
+                .clusters
+                .iter()
+                .filter(|c| !c.done)
+                .take(listed)
+                .cloned()
+                .collect(),
+        })
+        .collect();
+    RolloutView {
+        channel: view.channel.clone(),
+        serial: view.serial,
+        issued_at: view.issued_at,
+        halted: view.halted,
+        complete: view.complete,
+        waves,
+    }
 }
 
 /// A channel's rollout as the server sees it (`GET /api/v1/rollouts/CHANNEL`).
@@ -775,6 +831,60 @@ mod tests {
         assert!(view(&ungated, 5, &[("c1", &canary, ClusterState::Degraded, 5)]).waves[1].opened);
         let done = view(&rollout, 5, &[("c1", &canary, ClusterState::Synced, 5)]);
         assert!(done.complete);
+    }
+
+    #[test]
+    fn a_summary_lists_only_clusters_not_done_and_holds_the_gate_as_the_full_view() {
+        let rollout = canary_forty_rest(20, Gate::Healthy);
+        let canary = labels(&[("tier", "canary")]);
+        let names: Vec<String> = (0..30).map(|n| format!("c{n}")).collect();
+        let mut clusters: Vec<(&str, &Labels, ClusterState, u64)> = names
+            .iter()
+            .map(|n| (n.as_str(), &canary, ClusterState::Synced, 4))
+            .collect();
+        let full = view(&rollout, 5, &clusters);
+        let small = summary(&full, 3);
+        assert_eq!(small.waves.len(), full.waves.len());
+        assert_eq!(small.waves[0].clusters.len(), 3);
+        assert_eq!(
+            (small.waves[0].pending, small.waves[0].not_done()),
+            (30, 30)
+        );
+        let issued = ts("2026-12-04T10:00:00Z");
+        let after = ts("2026-12-04T10:00:30Z");
+        match decide(&rollout, 5, issued, 1, after, &GateInput::View(&small)) {
+            WaveDecision::Gated { reason } => {
+                assert!(
+                    reason.contains("c0 (canary) is Synced on serial 4"),
+                    "{reason}"
+                );
+                assert!(reason.contains("27 more of canary not done"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Every cluster but one done: the summary lists that one alone, and still holds.
+        for cluster in clusters.iter_mut().skip(1) {
+            cluster.3 = 5;
+        }
+        let small = summary(&view(&rollout, 5, &clusters), 3);
+        assert_eq!(small.waves[0].clusters.len(), 1);
+        assert!(matches!(
+            decide(&rollout, 5, issued, 1, after, &GateInput::View(&small)),
+            WaveDecision::Gated { reason } if reason == "held by the gate: c0 (canary) is Synced on serial 4"
+        ));
+        // All done: the summary lists none and opens the gate, as the full view does.
+        clusters[0].3 = 5;
+        let full = view(&rollout, 5, &clusters);
+        let small = summary(&full, 3);
+        assert!(small.waves.iter().all(|w| w.clusters.is_empty()));
+        assert_eq!(
+            decide(&rollout, 5, issued, 1, after, &GateInput::View(&small)),
+            decide(&rollout, 5, issued, 1, after, &GateInput::View(&full))
+        );
+        assert_eq!(
+            decide(&rollout, 5, issued, 1, after, &GateInput::View(&small)),
+            WaveDecision::Open
+        );
     }
 
     #[test]

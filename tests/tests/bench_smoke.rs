@@ -2,7 +2,8 @@
 //! the debug build of `windvane-server` and Debian's nginx: the benchmark's own logic (servers started, 304s
 //! compared, heartbeats offered and counted after a SIGKILL, simulated agents enrolled and converging on a
 //! publish, simulated agents holding long polls and woken by a publish, the same heartbeats through HAProxy to
-//! two replicas on a real PostgreSQL) keeps working. The figures mean nothing at this size and in a debug build; the full run is
+//! two replicas on a real PostgreSQL, simulated agents taking a release wave by wave behind the server's
+//! gate) keeps working. The figures mean nothing at this size and in a debug build; the full run is
 //! `cargo run --release -p windvane-tests --bin bench`.
 
 use std::collections::BTreeMap;
@@ -20,7 +21,7 @@ fn the_server_sections_of_the_benchmark_run_and_report() -> anyhow::Result<()> {
         .args([
             "--smoke",
             "--only",
-            "pointer-304,heartbeat,heartbeat-replicas,convergence,long-poll",
+            "pointer-304,heartbeat,heartbeat-replicas,convergence,long-poll,waves",
         ])
         .args([
             "--agents",
@@ -113,6 +114,30 @@ fn the_server_sections_of_the_benchmark_run_and_report() -> anyhow::Result<()> {
         "plain polling (the convergence section of the same run) is the baseline"
     );
     assert!(value("long_poll_bundle_p99_seconds") >= pointer_p99);
+
+    // Three gated waves: every agent in one, every one acknowledged, none before its wave's signed time,
+    // and the held agents' gates read the server's rollout view.
+    let waves = &document["details"]["waves"];
+    assert_eq!(waves["agents"].as_u64(), Some(40));
+    let per_wave = waves["waves"].as_array().expect("waves");
+    assert_eq!(per_wave.len(), 3);
+    let members: u64 = per_wave.iter().filter_map(|w| w["agents"].as_u64()).sum();
+    assert_eq!(members, 40, "{waves}");
+    for wave in per_wave {
+        assert_eq!(wave["unacked"].as_u64(), Some(0), "{wave}");
+        let first = wave["firstAckSeconds"].as_f64().unwrap_or_default();
+        let scheduled = wave["scheduledSeconds"].as_f64().expect("scheduled");
+        assert!(
+            wave["agents"] == 0 || first >= scheduled,
+            "an agent took its release before its wave's signed time: {wave}"
+        );
+    }
+    assert!(waves["gateReads"].as_u64() > Some(0), "{waves}");
+    assert!(value("waves_rest_acked_seconds") < 60.0);
+    assert!(
+        baseline("waves_server_cores").is_some(),
+        "the idle fleet is the baseline"
+    );
     assert!(
         stdout.contains("| metric"),
         "the table is printed:\n{stdout}"

@@ -2,6 +2,7 @@
 //! `--data`, it enrols agents, takes their signed heartbeats, refuses a replay, keeps everything across a
 //! `kill -9` and restart, and serves the fleet from the database.
 
+use windvane_shared::rollout::PendingReport;
 use windvane_shared::status::SyncState;
 use windvane_tests::heartbeat_agent::SimulatedAgent;
 use windvane_tests::http::{client, get_json};
@@ -26,7 +27,32 @@ async fn a_server_on_postgresql_needs_no_data_directory_and_keeps_the_fleet() {
         assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
     }
     prod.beat(&http, &server.url, SyncState::Synced).await;
-    dev.beat(&http, &server.url, SyncState::OutOfSync).await;
+    let mut waiting = dev.next(SyncState::OutOfSync);
+    waiting.source.pending = Some(PendingReport {
+        serial: 4,
+        wave: 2,
+        waves: 2,
+        opens_at: None,
+        halted: false,
+        message: "Awaiting approval (0 of 1)".into(),
+        approval: None,
+        changes: None,
+    });
+    assert_eq!(
+        dev.post(&http, &server.url, dev.sign(&waiting))
+            .await
+            .status(),
+        200
+    );
+    // The rollout view reads the waiting clusters' reports from PostgreSQL too.
+    let rollout = get_json(&http, &format!("{}/api/v1/rollouts/stable", server.url)).await;
+    let waits: Vec<&str> = rollout["waves"][0]["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .filter_map(|c| c["waiting"].as_str())
+        .collect();
+    assert_eq!(waits, ["Awaiting approval (0 of 1)"], "{rollout}");
 
     // A replayed heartbeat is refused on PostgreSQL too.
     let replay = prod.next(SyncState::Synced);

@@ -71,6 +71,13 @@ impl Engine {
             "what the held release would change here"
         );
         let needs_server = plan.needs_server();
+        // The server is asked only from one read before the wave's signed time on (so that its view is
+        // there when the time comes): before it, the schedule alone holds the wave.
+        let every = self.config.poll_interval.min(GATE_READ_EVERY);
+        let opens_at = windvane_shared::rollout::opens_at(&plan.rollout, plan.issued_at, plan.wave);
+        let not_before = Duration::try_from(opens_at.duration_since(Timestamp::now()))
+            .unwrap_or(Duration::ZERO)
+            .saturating_sub(every);
         let approval = plan.approval.clone();
         let (plan_tx, plan_rx) = watch::channel(plan);
         let (seen_tx, seen_rx) = watch::channel(None);
@@ -103,11 +110,11 @@ impl Engine {
             }))),
         }
         if needs_server {
-            let every = self.config.poll_interval.min(GATE_READ_EVERY);
             tasks.push(AbortOnDrop(tokio::spawn(wave::watch_server(
                 self.config.rollout_server.clone(),
                 self.config.channel.clone(),
                 every,
+                not_before,
                 seen_tx,
             ))));
         }

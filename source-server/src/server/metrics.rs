@@ -71,6 +71,11 @@ pub struct Metrics {
     pub ingest_queue_depth: AtomicU64,
     /// Pointer polls being held (`Prefer: wait`).
     pub held_polls: AtomicU64,
+    /// Rollout views built from the database (at most one per channel and second).
+    pub rollout_view_builds: AtomicU64,
+    /// Rollout view reads answered with the view (`200`) and with `304`.
+    pub rollout_view_sent: AtomicU64,
+    pub rollout_view_not_modified: AtomicU64,
     /// How long storing a batch of heartbeats took (one transaction, its fsync included).
     pub ingest_commit_seconds: Histogram<11>,
     /// Signatures per batched check.
@@ -136,6 +141,9 @@ impl Default for Metrics {
             ingest_batches: AtomicU64::new(0),
             ingest_queue_depth: AtomicU64::new(0),
             held_polls: AtomicU64::new(0),
+            rollout_view_builds: AtomicU64::new(0),
+            rollout_view_sent: AtomicU64::new(0),
+            rollout_view_not_modified: AtomicU64::new(0),
             ingest_commit_seconds: Histogram::new([
                 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
             ]),
@@ -276,6 +284,24 @@ pub fn render(metrics: &Metrics, fleet: &FleetGauges) -> String {
     );
     out.push_str("# TYPE windvane_held_polls gauge\n");
     let _ = writeln!(out, "windvane_held_polls {}", load(&metrics.held_polls));
+    counter(
+        &mut out,
+        "windvane_rollout_view_builds_total",
+        "Rollout views built from the database (at most one per channel and second; reads in between are served from the cache).",
+        load(&metrics.rollout_view_builds),
+    );
+    out.push_str("# HELP windvane_rollout_view_reads_total Reads of a channel's rollout view (JSON), by answer.\n");
+    out.push_str("# TYPE windvane_rollout_view_reads_total counter\n");
+    for (answer, value) in [
+        ("ok", &metrics.rollout_view_sent),
+        ("not_modified", &metrics.rollout_view_not_modified),
+    ] {
+        let _ = writeln!(
+            out,
+            "windvane_rollout_view_reads_total{{answer=\"{answer}\"}} {}",
+            load(value)
+        );
+    }
     metrics.ingest_commit_seconds.render(
         &mut out,
         "windvane_ingest_commit_duration_seconds",

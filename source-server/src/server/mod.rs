@@ -25,6 +25,7 @@ pub mod notify;
 pub mod outbox;
 pub mod page;
 pub mod pagerduty;
+mod rollout_cache;
 pub mod route;
 pub mod status;
 pub mod verify;
@@ -100,6 +101,8 @@ struct App {
     files: FileCache,
     /// Held polls of channel pointers (`Prefer: wait=N`).
     pointer_watch: long_poll::PointerWatch,
+    /// Rollout views, built at most once a second per channel.
+    rollouts: rollout_cache::RolloutCache,
     db: Arc<Db>,
     metrics: Arc<Metrics>,
     /// Bound cluster keys by cluster name (a cache of the database; the writer re-checks the key id).
@@ -199,6 +202,7 @@ impl Server {
         let app = Arc::new(App {
             files: FileCache::new(config.root, files::REVALIDATE_AFTER),
             pointer_watch: long_poll::PointerWatch::default(),
+            rollouts: rollout_cache::RolloutCache::default(),
             db,
             metrics,
             keys: RwLock::new(HashMap::new()),

@@ -552,18 +552,19 @@ pub fn rollout_page(view: &windvane_shared::rollout::RolloutView) -> String {
                 .unwrap_or_default()
         );
         out.push_str(
-            "<table><tr><th>cluster</th><th>state</th><th>serial</th><th>rollout</th></tr>",
+            "<table><tr><th>cluster</th><th>state</th><th>serial</th><th>rollout</th><th>waiting for</th></tr>",
         );
         for cluster in &wave.clusters {
             let _ = write!(
                 out,
-                "<tr><td><a href=\"/clusters/{0}\">{0}</a></td><td>{1}</td><td>{2}</td><td>{3:?}</td></tr>",
+                "<tr><td><a href=\"/clusters/{0}\">{0}</a></td><td>{1}</td><td>{2}</td><td>{3:?}</td><td>{4}</td></tr>",
                 escape(&cluster.name),
                 badge(cluster.state),
                 cluster
                     .applied_serial
                     .map_or("–".to_owned(), |s| s.to_string()),
-                cluster.phase
+                cluster.phase,
+                escape(cluster.waiting.as_deref().unwrap_or_default())
             );
         }
         out.push_str("</table></section>");

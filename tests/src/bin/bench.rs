@@ -18,7 +18,9 @@
 //! `heartbeat` (signed heartbeat ingestion at a fixed offered rate vs a trivial handler on the same HTTP
 //! stack), `convergence` (10,000 simulated agents, publish until all acknowledged) and `long-poll` (10,000
 //! simulated agents holding long polls of the pointer, publish until every one has the new pointer and
-//! bundle; its baseline is the convergence section's plain polling when both run).
+//! bundle; its baseline is the convergence section's plain polling when both run) and `waves` (the
+//! convergence timeline with the second release in three gated waves, canary / 40 % / rest: per wave, its
+//! opening until all its agents acknowledged, and the server's CPU during the rollout).
 //!
 //! Adding a section: a module under `bench/` that measures and turns its figures into [`report::Row`]s
 //! (with a baseline and goals) and raw `details`, its [`Section`] variant, a call in [`run`]; the table,
@@ -61,6 +63,8 @@ mod report;
 mod server;
 #[path = "bench/sync.rs"]
 mod sync;
+#[path = "bench/waves.rs"]
+mod waves;
 #[path = "bench/workload.rs"]
 mod workload;
 
@@ -112,6 +116,9 @@ enum Section {
     /// Source server: 10,000 simulated agents holding long polls, publish → every one has the new pointer.
     #[value(name = "long-poll")]
     LongPoll,
+    /// Source server: 10,000 simulated agents, a release in three gated waves (canary, 40 %, rest): each
+    /// wave's opening → all acknowledged, server CPU.
+    Waves,
     /// Bundle acceptance of 10 MB (verify_bundle) vs raw SHA-256 of the same bytes.
     Bundle,
 }
@@ -132,6 +139,7 @@ impl Section {
                 | Self::HeartbeatReplicas
                 | Self::Convergence
                 | Self::LongPoll
+                | Self::Waves
         )
     }
 
@@ -189,6 +197,9 @@ struct Args {
     /// [default: 30s; 10s with --quick]
     #[arg(long, value_name = "DURATION")]
     poll_interval: Option<String>,
+    /// Each wave's soak in the waves section. [default: 20s; 10s with --quick]
+    #[arg(long, value_name = "DURATION")]
+    wave_soak: Option<String>,
     /// Heartbeats per second offered in the heartbeat section.
     #[arg(long, value_name = "N", default_value_t = 11_000)]
     heartbeat_rate: u64,
@@ -230,6 +241,7 @@ struct Settings {
     heartbeat: heartbeat::Settings,
     convergence: convergence::Settings,
     long_poll: long_poll::Settings,
+    waves: waves::Settings,
 }
 
 impl Settings {
@@ -253,6 +265,13 @@ impl Settings {
                 .with_context(|| format!("--poll-interval {text}"))?,
             None if args.quick => Duration::from_secs(10),
             None => Duration::from_secs(30),
+        };
+        let wave_soak = match &args.wave_soak {
+            Some(text) => windvane_shared::duration::parse_duration(text)
+                .with_context(|| format!("--wave-soak {text}"))?,
+            None if args.smoke => Duration::from_secs(2),
+            None if args.quick => Duration::from_secs(10),
+            None => Duration::from_secs(20),
         };
         Ok(Self {
             sections,
@@ -317,6 +336,15 @@ impl Settings {
                 wait: Duration::from_secs(60),
                 idle: Duration::from_secs(if args.smoke || args.quick { 2 } else { 10 }),
                 poll_interval: interval,
+            },
+            waves: waves::Settings {
+                convergence: convergence::Settings {
+                    agents: args.agents,
+                    poll_interval: interval,
+                    heartbeat_interval: interval,
+                    idle: interval,
+                },
+                soak: wave_soak,
             },
         })
     }
@@ -507,6 +535,15 @@ async fn server_sections(settings: &Settings, results: &mut Results) -> anyhow::
         let measured =
             long_poll::measure(&settings.server, work.path(), settings.long_poll).await?;
         long_poll::report(&measured, settings.long_poll, plain_polling, results);
+    }
+    if settings.wants(Section::Waves) {
+        progress(&format!(
+            "waves: {} simulated agents, a release in three gated waves with {} s soaks",
+            settings.waves.convergence.agents,
+            settings.waves.soak.as_secs()
+        ));
+        let measured = waves::measure(&settings.server, work.path(), settings.waves).await?;
+        waves::report(&measured, settings.waves, results);
     }
     if settings.keep_work {
         let kept = work.keep();

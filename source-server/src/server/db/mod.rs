@@ -243,6 +243,9 @@ pub trait Database: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<IngestOutcome>>> + Send;
     /// Every enrolled cluster, by name.
     fn list_clusters(&self) -> impl Future<Output = Result<Vec<ClusterSummary>>> + Send;
+    /// The latest report (the signed payload as stored) of each cluster that reported a release it holds
+    /// for later (`source.pending`): `(name, payload)`.
+    fn waiting_reports(&self) -> impl Future<Output = Result<Vec<(String, String)>>> + Send;
     /// One cluster and its latest report (the signed payload as stored).
     fn get_cluster(
         &self,
@@ -348,6 +351,9 @@ impl Database for Db {
     }
     async fn list_clusters(&self) -> Result<Vec<ClusterSummary>> {
         delegate!(self, db => db.list_clusters())
+    }
+    async fn waiting_reports(&self) -> Result<Vec<(String, String)>> {
+        delegate!(self, db => db.waiting_reports())
     }
     async fn get_cluster(&self, cluster: &str) -> Result<Option<(ClusterSummary, Option<String>)>> {
         delegate!(self, db => db.get_cluster(cluster))

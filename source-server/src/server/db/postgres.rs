@@ -310,6 +310,15 @@ impl Database for PostgresDb {
         Ok(rows.iter().map(summary_from_row).collect())
     }
 
+    async fn waiting_reports(&self) -> Result<Vec<(String, String)>> {
+        let client = self.client(&self.reader).await?;
+        let rows = client
+            .query(sql::LIST_WAITING, &[])
+            .await
+            .map_err(db_err("list waiting clusters"))?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
     async fn get_cluster(&self, cluster: &str) -> Result<Option<(ClusterSummary, Option<String>)>> {
         let client = self.client(&self.reader).await?;
         let row = client

@@ -71,6 +71,10 @@ pub(crate) const LIST_CLUSTERS: &str = concat!(
     summary_columns!(),
     " FROM clusters ORDER BY name"
 );
+/// The latest heartbeat of each cluster whose report says it holds a release for later (`source.pending`,
+/// as the agent serializes it): `(name, payload)`. A text match, so most rows are not parsed.
+pub(crate) const LIST_WAITING: &str =
+    "SELECT name, heartbeat FROM clusters WHERE heartbeat LIKE '%\"pending\":{%'";
 /// A cluster's summary and its latest heartbeat (column 14).
 pub(crate) const GET_CLUSTER: &str = concat!(
     "SELECT ",
@@ -160,6 +164,7 @@ mod tests {
         LOG_SPAN,
         DELETE_CLUSTER_LOG_RANGE,
         LIST_CLUSTERS,
+        LIST_WAITING,
         GET_CLUSTER,
         SELECT_DRIFT,
         COUNT_HEARTBEATS,

@@ -299,6 +299,18 @@ impl Database for SqliteDb {
         .await
     }
 
+    async fn waiting_reports(&self) -> Result<Vec<(String, String)>> {
+        self.with_reader(|conn| {
+            let run = || -> rusqlite::Result<Vec<(String, String)>> {
+                let mut stmt = conn.prepare_cached(sql::LIST_WAITING)?;
+                let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                rows.collect()
+            };
+            run().map_err(db_err("list waiting clusters"))
+        })
+        .await
+    }
+
     async fn get_cluster(&self, cluster: &str) -> Result<Option<(ClusterSummary, Option<String>)>> {
         let cluster = cluster.to_owned();
         self.with_reader(move |conn| {

@@ -76,8 +76,13 @@ pub(super) async fn handle(
             let client = client_of(app, &request, peer);
             admin::handle(app, request, &cluster, client, false).await
         }
-        Route::ApiRollout(channel) => rollout::handle(app, &request, &channel, false).await,
-        Route::RolloutPage(channel) => rollout::handle(app, &request, &channel, true).await,
+        Route::ApiRollout(channel) => {
+            let form = rollout::Form::of_query(request.uri().query());
+            rollout::handle(app, &request, &channel, form).await
+        }
+        Route::RolloutPage(channel) => {
+            rollout::handle(app, &request, &channel, rollout::Form::Page).await
+        }
         Route::FleetPage
         | Route::ClusterPage(_)
         | Route::ApiFleet

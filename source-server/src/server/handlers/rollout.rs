@@ -2,12 +2,19 @@
 //! and by `windvane rollout status`) and `GET /rollouts/CHANNEL` (the page). The release and its plan come
 //! from the channel's pointer in the server's own store (read, not verified: the server is no authority on
 //! releases, and an agent opens a wave only at its own signed time, whatever this says); the clusters and
-//! their states from the database, as the fleet view computes them (Unknown when silent). Built by
+//! their states from the database, as the fleet view computes them (Unknown when silent), with what each
+//! waiting cluster's latest heartbeat says it waits for (`source.pending.message`). Built by
 //! [`windvane_shared::rollout::rollout_view`].
+//!
+//! Views are built at most once a second per channel and served as cached bytes with an ETag
+//! ([`crate::server::rollout_cache`]); `If-None-Match` gets `304`. Agents ask for `?summary=1`: every
+//! wave's counts and only its clusters not done (at most 20), O(waves) instead of O(fleet).
 //!
 //! Access: the read token when one is set — or the fleet registration token, which every agent holds.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
@@ -19,15 +26,38 @@ use windvane_shared::rollout::{ClusterFacts, Rollout, RolloutView, rollout_view}
 use crate::server::App;
 use crate::server::db::Database;
 use crate::server::view::ClusterRow;
-use crate::server::{auth, page, view};
+use crate::server::{auth, page, route, view};
 
-use super::{Body, html, json, json_error};
+use super::{Body, JSON, html, json_error};
+
+/// Which representation a request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Form {
+    /// `GET /rollouts/CHANNEL`.
+    Page,
+    /// `GET /api/v1/rollouts/CHANNEL`: every cluster of every wave.
+    Full,
+    /// `GET /api/v1/rollouts/CHANNEL?summary=1`: what a wave gate needs
+    /// ([`windvane_shared::rollout::summary`]).
+    Summary,
+}
+
+impl Form {
+    /// The JSON form a query asks for.
+    pub(super) fn of_query(query: Option<&str>) -> Form {
+        let summary = query
+            .unwrap_or_default()
+            .split('&')
+            .any(|pair| matches!(pair, "summary=1" | "summary=true" | "summary"));
+        if summary { Form::Summary } else { Form::Full }
+    }
+}
 
 pub(super) async fn handle(
     app: &Arc<App>,
     request: &Request<Incoming>,
     channel: &str,
-    is_page: bool,
+    form: Form,
 ) -> Response<Body> {
     if !allowed(app, request) {
         return json_error(
@@ -36,22 +66,63 @@ pub(super) async fn handle(
             "the read token or the registration token is required (Authorization: Bearer …)",
         );
     }
-    let pointer = match current_pointer(app, channel) {
-        Ok(pointer) => pointer,
-        Err(detail) => return json_error(StatusCode::NOT_FOUND, "unknown_channel", &detail),
+    let Ok(file) = app.files.pointer(channel) else {
+        return json_error(
+            StatusCode::NOT_FOUND,
+            "unknown_channel",
+            &format!("channel {channel} has no release in the store"),
+        );
     };
-    match build(app, channel, &pointer).await {
-        Ok(view) if is_page => html(page::rollout_page(&view)),
-        Ok(view) => json(StatusCode::OK, &view),
-        Err(error) => {
-            tracing::error!(%error, "rollout view failed");
-            json_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                &error.to_string(),
-            )
-        }
-    }
+    let built = app
+        .rollouts
+        .get(channel, &file.etag, || async {
+            app.metrics
+                .rollout_view_builds
+                .fetch_add(1, Ordering::Relaxed);
+            let pointer = parse_pointer(channel, &file.body)
+                .map_err(|detail| json_error(StatusCode::NOT_FOUND, "unknown_channel", &detail))?;
+            build(app, channel, &pointer).await.map_err(|error| {
+                tracing::error!(%error, "rollout view failed");
+                json_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    &error.to_string(),
+                )
+            })
+        })
+        .await;
+    let built = match built {
+        Ok(built) => built,
+        Err(response) => return response,
+    };
+    let encoded = match form {
+        Form::Page => return html(page::rollout_page(&built.view)),
+        Form::Full => &built.full,
+        Form::Summary => &built.summary,
+    };
+    let not_modified = request
+        .headers()
+        .get(header::IF_NONE_MATCH)
+        .is_some_and(|v| route::if_none_match(v.as_bytes(), &[encoded.etag.as_bytes()]));
+    let builder = Response::builder()
+        .header(header::ETAG, encoded.etag.clone())
+        .header(header::CACHE_CONTROL, "no-cache");
+    let answered = if not_modified {
+        &app.metrics.rollout_view_not_modified
+    } else {
+        &app.metrics.rollout_view_sent
+    };
+    answered.fetch_add(1, Ordering::Relaxed);
+    let response = if not_modified {
+        builder
+            .status(StatusCode::NOT_MODIFIED)
+            .body(Body::default())
+    } else {
+        builder
+            .header(header::CONTENT_TYPE, JSON.clone())
+            .body(Body::new(encoded.body.clone()))
+    };
+    response.unwrap_or_default()
 }
 
 fn allowed(app: &App, request: &Request<Incoming>) -> bool {
@@ -73,7 +144,12 @@ fn current_pointer(app: &App, channel: &str) -> Result<ReleasePointer, String> {
         .files
         .pointer(channel)
         .map_err(|_| format!("channel {channel} has no release in the store"))?;
-    let envelope = windvane_shared::dsse::Envelope::from_json_slice(&file.body)
+    parse_pointer(channel, &file.body)
+}
+
+/// A pointer file's payload, read without verification (the server is no authority on releases).
+fn parse_pointer(channel: &str, body: &[u8]) -> Result<ReleasePointer, String> {
+    let envelope = windvane_shared::dsse::Envelope::from_json_slice(body)
         .map_err(|e| format!("channel {channel}: {e}"))?;
     let payload = envelope
         .payload_bytes()
@@ -90,7 +166,41 @@ async fn build(app: &App, channel: &str, pointer: &ReleasePointer) -> crate::Res
         .into_iter()
         .map(|c| view::cluster_row(c, now, app.unknown_after, &|_| None))
         .collect();
-    Ok(view_of(channel, pointer, &rows, now))
+    let waiting: HashMap<String, String> = app
+        .db
+        .waiting_reports()
+        .await?
+        .into_iter()
+        .filter_map(|(name, payload)| Some((name, waiting_message(&payload, pointer.serial)?)))
+        .collect();
+    Ok(view_of(channel, pointer, &rows, &waiting, now))
+}
+
+/// Most characters of an agent's wait message shown in a rollout view (it comes from outside).
+const MAX_WAITING_CHARS: usize = 300;
+
+/// What a cluster's latest report says it waits for, when it holds release `serial` for later
+/// (`source.pending.message`: `Pending (wave 2, opens in 14m)`, `Awaiting approval (0 of 1)`, `Pending
+/// (maintenance window): …`); cut to [`MAX_WAITING_CHARS`]. Pure.
+fn waiting_message(payload: &str, serial: u64) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Report {
+        source: Source,
+    }
+    #[derive(serde::Deserialize)]
+    struct Source {
+        pending: Option<Pending>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Pending {
+        serial: u64,
+        message: String,
+    }
+    let pending = serde_json::from_str::<Report>(payload)
+        .ok()?
+        .source
+        .pending?;
+    (pending.serial == serial).then(|| pending.message.chars().take(MAX_WAITING_CHARS).collect())
 }
 
 /// The rollout view of `pointer` over the clusters of its fleet that follow `channel` (or have never said
@@ -99,6 +209,7 @@ fn view_of(
     channel: &str,
     pointer: &ReleasePointer,
     rows: &[ClusterRow],
+    waiting: &HashMap<String, String>,
     now: Timestamp,
 ) -> RolloutView {
     let facts: Vec<ClusterFacts> = rows
@@ -109,7 +220,7 @@ fn view_of(
             labels: &row.labels,
             state: row.state,
             applied_serial: row.applied_serial,
-            waiting: None,
+            waiting: waiting.get(&row.name).cloned(),
         })
         .collect();
     let single = Rollout::default();
@@ -136,7 +247,7 @@ pub(super) fn metrics(app: &App, rows: &[ClusterRow], now: Timestamp) -> String 
         .filter_map(|ch| {
             current_pointer(app, ch)
                 .ok()
-                .map(|p| view_of(ch, &p, rows, now))
+                .map(|p| view_of(ch, &p, rows, &HashMap::new(), now))
         })
         .collect();
     render_metrics(&views)
@@ -209,6 +320,55 @@ mod tests {
     }
 
     #[test]
+    fn a_waiting_cluster_shows_what_its_report_says_for_this_serial_only() {
+        let report = |serial: u64, message: &str| {
+            serde_json::json!({"cluster": "b", "source": {"channel": "prod", "pending": {
+                "serial": serial, "wave": 2, "waves": 3, "halted": false, "message": message}}})
+            .to_string()
+        };
+        assert_eq!(
+            waiting_message(&report(4, "Pending (wave 2, opens in 14m)"), 4).as_deref(),
+            Some("Pending (wave 2, opens in 14m)")
+        );
+        assert_eq!(
+            waiting_message(&report(3, "Awaiting approval (0 of 1)"), 4),
+            None
+        );
+        assert_eq!(
+            waiting_message(r#"{"source": {"channel": "prod"}}"#, 4),
+            None
+        );
+        assert_eq!(waiting_message("not json", 4), None);
+        let long = waiting_message(&report(4, &"x".repeat(5000)), 4).expect("cut");
+        assert_eq!(long.chars().count(), MAX_WAITING_CHARS);
+
+        let pointer: ReleasePointer = serde_json::from_value(serde_json::json!({
+            "fleet": "acme", "channel": "prod", "serial": 4,
+            "issuedAt": "2026-12-04T10:00:00Z", "expiresAt": "2026-12-05T10:00:00Z",
+            "bundle": {"sha256": "0".repeat(64), "size": 1}, "allowEmpty": false
+        }))
+        .expect("pointer");
+        let rows = [
+            row("a", ClusterState::Synced, 4, Some("prod")),
+            row("b", ClusterState::Synced, 3, Some("prod")),
+        ];
+        let waiting = HashMap::from([("b".to_owned(), "Awaiting approval (0 of 1)".to_owned())]);
+        let view = view_of(
+            "prod",
+            &pointer,
+            &rows,
+            &waiting,
+            "2026-12-04T10:01:00Z".parse().expect("time"),
+        );
+        let shown: Vec<Option<&str>> = view.waves[0]
+            .clusters
+            .iter()
+            .map(|c| c.waiting.as_deref())
+            .collect();
+        assert_eq!(shown, [None, Some("Awaiting approval (0 of 1)")]);
+    }
+
+    #[test]
     fn the_view_takes_the_channels_clusters_and_the_silent_ones_and_renders_metrics() {
         let pointer: ReleasePointer = serde_json::from_value(serde_json::json!({
             "fleet": "acme", "channel": "prod", "serial": 4,
@@ -223,7 +383,7 @@ mod tests {
             row("d", ClusterState::NeverSeen, 0, None),
         ];
         let now = "2026-12-04T10:01:00Z".parse().expect("time");
-        let view = view_of("prod", &pointer, &rows, now);
+        let view = view_of("prod", &pointer, &rows, &HashMap::new(), now);
         assert_eq!(view.waves.len(), 1);
         let names: Vec<&str> = view.waves[0]
             .clusters

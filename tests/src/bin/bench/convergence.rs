@@ -33,6 +33,7 @@ use ed25519_dalek::SigningKey;
 use hyper::body::Bytes;
 use jiff::Timestamp;
 use tokio::sync::watch;
+use windvane_agent::wave::{self, GateObservation, GatePlan};
 use windvane_shared::bundle::BundleLimits;
 use windvane_shared::desired::{all_or_first_error, cluster_share};
 use windvane_shared::dsse;
@@ -42,6 +43,7 @@ use windvane_shared::release::{
     DEFAULT_MAX_BUNDLE_BYTES, PointerExpectations, ReleasePointer, verify_bundle, verify_pointer,
 };
 use windvane_shared::render::ClusterIdentity;
+use windvane_shared::rollout::{self, RolloutView, WaveDecision};
 use windvane_shared::status::SyncState;
 use windvane_source_server::server::db::Database as _;
 use windvane_source_server::server::db::sqlite::SqliteDb;
@@ -62,6 +64,9 @@ pub struct Settings {
     /// How long the converged fleet idles before the second publish (steady-state CPU is measured over it).
     pub idle: Duration,
 }
+
+/// The agent's longest time between two reads of the rollout view while a gate holds its release.
+pub const GATE_READ_EVERY: Duration = Duration::from_secs(5);
 
 /// The agent's poll jitter: each wait is `interval × (1 ± JITTER)`.
 pub const JITTER: f64 = 0.2;
@@ -85,6 +90,9 @@ struct Counters {
     reconnects: AtomicU64,
     /// Objects rendered, summed over accepted releases.
     objects: AtomicU64,
+    /// Reads of the rollout view by held agents' wave gates, and those answered 304.
+    gate_reads: AtomicU64,
+    gate_not_modified: AtomicU64,
 }
 
 impl Counters {
@@ -135,6 +143,27 @@ impl Moments {
             .try_fold(0, |max, v| (v != u64::MAX).then_some(max.max(v)))
     }
 
+    /// The moments of a column for one serial since `from_ms`, by agent; `None` for agents without one.
+    fn since_by_agent(
+        column: &[Vec<AtomicU64>; 2],
+        serial: u64,
+        from_ms: u64,
+    ) -> Vec<Option<Duration>> {
+        let Some(values) = usize::try_from(serial)
+            .ok()
+            .and_then(|s| column.get(s.checked_sub(1)?))
+        else {
+            return Vec::new();
+        };
+        values
+            .iter()
+            .map(|v| match v.load(Ordering::Relaxed) {
+                u64::MAX => None,
+                ms => Some(Duration::from_millis(ms.saturating_sub(from_ms))),
+            })
+            .collect()
+    }
+
     /// The moments of a column for one serial since `from_ms`, sorted; agents without one count as never.
     fn since(column: &[Vec<AtomicU64>; 2], serial: u64, from_ms: u64) -> Vec<Duration> {
         let Some(values) = usize::try_from(serial)
@@ -164,6 +193,9 @@ struct Shared {
     epoch: Instant,
     counters: Counters,
     moments: Moments,
+    /// How often a held agent's wave gate reads the rollout view: `min(poll, 5 s)`, as the agent's
+    /// (`GATE_READ_EVERY` in `agent/src/engine/pending.rs`).
+    gate_every: Duration,
 }
 
 impl Shared {
@@ -257,7 +289,7 @@ pub fn fleet_tree(version: u32) -> anyhow::Result<FleetTree> {
     Ok(tree)
 }
 
-fn identity(i: usize) -> ClusterIdentity {
+pub fn identity(i: usize) -> ClusterIdentity {
     let labels: BTreeMap<String, String> = [
         ("region", REGIONS[i % REGIONS.len()]),
         ("env", ENVS[(i / REGIONS.len()) % ENVS.len()]),
@@ -293,17 +325,51 @@ impl Jitter {
 
 /// Runs the whole timeline with `binary` as the server.
 pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<Convergence> {
+    let (measured, _) = measure_with(binary, work, s, "convergence", &fleet_tree(2)?).await?;
+    Ok(measured)
+}
+
+/// What a run leaves for a section that looks closer at the second release (the waves section).
+#[derive(Debug)]
+pub struct Published {
+    /// The second release's pointer, as published.
+    pub pointer: ReleasePointer,
+    /// The wall-clock time just before it was published.
+    pub at: Timestamp,
+    /// Per agent (by index): when the server answered 2xx to its first heartbeat carrying the release,
+    /// since the publish; `None` if it never did.
+    pub acked: Vec<Option<Duration>>,
+    /// Reads of the rollout view by the agents' wave gates, and of them `304`s, while converging.
+    pub gate_reads: u64,
+    pub gate_not_modified: u64,
+}
+
+/// Runs the timeline publishing `second` as the second release; `name` prefixes the progress lines and
+/// names the server's log.
+pub async fn measure_with(
+    binary: &Path,
+    work: &Path,
+    s: Settings,
+    name: &str,
+    second: &FleetTree,
+) -> anyhow::Result<(Convergence, Published)> {
     let publisher = Publisher::new(21)?;
     let first = publisher.publish(&fleet_tree(1)?, CHANNEL)?;
     let trusted = TrustedKeys::from_pems([(
         "release key",
         std::fs::read_to_string(publisher.public_key_path())?.as_str(),
     )])?;
-    let mut server =
-        ServerProcess::start(binary, &publisher.store(), work, "convergence-server", &[]).await?;
+    let mut server = ServerProcess::start(
+        binary,
+        &publisher.store(),
+        work,
+        &format!("{name}-server"),
+        &[],
+    )
+    .await?;
     let pid = server.pid()?;
 
-    crate::progress(&format!("convergence: enrolling {} agents", s.agents));
+    crate::progress(&format!("{name}: enrolling {} agents", s.agents));
     let identities: Vec<ClusterIdentity> = (0..s.agents).map(identity).collect();
     let keys: Arc<Vec<SigningKey>> = Arc::new(
         (0..s.agents as u64)
@@ -326,10 +392,11 @@ pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<
         epoch: Instant::now(),
         counters: Counters::default(),
         moments: Moments::new(s.agents),
+        gate_every: s.poll_interval.min(GATE_READ_EVERY),
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     crate::progress(&format!(
-        "convergence: {} agents polling every {} s (±20 %), cold start on serial {}",
+        "{name}: {} agents polling every {} s (±20 %), cold start on serial {}",
         s.agents,
         s.poll_interval.as_secs(),
         first.serial
@@ -346,24 +413,36 @@ pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<
         wait_converged(&db, first.serial, s.agents, deadline, &mut server).await? - started;
 
     crate::progress(&format!(
-        "convergence: cold start took {:.1} s; idling {} s",
+        "{name}: cold start took {:.1} s; idling {} s",
         cold_start.as_secs_f64(),
         s.idle.as_secs()
     ));
     let (idle_cores, idle_length) = crate::cpu::cores_over(pid, s.idle).await?;
 
     let before = shared.counters.snapshot();
+    let gate_before = [
+        shared.counters.gate_reads.load(Ordering::Relaxed),
+        shared.counters.gate_not_modified.load(Ordering::Relaxed),
+    ];
     let split = crate::server::CpuSplit::start(pid);
     let publish_ms = shared.now_ms();
     let published_at = Instant::now();
-    let second = publisher.publish(&fleet_tree(2)?, CHANNEL)?;
+    let published_wall = Timestamp::now();
+    let second = publisher.publish(second, CHANNEL)?;
     crate::progress(&format!(
-        "convergence: published serial {}; waiting for every agent's acknowledgement",
+        "{name}: published serial {}; waiting for every agent's acknowledgement",
         second.serial
     ));
     let sampler = RssSampler::start(pid);
-    let converged =
-        wait_converged(&db, second.serial, s.agents, deadline, &mut server).await? - published_at;
+    // A release in waves takes its soaks longer.
+    let soaks: Duration = second
+        .rollout
+        .as_ref()
+        .map(|r| r.waves.iter().map(|w| w.soak).sum())
+        .unwrap_or_default();
+    let converged = wait_converged(&db, second.serial, s.agents, deadline + soaks, &mut server)
+        .await?
+        - published_at;
     let (server_cpu, bench_cpu, others_cpu) = split.stop(pid);
     let per_second = |d: Duration| d.as_secs_f64() / converged.as_secs_f64().max(0.001);
     let converging_cores = per_second(server_cpu);
@@ -389,13 +468,21 @@ pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<
         &Moments::since(&shared.moments.saw, second.serial, publish_ms),
         0.99,
     );
+    let published = Published {
+        pointer: second.clone(),
+        at: published_wall,
+        acked: Moments::since_by_agent(&shared.moments.acked, second.serial, publish_ms),
+        gate_reads: shared.counters.gate_reads.load(Ordering::Relaxed) - gate_before[0],
+        gate_not_modified: shared.counters.gate_not_modified.load(Ordering::Relaxed)
+            - gate_before[1],
+    };
     let memory_end = tree_memory(pid)?;
     stop_tx.send_replace(true);
     for task in tasks {
         task.await??;
     }
     server.check_running()?;
-    Ok(Convergence {
+    let convergence = Convergence {
         agents: s.agents,
         enrol,
         cold_start,
@@ -414,7 +501,8 @@ pub async fn measure(binary: &Path, work: &Path, s: Settings) -> anyhow::Result<
         during,
         bundle_bytes: second.bundle.size,
         objects_per_agent: during[7] as f64 / s.agents as f64,
-    })
+    };
+    Ok((convergence, published))
 }
 
 /// Reads the server's database four times a second until every cluster reports `serial`; returns when it
@@ -493,6 +581,43 @@ struct SimAgent {
     sequence: u64,
     /// A heartbeat with a serial not yet acknowledged.
     unreported: bool,
+    /// A verified release waiting for this agent's rollout wave, with the gate's last view.
+    held: Option<Held>,
+}
+
+/// A release held for its wave, as the agent holds it (`agent/src/engine/pending.rs`): the agent's own
+/// [`GatePlan`] decides, with the rollout view the gate last read (and its ETag, for `If-None-Match`).
+struct Held {
+    pointer: ReleasePointer,
+    plan: GatePlan,
+    /// The gate's last view of the server, and that answer's ETag.
+    view: (Option<String>, GateObservation),
+}
+
+impl Held {
+    /// The hold of a verified release for this cluster; `None` when it takes it at once.
+    fn of(pointer: &ReleasePointer, identity: &ClusterIdentity) -> Option<Held> {
+        let plan = GatePlan::of(
+            pointer.serial,
+            pointer.issued_at,
+            pointer.rollout.as_ref(),
+            &identity.name,
+            &identity.labels,
+        )?;
+        Some(Held {
+            pointer: pointer.clone(),
+            plan,
+            view: (None, None),
+        })
+    }
+
+    /// How long until the wave's signed time: the gate reads the server only from then on.
+    fn opens_in(&self) -> Duration {
+        rollout::opens_at(&self.plan.rollout, self.plan.issued_at, self.plan.wave)
+            .duration_since(Timestamp::now())
+            .try_into()
+            .unwrap_or(Duration::ZERO)
+    }
 }
 
 /// Why a request did not get a usable answer.
@@ -517,6 +642,7 @@ impl SimAgent {
             applied: None,
             sequence: 0,
             unreported: false,
+            held: None,
         }
     }
 
@@ -526,9 +652,13 @@ impl SimAgent {
         let start = tokio::time::Instant::now();
         let mut next_poll = start + settings.poll_interval.mul_f64(self.jitter.unit());
         let mut next_heartbeat = start + settings.heartbeat_interval.mul_f64(self.jitter.unit());
+        // The held release's next gate check (the wave's signed time, then every `gate_every`).
+        let mut next_gate: Option<tokio::time::Instant> = None;
         loop {
+            let wake = next_poll.min(next_heartbeat);
+            let wake = next_gate.map_or(wake, |gate| gate.min(wake));
             tokio::select! {
-                _ = tokio::time::sleep_until(next_poll.min(next_heartbeat)) => {}
+                _ = tokio::time::sleep_until(wake) => {}
                 _ = stop.changed() => return Ok(()),
             }
             let now = tokio::time::Instant::now();
@@ -539,6 +669,19 @@ impl SimAgent {
                     Err(Trouble::Failed) => now + Duration::from_secs(1),
                 };
                 if self.unreported {
+                    next_heartbeat = now;
+                }
+                if next_gate.is_none()
+                    && let Some(held) = &self.held
+                {
+                    // As the agent: from one gate read before the wave's signed time on.
+                    next_gate = Some(now + held.opens_in().saturating_sub(self.shared.gate_every));
+                }
+            }
+            if next_gate.is_some_and(|at| now >= at) {
+                next_gate = self.gate().await.map(|wait| now + wait);
+                if next_gate.is_none() {
+                    // The wave opened and the release was taken: report it at once.
                     next_heartbeat = now;
                 }
             }
@@ -636,10 +779,15 @@ impl SimAgent {
                 Ordering::Relaxed,
             );
         }
-        if self
-            .accepted
+        let held_already = self
+            .held
             .as_ref()
-            .is_some_and(|p| p.bundle.sha256 == pointer.bundle.sha256)
+            .is_some_and(|h| h.pointer.bundle.sha256 == pointer.bundle.sha256);
+        if held_already
+            || self
+                .accepted
+                .as_ref()
+                .is_some_and(|p| p.bundle.sha256 == pointer.bundle.sha256)
         {
             self.etag = answer.etag;
             return Ok(());
@@ -671,11 +819,73 @@ impl SimAgent {
         counters
             .objects
             .fetch_add(objects as u64, Ordering::Relaxed);
+        self.etag = answer.etag;
+        if let Some(held) = Held::of(&pointer, &self.identity) {
+            // Verified, and waits for its wave while the last known good stays.
+            self.held = Some(held);
+            return Ok(());
+        }
+        self.take(pointer);
+        Ok(())
+    }
+
+    /// Takes a verified release: applied (simulated), to be reported at once.
+    fn take(&mut self, pointer: ReleasePointer) {
+        self.held = None;
         self.applied = Some(pointer.serial);
         self.accepted = Some(pointer);
-        self.etag = answer.etag;
         self.unreported = true;
-        Ok(())
+    }
+
+    /// The held release's gate, as the agent's (`agent/src/wave.rs`): the agent's own decision
+    /// ([`wave::judge`]) on the rollout view it reads from the server (`?summary=1`, revalidated with its
+    /// ETag) when the plan needs it. Takes the release when the wave opens; otherwise, when to look again.
+    async fn gate(&mut self) -> Option<Duration> {
+        let needs_server = self.held.as_ref()?.plan.needs_server();
+        if needs_server {
+            self.read_gate().await;
+        }
+        let held = self.held.as_ref()?;
+        match wave::judge(&held.plan, Timestamp::now(), &held.view.1) {
+            WaveDecision::Open => {
+                let pointer = held.pointer.clone();
+                self.take(pointer);
+                None
+            }
+            WaveDecision::Scheduled { .. } => Some(held.opens_in().max(Duration::from_millis(10))),
+            WaveDecision::Halted | WaveDecision::Gated { .. } => Some(self.shared.gate_every),
+        }
+    }
+
+    /// Reads the rollout view for the gate: a `304` keeps the last one; a failure is the gate's reason to
+    /// stay closed.
+    async fn read_gate(&mut self) {
+        let counters = &self.shared.counters;
+        counters.gate_reads.fetch_add(1, Ordering::Relaxed);
+        let etag = self.held.as_ref().and_then(|h| h.view.0.clone());
+        let path = format!("/api/v1/rollouts/{CHANNEL}?summary=1");
+        let answer = self.request(&path, None, etag.as_deref()).await;
+        let counters = &self.shared.counters;
+        let seen = match answer {
+            Some(answer) if answer.status == 304 && etag.is_some() => {
+                counters.gate_not_modified.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Some(answer) if answer.status == 200 => {
+                match serde_json::from_slice::<RolloutView>(&answer.body) {
+                    Ok(view) => (answer.etag, Ok(view)),
+                    Err(error) => (None, Err(format!("not a rollout view: {error}"))),
+                }
+            }
+            Some(answer) => (None, Err(format!("HTTP {}", answer.status))),
+            None => (None, Err("the server did not answer".to_owned())),
+        };
+        if seen.1.is_err() {
+            counters.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(held) = self.held.as_mut() {
+            held.view = (seen.0, Some(seen.1));
+        }
     }
 
     async fn heartbeat(&mut self) -> Result<(), Trouble> {
