@@ -192,7 +192,7 @@ pub async fn run(
         if let Some(report) = awaiting {
             if last_awaiting.as_ref() != Some(&report) {
                 last_awaiting = Some(report.clone());
-                if events.send(GateEvent::Window(report)).await.is_err() {
+                if events.send(GateEvent::Waiting(report)).await.is_err() {
                     return;
                 }
             }
@@ -467,6 +467,35 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert_eq!(events.recv().await, Some(GateEvent::Open(3)));
         task.await.expect("gate task");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn awaiting_approval_is_reported_as_a_wait_not_as_a_window() {
+        use windvane_shared::approval::{ApprovalPolicy, ApprovalStatement};
+        let mut first_wave = plan(0, Gate::None);
+        first_wave.wave = 0;
+        first_wave.approval = Some(ApprovalNeed {
+            policy: ApprovalPolicy { threshold: 1 },
+            statement: ApprovalStatement {
+                fleet: "acme".into(),
+                channel: "stable".into(),
+                serial: 3,
+                bundle_sha256: "0".repeat(64),
+            },
+            publisher_keyid: "publisher".into(),
+        });
+        let (_plan, _seen, mut events, _task) = channels(first_wave, None);
+        match events.recv().await {
+            Some(GateEvent::Waiting(report)) => {
+                assert!(
+                    report.message.starts_with("Awaiting approval (0 of 1)"),
+                    "{}",
+                    report.message
+                );
+                assert!(report.approval.is_some());
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[tokio::test(start_paused = true)]
