@@ -3,11 +3,14 @@
 package main
 
 import (
+	"io"
+
 	"k8s.io/apimachinery/pkg/util/version"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	clientgofeaturegate "k8s.io/client-go/features"
 	basecompatibility "k8s.io/component-base/compatibility"
 	"k8s.io/component-base/featuregate"
+	"k8s.io/klog/v2"
 )
 
 // kubeMinor: built with go.1.34.mod and -tags k8s134 (build.sh --version 1.34),
@@ -25,6 +28,15 @@ func beforeAPIServerFlags() error {
 		return nil
 	}
 	return utilfeature.DefaultMutableFeatureGate.OverrideDefaultAtVersion(name, true, version.MustParse("1.34"))
+}
+
+// klogStderrSettings: klog v2.130 (1.34's) has no
+// legacy_stderr_threshold_behavior and ignores stderrthreshold under
+// logtostderr, so log "to files" instead, discard the files' copy, and let
+// stderrthreshold pick what reaches stderr.
+func klogStderrSettings() map[string]string {
+	klog.SetOutput(io.Discard)
+	return map[string]string{"logtostderr": "false", "alsologtostderr": "false"}
 }
 
 // setMinCompatibilityVersion: a 1.34 feature gate has no minimum compatibility

@@ -17,6 +17,12 @@ const kubeMinor = "37"
 // process-wide feature gate. Nothing is needed on this release.
 func beforeAPIServerFlags() error { return nil }
 
+// klogStderrSettings are the klog flags that send logs to stderr only and
+// honour stderrthreshold although everything goes to stderr.
+func klogStderrSettings() map[string]string {
+	return map[string]string{"logtostderr": "true", "legacy_stderr_threshold_behavior": "false"}
+}
+
 // setMinCompatibilityVersion copies the feature gate's minimum compatibility
 // version into the controller manager's effective version, as its in-process
 // test server does.

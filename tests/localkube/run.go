@@ -113,13 +113,10 @@ func setupLogging(verbosity int, threshold string) error {
 	logsapi.ReapplyHandling = logsapi.ReapplyHandlingIgnoreUnchanged
 	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(fs)
-	for name, value := range map[string]string{
-		"v":           strconv.Itoa(verbosity),
-		"logtostderr": "true",
-		// Honour stderrthreshold although everything goes to stderr.
-		"legacy_stderr_threshold_behavior": "false",
-		"stderrthreshold":                  threshold,
-	} {
+	settings := klogStderrSettings()
+	settings["v"] = strconv.Itoa(verbosity)
+	settings["stderrthreshold"] = threshold
+	for name, value := range settings {
 		if err := fs.Set(name, value); err != nil {
 			return fmt.Errorf("klog -%s=%s: %w", name, value, err)
 		}
