@@ -4,21 +4,45 @@
 # <repo>/target/localkube/localkube, where the Rust test helper
 # (tests/src/localkube.rs) looks for it.
 #
+# --version 1.37 (the default, the newest Kubernetes minor Windvane supports)
+# builds from go.mod; --version 1.34 (the oldest) builds from go.1.34.mod with
+# the k8s134 build tag (compat_k8s134.go) into target/localkube/1.34/localkube.
+# The Go sources are shared; only the module file and that tag differ.
+#
 # Needs only Go (the version in go.mod or newer) and the Go module proxy:
 # modules are downloaded into the usual GOMODCACHE and compiled packages are
 # kept in the usual GOCACHE, so a second build takes seconds.
 #
-# Usage: tests/localkube/build.sh [extra go build flags...]
+# Usage: tests/localkube/build.sh [--version 1.34|1.37] [extra go build flags...]
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-out="$root/target/localkube/localkube"
+
+version=1.37
+if [ "${1:-}" = "--version" ]; then
+	version="${2:?--version needs 1.34 or 1.37}"
+	shift 2
+fi
+case "$version" in
+1.37)
+	out="$root/target/localkube/localkube"
+	modflags=(-mod=readonly)
+	;;
+1.34)
+	out="$root/target/localkube/1.34/localkube"
+	modflags=(-mod=readonly -modfile=go.1.34.mod -tags=k8s134)
+	;;
+*)
+	echo "build.sh: unsupported --version $version (supported: 1.34, 1.37)" >&2
+	exit 2
+	;;
+esac
 
 mkdir -p "$(dirname "$out")"
 cd "$here"
 
-# -mod=readonly: go.mod and go.sum are committed and must not change here.
+# -mod=readonly: go.mod and go.sum (go.1.34.*) are committed and must not change here.
 # -buildvcs=false: no git stamp, so a commit elsewhere does not force a relink
 # (and a checkout without git still builds).
 # -trimpath keeps absolute paths of this checkout out of the binary; it is
@@ -31,7 +55,7 @@ start=$(date +%s)
 # Stamp the Kubernetes version (as the upstream build does) so /version,
 # `kubectl version` and the fake node report v1.X.Y, not v0.0.0-master. The
 # stamp only depends on go.mod, so it does not defeat the link cache.
-kube_version="$(go list -mod=readonly -m -f '{{.Version}}' k8s.io/kubernetes)"
+kube_version="$(go list "${modflags[@]}" -m -f '{{.Version}}' k8s.io/kubernetes)"
 minor="${kube_version#v1.}"
 minor="${minor%%.*}"
 ldflags="-s -w"
@@ -40,5 +64,5 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 	ldflags+=" -X $pkg.gitCommit= -X $pkg.gitTreeState=clean"
 done
 
-go build -mod=readonly -buildvcs=false -trimpath -ldflags="$ldflags" -o "$out" "$@" .
+go build "${modflags[@]}" -buildvcs=false -trimpath -ldflags="$ldflags" -o "$out" "$@" .
 echo "built $out ($(du -h "$out" | cut -f1), $(( $(date +%s) - start ))s)" >&2

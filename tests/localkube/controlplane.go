@@ -61,6 +61,9 @@ func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki)
 		"--shutdown-delay-duration=0s",
 	}
 
+	if err := beforeAPIServerFlags(); err != nil {
+		return nil, fmt.Errorf("feature gates: %w", err)
+	}
 	s := apiserveroptions.NewServerRunOptions()
 	fs := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
 	for _, f := range s.Flags().FlagSets {
@@ -120,7 +123,7 @@ func startControllerManager(ctx context.Context, kubeconfig string, controllers 
 	featureGate := utilfeature.DefaultMutableFeatureGate.DeepCopy()
 	effectiveVersion := utilcompatibility.DefaultBuildEffectiveVersion()
 	effectiveVersion.SetEmulationVersion(featureGate.EmulationVersion())
-	effectiveVersion.SetMinCompatibilityVersion(featureGate.MinCompatibilityVersion())
+	setMinCompatibilityVersion(effectiveVersion, featureGate)
 	registry := basecompatibility.NewComponentGlobalsRegistry()
 	if err := registry.Register(basecompatibility.DefaultKubeComponent, effectiveVersion, featureGate); err != nil {
 		return nil, err

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	logsapi "k8s.io/component-base/logs/api/v1"
+	"k8s.io/component-base/version"
 	"k8s.io/klog/v2"
 )
 
@@ -94,19 +95,28 @@ func parseFlags(args []string) (config, error) {
 	return c, nil
 }
 
+// checkBuildMinor refuses to start when the version stamp (set by build.sh
+// from the module file) names another minor than the sources were compiled
+// for (the k8s134 build tag), so a mixed-up build cannot pass for the other
+// release. An unstamped `go build` has no minor and is let through.
+func checkBuildMinor() error {
+	if stamped := version.Get().Minor; stamped != "" && stamped != kubeMinor {
+		return fmt.Errorf("built for Kubernetes 1.%s but stamped %s: build with tests/localkube/build.sh --version 1.%s",
+			kubeMinor, version.Get().GitVersion, stamped)
+	}
+	return nil
+}
+
 func setupLogging(verbosity int, threshold string) error {
 	// Several components share the process; none of them may reconfigure the
 	// global logging they all use.
 	logsapi.ReapplyHandling = logsapi.ReapplyHandlingIgnoreUnchanged
 	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(fs)
-	for name, value := range map[string]string{
-		"v":           strconv.Itoa(verbosity),
-		"logtostderr": "true",
-		// Honour stderrthreshold although everything goes to stderr.
-		"legacy_stderr_threshold_behavior": "false",
-		"stderrthreshold":                  threshold,
-	} {
+	settings := klogStderrSettings()
+	settings["v"] = strconv.Itoa(verbosity)
+	settings["stderrthreshold"] = threshold
+	for name, value := range settings {
 		if err := fs.Set(name, value); err != nil {
 			return fmt.Errorf("klog -%s=%s: %w", name, value, err)
 		}
@@ -126,6 +136,10 @@ func runLocalkube(args []string) int {
 	readyOut := os.Stdout
 	os.Stdout = os.Stderr
 
+	if err := checkBuildMinor(); err != nil {
+		fmt.Fprintf(os.Stderr, "localkube: %v\n", err)
+		return 2
+	}
 	c, err := parseFlags(args)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {

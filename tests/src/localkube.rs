@@ -43,6 +43,12 @@ use crate::process::tail_file;
 /// Environment variable naming the `localkube` binary to use.
 pub const BINARY_ENV: &str = "WINDVANE_LOCALKUBE";
 
+/// Environment variable with the Kubernetes minor the binary must serve (e.g. `34` when
+/// `WINDVANE_LOCALKUBE` is the oldest supported release, built by `build.sh --version 1.34`). When
+/// set, every start checks `/version` and fails on another minor, so a run meant for one release
+/// cannot pass on another binary.
+pub const MINOR_ENV: &str = "WINDVANE_LOCALKUBE_MINOR";
+
 /// Environment variable that, when set to `1`, keeps data directories.
 pub const KEEP_ENV: &str = "WINDVANE_LOCALKUBE_KEEP";
 
@@ -127,7 +133,11 @@ impl LocalKube {
             args,
         };
         // Fail here, not in the first test step, if the kubeconfig is unusable.
-        kube::Client::try_from(kube.config.clone()).context("building a client for localkube")?;
+        let client = kube::Client::try_from(kube.config.clone())
+            .context("building a client for localkube")?;
+        if let Ok(minor) = std::env::var(MINOR_ENV) {
+            check_minor(&client, &kube.binary, &minor).await?;
+        }
         Ok(kube)
     }
 
@@ -277,6 +287,23 @@ pub fn binary_path() -> Result<PathBuf> {
         );
     }
     Ok(path)
+}
+
+/// Fails unless the API server's `/version` reports Kubernetes 1.`expected`.
+async fn check_minor(client: &kube::Client, binary: &Path, expected: &str) -> Result<()> {
+    let info = client
+        .apiserver_version()
+        .await
+        .context("reading /version of localkube")?;
+    if info.major != "1" || info.minor != expected {
+        bail!(
+            "{} serves Kubernetes {} but {MINOR_ENV}={expected}: point {BINARY_ENV} at a localkube \
+             built by tests/localkube/build.sh --version 1.{expected}",
+            binary.display(),
+            info.git_version
+        );
+    }
+    Ok(())
 }
 
 /// Spawns localkube on `data_dir` (port 0 = any free port) and waits for its

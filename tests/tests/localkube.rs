@@ -454,3 +454,51 @@ async fn objects_survive_kill_and_restart_on_the_same_data_dir() -> Result<()> {
     kube.stop().await?;
     Ok(())
 }
+
+/// The Kubernetes minor localkube must serve: `WINDVANE_LOCALKUBE_MINOR` when a run targets another
+/// release (`34` for the oldest, built by `build.sh --version 1.34`), else the one pinned in
+/// tests/localkube/go.mod (the default build).
+fn expected_minor() -> Result<String> {
+    if let Ok(minor) = std::env::var(windvane_tests::localkube::MINOR_ENV) {
+        return Ok(minor);
+    }
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/localkube/go.mod");
+    let go_mod = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    go_mod
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("k8s.io/kubernetes v1."))
+        .and_then(|v| v.split('.').next())
+        .map(str::to_owned)
+        .with_context(|| format!("{path} requires no k8s.io/kubernetes v1.X.Y"))
+}
+
+#[tokio::test]
+async fn the_api_server_reports_the_release_it_was_built_from() -> Result<()> {
+    let minor = expected_minor()?;
+    let kube = LocalKube::start().await?;
+    let info = kube.client().apiserver_version().await?;
+    ensure!(
+        info.major == "1"
+            && info.minor == minor
+            && info.git_version.starts_with(&format!("v1.{minor}.")),
+        "{} serves {} (major {:?}, minor {:?}), expected 1.{minor}",
+        kube.server_url(),
+        info.git_version,
+        info.major,
+        info.minor
+    );
+    // The fake node reports the same release, as a kubelet of that version would.
+    let nodes: Api<Node> = Api::all(kube.client());
+    let node = nodes.get(kube.node_name()).await?;
+    let kubelet = node
+        .status
+        .and_then(|s| s.node_info)
+        .map(|i| i.kubelet_version);
+    ensure!(
+        kubelet.as_deref() == Some(info.git_version.as_str()),
+        "node {} reports kubelet {kubelet:?}, the API server {}",
+        kube.node_name(),
+        info.git_version
+    );
+    Ok(())
+}
