@@ -101,6 +101,7 @@ fn accepted(verified: &VerifiedHeartbeat) {
         applied_serial: heartbeat.source.applied_serial,
         last_error: heartbeat.last_error.clone(),
         drift_total: heartbeat.drift.len() as u64,
+        public_key: verifying_key_to_pem(&cluster_key().verifying_key()),
     };
     let latest = |_: &str| Some(7);
     let fleet = view::fleet_view(
