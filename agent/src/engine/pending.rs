@@ -151,11 +151,17 @@ impl Engine {
         });
     }
 
+    /// Publishes why the held release waits, with what taking it would change here (status, heartbeat).
+    fn report_pending(&self, mut report: windvane_shared::rollout::PendingReport) {
+        report.changes = self.pending.as_ref().map(|p| p.changes);
+        self.status
+            .send_modify(|status| status.source.pending = Some(report));
+    }
+
     /// What the gate said: report the wait, or take the release.
     pub(super) async fn on_gate(&mut self, event: GateEvent) -> bool {
         match event {
-            GateEvent::Waiting(mut report) => {
-                report.changes = self.pending.as_ref().map(|p| p.changes);
+            GateEvent::Waiting(report) => {
                 info!(serial = report.serial, wave = report.wave, message = %report.message, "waiting for the rollout wave");
                 if let Some(progress) = report.approval {
                     self.metrics
@@ -164,18 +170,15 @@ impl Engine {
                     self.metrics.set_approvals(0, 0);
                     self.metrics.set_rollout_wave(report.wave, true);
                 }
-                self.status
-                    .send_modify(|status| status.source.pending = Some(report));
+                self.report_pending(report);
                 false
             }
-            GateEvent::Window(mut report) => {
-                report.changes = self.pending.as_ref().map(|p| p.changes);
+            GateEvent::Window(report) => {
                 info!(serial = report.serial, message = %report.message, "waiting for a maintenance window");
                 self.metrics.set_rollout_wave(0, false);
                 self.metrics.set_approvals(0, 0);
                 self.metrics.set_window_waiting(true);
-                self.status
-                    .send_modify(|status| status.source.pending = Some(report));
+                self.report_pending(report);
                 false
             }
             GateEvent::Open(serial) => {
