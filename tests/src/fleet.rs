@@ -5,6 +5,7 @@
 //! [`Cluster`] — a localkube with its agent — for tests and the demo that run a whole fleet. The server
 //! they report to is [`crate::server::SourceServer`].
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -36,6 +37,18 @@ impl FleetTree {
         })
     }
 
+    /// A copy of the tree at `dir` (every file, recursively), which the test can change for later releases.
+    pub fn copy_of(dir: &Path) -> anyhow::Result<Self> {
+        let tree = Self::new()?;
+        copy_files(dir, dir, tree.path())?;
+        Ok(tree)
+    }
+
+    /// A copy of the example fleet `deploy/examples/fleet` of this repository.
+    pub fn example() -> anyhow::Result<Self> {
+        Self::copy_of(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/fleet"))
+    }
+
     /// Writes (or overwrites) a file of the tree.
     pub fn write(&self, relative: &str, contents: &str) -> anyhow::Result<&Self> {
         let path = self.dir.path().join(relative);
@@ -55,6 +68,44 @@ impl FleetTree {
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
+}
+
+fn copy_files(root: &Path, dir: &Path, to: &Path) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            copy_files(root, &path, to)?;
+        } else {
+            let target = to.join(path.strip_prefix(root)?);
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::copy(&path, &target)
+                .with_context(|| format!("copying {} to {}", path.display(), target.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Every file under `dir` (recursively) and its bytes, keyed by its path relative to `dir`: compare two
+/// snapshots to tell whether a store changed at all.
+pub fn snapshot_files(dir: &Path) -> anyhow::Result<BTreeMap<PathBuf, Vec<u8>>> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) -> anyhow::Result<()> {
+        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                walk(root, &path, out)?;
+            } else {
+                let bytes =
+                    std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+                out.insert(path.strip_prefix(root)?.to_path_buf(), bytes);
+            }
+        }
+        Ok(())
+    }
+    let mut files = BTreeMap::new();
+    walk(dir, dir, &mut files)?;
+    Ok(files)
 }
 
 /// Signs and publishes releases into a store directory.

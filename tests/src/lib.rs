@@ -4,7 +4,8 @@
 //! and a throwaway PostgreSQL (`postgres`); fleet fixtures and the real agent (`fleet`); a static store
 //! server that can be broken on purpose (`store_server`); the fleet as the API and the page show it
 //! (`views`); a TCP proxy that can blackhole traffic (`proxy`); age identity Secrets and the search for
-//! secret values in clear (`secrets`); Windvane's own binaries as child processes (`process`); and polling
+//! secret values in clear (`secrets`); Windvane's own binaries as child processes (`process`) and what
+//! `/proc` says of their CPU and memory (`procfs`); and polling
 //! with deadlines (`poll`).
 
 pub mod fleet;
@@ -15,6 +16,7 @@ pub mod localkube;
 pub mod poll;
 pub mod postgres;
 pub mod process;
+pub mod procfs;
 pub mod proxy;
 pub mod s3;
 pub mod secrets;

@@ -3,8 +3,12 @@
 //! assert that the views agree — with each other, across replicas, and with `windvane status`.
 
 use std::collections::BTreeMap;
+use std::process::Command;
 
 use serde_json::Value;
+
+use crate::process::binary;
+use crate::server::{SourceServer, query_escape};
 
 /// Cluster name → state, and state → count (states with none left out), as one view shows them.
 #[derive(Debug, PartialEq, Eq)]
@@ -67,4 +71,71 @@ pub fn from_page(html: &str) -> Shown {
         }
     }
     Shown { states, counts }
+}
+
+/// Reads `windvane status`'s table: `N clusters: Synced 3 · Unknown 1`, a header, one row per cluster.
+pub fn from_status_table(text: &str) -> Shown {
+    let mut lines = text.lines();
+    let summary = lines.next().unwrap_or_default();
+    let counts = summary
+        .split_once(": ")
+        .map(|(_, parts)| {
+            parts
+                .split(" · ")
+                .filter_map(|p| p.rsplit_once(' '))
+                .filter_map(|(s, n)| Some((s.to_owned(), n.parse().ok()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let states = lines
+        .skip_while(|l| !l.starts_with("CLUSTER"))
+        .skip(1)
+        .filter_map(|l| {
+            let mut cells = l.split_whitespace();
+            Some((cells.next()?.to_owned(), cells.next()?.to_owned()))
+        })
+        .collect();
+    Shown { states, counts }
+}
+
+/// Runs the `windvane` command line; its exit success, stdout and stderr.
+pub fn windvane(args: &[&str]) -> anyhow::Result<(bool, String, String)> {
+    let output = Command::new(binary("windvane")?).args(args).output()?;
+    Ok((
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
+}
+
+/// The fleet page, the JSON API and `windvane status` — all filtered by `selector` when one is given —
+/// show the same clusters in the same states with the same counts. Returns what they show.
+pub async fn three_views_agree(
+    server: &SourceServer,
+    selector: Option<&str>,
+) -> anyhow::Result<Shown> {
+    let api = from_api(&server.fleet(selector).await?);
+    let page_path = selector.map_or_else(
+        || "/".to_owned(),
+        |s| format!("/?selector={}", query_escape(s)),
+    );
+    let (code, html) = server.get(&page_path).await?;
+    anyhow::ensure!(code == 200, "GET {page_path}: {code}");
+    let page = from_page(&html);
+    let mut args = vec!["status", "--server", &server.url];
+    if let Some(selector) = selector {
+        args.extend(["--selector", selector]);
+    }
+    let (_, table, stderr) = windvane(&args)?;
+    let cli = from_status_table(&table);
+    anyhow::ensure!(!api.states.is_empty(), "the API lists no cluster: {api:?}");
+    anyhow::ensure!(
+        api == page,
+        "the page and the API disagree:\nAPI  {api:?}\npage {page:?}"
+    );
+    anyhow::ensure!(
+        api == cli,
+        "`windvane status` and the API disagree:\nAPI    {api:?}\nstatus {cli:?}\n{table}{stderr}"
+    );
+    Ok(api)
 }

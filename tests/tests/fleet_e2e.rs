@@ -17,8 +17,6 @@
 //! and the `windvane` command line.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -30,9 +28,8 @@ use serde_json::{Value, json};
 use windvane_tests::fleet::{AgentOptions, Cluster, FleetTree, Publisher};
 use windvane_tests::localkube::LocalKube;
 use windvane_tests::poll::wait_for;
-use windvane_tests::process::binary;
 use windvane_tests::server::SourceServer;
-use windvane_tests::views::{Shown, from_api, from_page};
+use windvane_tests::views::{three_views_agree, windvane};
 
 /// Deadline of every wait: generous, for a loaded 2-core machine.
 const WAIT: Duration = Duration::from_secs(120);
@@ -109,27 +106,6 @@ fn agent_log_tail(fleet: &Fleet, name: &str) -> String {
     })
 }
 
-/// The example fleet, copied into a tree the test can change for later releases.
-fn example_tree() -> anyhow::Result<FleetTree> {
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/fleet");
-    let tree = FleetTree::new()?;
-    copy_tree(&example, &example, &tree)?;
-    Ok(tree)
-}
-
-fn copy_tree(root: &Path, dir: &Path, tree: &FleetTree) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let path = entry?.path();
-        if path.is_dir() {
-            copy_tree(root, &path, tree)?;
-        } else {
-            let relative = path.strip_prefix(root)?.display().to_string();
-            tree.write(&relative, &std::fs::read_to_string(&path)?)?;
-        }
-    }
-    Ok(())
-}
-
 async fn prometheus_args(kube: &LocalKube) -> anyhow::Result<Vec<String>> {
     let deployment = Api::<Deployment>::namespaced(kube.client(), "monitoring")
         .get("prometheus")
@@ -186,62 +162,6 @@ async fn replicas(kube: &LocalKube, namespace: &str, name: &str) -> anyhow::Resu
     Ok(deployment.spec.replicas.unwrap_or(1))
 }
 
-/// Runs the `windvane` command line; its exit success, stdout and stderr.
-fn windvane(args: &[&str]) -> anyhow::Result<(bool, String, String)> {
-    let output = Command::new(binary("windvane")?).args(args).output()?;
-    Ok((
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    ))
-}
-
-/// Reads `windvane status`'s table: `N clusters: Synced 3 · Unknown 1`, a header, one row per cluster.
-fn from_status_table(text: &str) -> Shown {
-    let mut lines = text.lines();
-    let summary = lines.next().unwrap_or_default();
-    let counts = summary
-        .split_once(": ")
-        .map(|(_, parts)| {
-            parts
-                .split(" · ")
-                .filter_map(|p| p.rsplit_once(' '))
-                .filter_map(|(s, n)| Some((s.to_owned(), n.parse().ok()?)))
-                .collect()
-        })
-        .unwrap_or_default();
-    let states = lines
-        .skip_while(|l| !l.starts_with("CLUSTER"))
-        .skip(1)
-        .filter_map(|l| {
-            let mut cells = l.split_whitespace();
-            Some((cells.next()?.to_owned(), cells.next()?.to_owned()))
-        })
-        .collect();
-    Shown { states, counts }
-}
-
-/// The page, the JSON API and `windvane status` show the same clusters in the same states with the same
-/// counts. Returns what they show.
-async fn three_views_agree(server: &SourceServer) -> anyhow::Result<Shown> {
-    let api = from_api(&server.fleet(None).await?);
-    let (code, html) = server.get("/").await?;
-    anyhow::ensure!(code == 200, "GET /: {code}");
-    let page = from_page(&html);
-    let (_, table, stderr) = windvane(&["status", "--server", &server.url])?;
-    let cli = from_status_table(&table);
-    anyhow::ensure!(!api.states.is_empty(), "the API lists no cluster: {api:?}");
-    anyhow::ensure!(
-        api == page,
-        "the page and the API disagree:\nAPI  {api:?}\npage {page:?}"
-    );
-    anyhow::ensure!(
-        api == cli,
-        "`windvane status` and the API disagree:\nAPI    {api:?}\nstatus {cli:?}\n{table}{stderr}"
-    );
-    Ok(api)
-}
-
 /// Runs one scenario, naming it in any failure.
 async fn scenario<T>(
     name: &str,
@@ -262,7 +182,7 @@ async fn scenario<T>(
 async fn fleet_scenarios_across_four_clusters() -> anyhow::Result<()> {
     let started = Instant::now();
     let publisher = Publisher::new(71)?;
-    let tree = example_tree()?;
+    let tree = FleetTree::example()?;
     publisher.publish(&tree, "stable")?;
     let server =
         SourceServer::start(&publisher.store(), &["--unknown-after", UNKNOWN_AFTER]).await?;
@@ -430,7 +350,7 @@ async fn rollup(fleet: &Fleet) -> anyhow::Result<()> {
         "`windvane status --selector env=prod` passes: {table}{stderr}"
     );
     assert!(table.starts_with("3 clusters: Synced 3\n"), "{table}");
-    let shown = three_views_agree(&fleet.server).await?;
+    let shown = three_views_agree(&fleet.server, None).await?;
     assert_eq!(shown.states.len(), 4, "{shown:?}");
     Ok(())
 }
@@ -473,7 +393,7 @@ async fn unknown_then_back(fleet: &mut Fleet) -> anyhow::Result<()> {
     ])?;
     assert!(!ok, "`windvane status` fails while a cluster is Unknown");
     assert!(stderr.contains("prod-us is Unknown"), "{stderr}");
-    let shown = three_views_agree(&fleet.server).await?;
+    let shown = three_views_agree(&fleet.server, None).await?;
     assert_eq!(
         shown.states.get(PROD_US).map(String::as_str),
         Some("Unknown")

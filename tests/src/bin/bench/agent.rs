@@ -38,35 +38,14 @@ pub struct AgentLaunch {
     pub wrapper: Vec<String>,
 }
 
+pub use windvane_tests::procfs::{Memory, read_memory};
+
 /// A running agent; killed on drop.
 #[derive(Debug)]
 pub struct AgentProcess {
     process: ChildProcess,
     admin: SocketAddr,
     http: reqwest::Client,
-}
-
-/// Memory of a process, from `/proc/PID/status`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Memory {
-    /// Resident set now (VmRSS), MiB.
-    pub rss_mib: f64,
-    /// Peak resident set so far (VmHWM), MiB.
-    pub peak_mib: f64,
-    /// Of the resident set now: anonymous memory (heap, stacks), MiB.
-    pub anon_mib: f64,
-    /// Of the resident set now: file-backed pages (the binary's code and data), MiB.
-    pub file_mib: f64,
-}
-
-impl Memory {
-    /// `VmRSS 20.1 MiB (anonymous 12.0, file-backed 8.1), VmHWM 25.0 MiB`.
-    pub fn describe(&self) -> String {
-        format!(
-            "VmRSS {:.1} MiB (anonymous {:.1}, file-backed {:.1}), VmHWM {:.1} MiB",
-            self.rss_mib, self.anon_mib, self.file_mib, self.peak_mib
-        )
-    }
 }
 
 impl AgentProcess {
@@ -183,30 +162,6 @@ impl AgentProcess {
     pub fn stop(&mut self) {
         let _ = self.process.terminate();
     }
-}
-
-/// VmRSS and VmHWM of a process.
-pub fn read_memory(pid: u32) -> anyhow::Result<Memory> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| -> anyhow::Result<f64> {
-        let line = text
-            .lines()
-            .find(|l| l.starts_with(name))
-            .with_context(|| format!("no {name} in /proc/{pid}/status"))?;
-        let kib: f64 = line
-            .trim_start_matches(name)
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()?;
-        Ok(kib / 1024.0)
-    };
-    Ok(Memory {
-        rss_mib: field("VmRSS:")?,
-        peak_mib: field("VmHWM:")?,
-        anon_mib: field("RssAnon:")?,
-        file_mib: field("RssFile:")?,
-    })
 }
 
 /// The workspace's `target/release/windvane-agent`.

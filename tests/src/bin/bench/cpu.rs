@@ -6,36 +6,7 @@
 
 use std::time::Duration;
 
-use anyhow::Context;
-
-const TICK: Duration = Duration::from_millis(10);
-
-/// The fields of `/proc/PID/stat` after `pid (comm)`; the command name may hold spaces.
-fn stat_fields(pid: &str) -> anyhow::Result<Vec<u64>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    Ok(stat
-        .rsplit_once(')')
-        .context("malformed /proc/PID/stat")?
-        .1
-        .split_whitespace()
-        .map(|f| f.parse().unwrap_or(0))
-        .collect())
-}
-
-fn ticks(fields: &[u64], range: std::ops::Range<usize>) -> anyhow::Result<Duration> {
-    let sum: u64 = fields
-        .get(range)
-        .context("short /proc/PID/stat")?
-        .iter()
-        .sum();
-    Ok(TICK * u32::try_from(sum)?)
-}
-
-/// CPU time (user and system) a process has used.
-pub fn process(pid: u32) -> anyhow::Result<Duration> {
-    // utime and stime: fields 14 and 15 of the line, 12 and 13 after `pid (comm)`.
-    ticks(&stat_fields(&pid.to_string())?, 11..13)
-}
+pub use windvane_tests::procfs::{machine_busy, own, process};
 
 /// How many cores the process `pid` used over the next `length` (CPU seconds per second), and how long the
 /// window really was.
@@ -46,29 +17,6 @@ pub async fn cores_over(pid: u32, length: Duration) -> anyhow::Result<(f64, Dura
     let elapsed = start.elapsed();
     let used = process(pid)?.saturating_sub(before);
     Ok((used.as_secs_f64() / elapsed.as_secs_f64(), elapsed))
-}
-
-/// CPU time of this process, and of its children that have been waited for.
-pub fn own() -> anyhow::Result<(Duration, Duration)> {
-    let fields = stat_fields("self")?;
-    // cutime and cstime: fields 16 and 17.
-    Ok((ticks(&fields, 11..13)?, ticks(&fields, 13..15)?))
-}
-
-/// CPU time the whole machine has been busy (all cores: user, nice, system, irq, softirq, steal).
-pub fn machine_busy() -> anyhow::Result<Duration> {
-    let stat = std::fs::read_to_string("/proc/stat")?;
-    let line = stat.lines().next().context("empty /proc/stat")?;
-    let values: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|v| v.parse().unwrap_or(0))
-        .collect();
-    let busy: u64 = [0, 1, 2, 5, 6, 7]
-        .iter()
-        .filter_map(|i| values.get(*i))
-        .sum();
-    Ok(TICK * u32::try_from(busy)?)
 }
 
 /// CPU use over one timed run.
