@@ -28,11 +28,14 @@ const (
 // defaultControllers is what the controller manager runs unless --controllers
 // says otherwise: everything on by default except controllers that need a
 // kubelet, a cloud or volume plugins, which a test cluster without a node
-// agent does not have (they would only burn CPU and log errors).
+// agent does not have (they would only burn CPU and log errors). The
+// horizontal-pod-autoscaler controller stays on: with no metrics API it cannot
+// compute a utilization, but it still enforces minReplicas and maxReplicas
+// through the scale subresource, as on a real cluster — the real controller
+// that tests of "the HPA owns replicas" need.
 const defaultControllers = "*," +
 	"-persistentvolume-attach-detach-controller," +
 	"-persistentvolume-expander-controller," +
-	"-horizontal-pod-autoscaler-controller," +
 	"-node-ipam-controller," +
 	"-selinux-warning-controller"
 

@@ -87,13 +87,6 @@ pub struct LocalKube {
     args: Vec<String>,
 }
 
-/// `--controllers` for a localkube that also runs the horizontal-pod-autoscaler controller: localkube's
-/// default set (`defaultControllers` in tests/localkube/controlplane.go) with the HPA controller left on.
-/// Without a metrics API the HPA cannot compute a utilization, but it still enforces `minReplicas` and
-/// `maxReplicas` through the scale subresource, as it would on a real cluster.
-pub const CONTROLLERS_WITH_HPA: &str = "*,-persistentvolume-attach-detach-controller,\
-    -persistentvolume-expander-controller,-node-ipam-controller,-selinux-warning-controller";
-
 impl LocalKube {
     /// Starts a localkube on a free port with a fresh data directory and
     /// waits until it is ready (at most [`READY_TIMEOUT`]).
@@ -102,7 +95,7 @@ impl LocalKube {
     }
 
     /// Starts a localkube with extra flags of the localkube binary (e.g.
-    /// `["--controllers", CONTROLLERS_WITH_HPA]`), as [`start`](Self::start) does.
+    /// `["--controllers", "*,-garbage-collector-controller"]`), as [`start`](Self::start) does.
     pub async fn start_with(args: &[&str]) -> Result<Self> {
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         let binary = binary_path()?;

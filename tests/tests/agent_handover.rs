@@ -1,5 +1,5 @@
-//! Handing a field over to a real scaler when `ignoreDifferences` starts leaving it to others, against a
-//! localkube that runs the horizontal-pod-autoscaler controller. Release 1 sets `replicas: 5` (Windvane owns
+//! Handing a field over to a real scaler when `ignoreDifferences` starts leaving it to others, against the
+//! real horizontal-pod-autoscaler controller (localkube runs it). Release 1 sets `replicas: 5` (Windvane owns
 //! it); an HPA (minReplicas 4, no metrics API, so it leaves 5 alone) watches the Deployment; release 2 adds
 //! `ignoreDifferences` for `/spec/replicas`. Server-side apply would drop the field Windvane stops sending
 //! and the API server would default it to 1; the agent hands it over first (manager `windvane-handover`),
@@ -19,7 +19,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher, metric, object_state};
-use windvane_tests::localkube::{CONTROLLERS_WITH_HPA, LocalKube};
+use windvane_tests::localkube::LocalKube;
 use windvane_tests::poll::wait_for;
 use windvane_tests::store_server::StoreServer;
 
@@ -146,7 +146,7 @@ fn drift_count(status: &Value) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ignoring_a_field_windvane_owns_hands_it_to_the_scaler_without_a_reset()
 -> anyhow::Result<()> {
-    let kube = LocalKube::start_with(&["--controllers", CONTROLLERS_WITH_HPA]).await?;
+    let kube = LocalKube::start().await?;
     let publisher = Publisher::new(81)?;
     let tree = FleetTree::new()?;
     tree.write("fleet.yaml", &fleet("{}"))?;
@@ -238,7 +238,7 @@ async fn ignoring_a_field_windvane_owns_hands_it_to_the_scaler_without_a_reset()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_ignore_differences_the_real_hpa_is_contested_and_not_fought() -> anyhow::Result<()>
 {
-    let kube = LocalKube::start_with(&["--controllers", CONTROLLERS_WITH_HPA]).await?;
+    let kube = LocalKube::start().await?;
     let publisher = Publisher::new(82)?;
     let tree = FleetTree::new()?;
     tree.write("fleet.yaml", &fleet("{}"))?;

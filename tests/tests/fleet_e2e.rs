@@ -7,7 +7,8 @@
 //! 2. a new cluster labelled `env=prod` is deployed with no manifest written and no release published;
 //! 3. the roll-up counts 3/3 prod clusters Synced (and the page, the API and `windvane status` agree);
 //! 4. a cluster whose agent stopped becomes Unknown, counted apart from Synced (the three views still
-//!    agree), and Synced again when the agent is back;
+//!    agree), and Synced again when the agent is back (a real network cut: `fleet_full_size`,
+//!    `fleet_network_fault`);
 //! 5. with the source server down the agents keep healing drift from their last known good (one restarted
 //!    during the outage, so from what it persisted), and once the server is back they report again (with the
 //!    drift they repaired meanwhile) and pick up the release published while it was down;
@@ -214,7 +215,7 @@ async fn fleet_scenarios_across_four_clusters() -> anyhow::Result<()> {
     fleet.clusters.insert(PROD_AP.to_owned(), joined);
     scenario("rollup_three_of_three_prod_synced", rollup(&fleet)).await?;
     scenario(
-        "an_unreachable_cluster_is_unknown_apart_from_synced_then_synced_again",
+        "a_silent_agent_is_unknown_apart_from_synced_then_synced_again",
         unknown_then_back(&mut fleet),
     )
     .await?;
