@@ -161,9 +161,10 @@ impl Demo {
             .context("the source server is not running")
     }
 
-    /// How many clusters start at once: twice the cores, at least four. Each start is a control plane
-    /// (etcd, kube-apiserver, controller-manager) busy for seconds; twelve at once on two cores would each
-    /// take minutes and risk localkube's own ready deadline, for no earlier finish.
+    /// How many clusters start at once: twice the cores, at least four. Each start keeps a control plane
+    /// (etcd, kube-apiserver, controller-manager) busy for seconds. On two cores twelve at once took 29 s
+    /// with none up for the first 20 s, four at a time 23 s with the first up after 6 s; and on a loaded
+    /// machine all at once risks localkube's own ready deadline for each.
     pub fn starts_at_once() -> usize {
         std::thread::available_parallelism()
             .map_or(2, usize::from)
