@@ -1,8 +1,12 @@
 //! The one-command demo, run as its user runs it: the built `demo` binary (with the workspace's other
 //! binaries beside it) tells its story, waits for Ctrl-C, gets SIGINT, and stops. The test checks the
-//! story's outcomes in what it printed, that it exited cleanly, and that nothing it started is left: no
-//! process it reported (nor any in a localkube's process group, nor any naming its work directory) and no
-//! directory it created.
+//! story's outcomes in what it printed (at the default size, three clusters and a joiner, to keep it
+//! quick; `--clusters` changes only how many run the same story) — drift healed, a deleted pod replaced by its ReplicaSet with the
+//! agent's write and drift counters unchanged, the joiner with the store unchanged, the cut-off cluster
+//! Unknown, healing, Synced again with its repair logged — that it exited cleanly, and that nothing it
+//! started is left: no process it reported (nor any in a localkube's process group, nor any naming its work
+//! directory), no proxy (it says it closed each and read back that none accepts) and no directory it
+//! created.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -27,6 +31,26 @@ fn numbers_after(line: &str, marker: &str) -> Vec<u32> {
                 .and_then(|n| n.parse().ok())
         })
         .collect()
+}
+
+/// The first line containing `needle`.
+fn line_with<'a>(output: &'a str, needle: &str) -> Option<&'a str> {
+    output.lines().find(|l| l.contains(needle))
+}
+
+/// The line after the first line containing `needle`.
+fn line_after<'a>(output: &'a str, needle: &str) -> Option<&'a str> {
+    output.lines().skip_while(|l| !l.contains(needle)).nth(1)
+}
+
+/// `(A, B)` from `… NAME A → B …` in a line.
+fn change(line: &str, name: &str) -> Option<(u64, u64)> {
+    let rest = line.split(name).nth(1)?;
+    let mut words = rest.split_whitespace();
+    let before = words.next()?.trim_end_matches(',').parse().ok()?;
+    (words.next()? == "→").then_some(())?;
+    let after = words.next()?.trim_end_matches([',', ';']).parse().ok()?;
+    Some((before, after))
 }
 
 /// Whether a process runs with this id and a command line mentioning `what` (so a reused id is not
@@ -164,19 +188,58 @@ fn the_demo_tells_its_story_and_leaves_nothing_behind() -> anyhow::Result<()> {
         }
     };
     expect("published fleet acme on channel stable: serial 1")?;
-    expect("All three enrolled and Synced")?;
+    expect("The fleet is up: 3 clusters and their agents started in")?;
+    expect("All 3 enrolled and Synced")?;
+    expect("env=prod     Synced 2 (total 2)")?;
+    expect("env=staging  Synced 1 (total 1)")?;
     expect("prometheus --storage.tsdb.retention.time=30d, external label region: eu")?;
     expect("prometheus --storage.tsdb.retention.time=15d, external label region: us")?;
     expect("no monitoring (it is env=staging); api HPA minReplicas 1, LOG_LEVEL debug")?;
     expect("/spec/replicas  changed by kubectl")?;
     expect("prometheus replicas 1 (again); api replicas 5 — the HPA's field, no drift recorded")?;
+    // A deleted pod: the ReplicaSet replaced it, Windvane wrote nothing and logged no drift.
+    expect("== Step 2 of 4 — a pod deleted on prod-us")?;
+    expect("Running on node localkube-node")?;
+    let quiet =
+        line_with(&output, "Windvane did nothing").context("no 'Windvane did nothing' line")?;
+    for counter in [
+        "windvane_apply_total{result=\"written\"}",
+        "windvane_drift_detected_total",
+    ] {
+        let (before, after) = change(quiet, counter)
+            .with_context(|| format!("no figures for {counter} in {quiet:?}"))?;
+        assert_eq!(before, after, "{counter} changed: {quiet}");
+    }
+    assert!(
+        quiet.contains("drift log for prod-us: 0 → 0 records"),
+        "{quiet}"
+    );
+    // The joiner, with the store byte-identical.
     expect("prod-ap Synced at release 1")?;
+    expect("the store is unchanged: its")?;
     expect("prometheus --storage.tsdb.retention.time=15d, external label region: ap")?;
+    // The network cut: Unknown apart from Synced, healing meanwhile, Synced again, the repair logged.
+    expect("== Step 4 of 4 — prod-us cut off from the network")?;
     expect("prod-us is Unknown")?;
     expect("last reported Synced")?;
-    expect("shows the same: prod-us Unknown, last reported Synced")?;
+    expect("env=prod (")?;
     expect("Unknown 1 · Synced 2 (total 3)")?;
     expect("Unknown 1 · Synced 3 (total 4)")?;
+    expect("the other 3 clusters all Synced")?;
+    expect("shows the same: prod-us Unknown, last reported Synced")?;
+    expect("prometheus replicas 1 again")?;
+    expect("still shows prod-us Unknown")?;
+    expect("prod-us is Synced again")?;
+    expect("The repair made during the outage is in the server's drift log")?;
+    let repair = line_after(&output, "The repair made during the outage")
+        .context("no drift record after the outage line")?;
+    assert!(
+        repair.contains("Deployment monitoring/prometheus  /spec/replicas  changed by kubectl"),
+        "{repair}"
+    );
+    expect("env=prod now: Synced 3 (total 3)")?;
+    expect("closed proxies:")?;
+    expect("(4 proxies, none accepts connections)")?;
     expect("Everything stopped.")?;
 
     // Nothing it started is left.

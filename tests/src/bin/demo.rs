@@ -1,12 +1,14 @@
-//! `demo`: Windvane in one command. Starts a source server and localkube clusters with real agents,
-//! publishes the example fleet, and narrates what happens — drift healed and logged with who made it, a new
-//! cluster deployed by its labels alone, a silent cluster shown Unknown — reading every outcome back from
-//! the running system. Then it waits for Ctrl-C (or exits, with `--no-wait`) and stops everything it
-//! started, leaving no process and no temporary directory behind.
+//! `demo`: Windvane in one command. Starts a source server and a fleet of localkube clusters (`--clusters N`,
+//! default 3) with real agents, each reaching the server through its own loopback proxy, publishes the
+//! example fleet, and narrates what happens — drift healed and logged with who made it, a deleted pod
+//! recreated by Kubernetes with Windvane doing nothing, a new cluster deployed by its labels alone, a
+//! cluster cut off from the network shown Unknown yet still healing, then Synced again — reading every
+//! outcome back from the running system. Then it waits for Ctrl-C (or exits, with `--no-wait`) and stops
+//! everything it started, leaving no process and no temporary directory behind.
 //!
 //! ```text
 //! ./demo                                   # builds what it needs, then runs this
-//! target/release/demo [--no-wait] [--keep] [--listen 127.0.0.1:8080]
+//! target/release/demo [--clusters 12] [--no-wait] [--keep] [--listen 127.0.0.1:8080]
 //! ```
 //!
 //! The binaries (`windvane`, `windvane-agent`, `windvane-server`) are taken from the demo's own directory
@@ -15,8 +17,12 @@
 // This file is a crate root, so its modules' files are named explicitly: they live in `demo/`.
 #[path = "demo/cast.rs"]
 mod cast;
+#[path = "demo/faults.rs"]
+mod faults;
 #[path = "demo/narrate.rs"]
 mod narrate;
+#[path = "demo/roster.rs"]
+mod roster;
 #[path = "demo/story.rs"]
 mod story;
 
@@ -29,13 +35,19 @@ use clap::Parser;
 
 use crate::cast::{Demo, Settings};
 use crate::narrate::{Narrator, seconds};
+use crate::roster::Roster;
 
 /// Windvane in one command: a source server, a fleet of real Kubernetes control planes (localkube) each
-/// with its agent, the example fleet published — and a narrated story of drift, a new cluster and a silent
-/// one, read back from the running system.
+/// with its agent, the example fleet published — and a narrated story of drift, a deleted pod, a new
+/// cluster and one cut off from the network, read back from the running system.
 #[derive(Debug, Parser)]
 #[command(name = "demo", long_about = None)]
 struct Args {
+    /// Clusters in the fleet at the start, 3 to 24: max(2, N/4) env=prod, max(1, N/3) env=staging, the
+    /// rest env=dev (3: prod-eu, prod-us, staging-eu; 12: 3 prod, 4 staging, 5 dev). One more env=prod
+    /// cluster joins later.
+    #[arg(long, env = "WINDVANE_DEMO_CLUSTERS", default_value = "3", value_parser = roster::parse_clusters)]
+    clusters: usize,
     /// Exit after the story instead of waiting for Ctrl-C (for tests and CI).
     #[arg(long, env = "WINDVANE_DEMO_NO_WAIT")]
     no_wait: bool,
@@ -57,7 +69,7 @@ struct Args {
     /// How often each agent polls the release channel.
     #[arg(long, env = "WINDVANE_DEMO_POLL_INTERVAL", default_value = "2s")]
     poll_interval: String,
-    /// How long a cluster may stay silent before the server shows it Unknown.
+    /// How long a cluster may stay silent (or cut off) before the server shows it Unknown.
     #[arg(long, env = "WINDVANE_DEMO_UNKNOWN_AFTER", default_value = "10s")]
     unknown_after: String,
     /// The longest the demo waits for any one outcome before it gives up.
@@ -122,6 +134,10 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
             .context("the demo's path has no directory")?
             .to_path_buf(),
     };
+    // The binaries run in the work directory, so a relative --bin-dir must be made absolute here.
+    let bin_dir = bin_dir
+        .canonicalize()
+        .with_context(|| format!("--bin-dir {}: no such directory", bin_dir.display()))?;
     let fleet_dir = match &args.fleet {
         Some(dir) => dir.clone(),
         None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/fleet"),
@@ -145,6 +161,7 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
         unknown_after: args.unknown_after.clone(),
         step_timeout: args.step_timeout,
         keep: args.keep,
+        roster: Roster::new(args.clusters),
     })
 }
 
@@ -167,7 +184,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let url = demo.server().map(|s| s.url.clone()).unwrap_or_default();
             demo.say.step("The story is told");
             demo.say.say(&format!(
-                "Done in {}. The fleet page: {url}/  (it refreshes itself; prod-us stays Unknown)",
+                "Done in {}. The fleet page: {url}/  (it refreshes itself)",
                 seconds(demo.say.elapsed())
             ));
             demo.say.detail(&format!(

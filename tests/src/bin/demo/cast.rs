@@ -1,21 +1,27 @@
 //! The demo's cast and its stage: a work directory (release key, store, the server's database, every log),
 //! the real `windvane` command line, one `windvane-server`, and localkube clusters each with the real
-//! `windvane-agent` enrolled and heartbeating. Everything started here is stopped by [`Demo::teardown`],
-//! which reports the process ids it stopped and the directories it removed, so a caller (the demo's test)
-//! can check that nothing is left.
+//! `windvane-agent` enrolled and heartbeating. Each agent reaches the server through its own loopback
+//! [`Proxy`], so a scene can cut one cluster's network without touching its processes. Everything started
+//! here is stopped by [`Demo::teardown`], which reports the process ids it stopped, the proxies it closed and
+//! the directories it removed, so a caller (the demo's test) can check that nothing is left.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use base64::Engine as _;
+use futures::StreamExt as _;
 use tempfile::TempDir;
 use windvane_tests::fleet::{AgentOptions, Cluster};
 use windvane_tests::localkube::LocalKube;
+use windvane_tests::poll::wait_for;
+use windvane_tests::proxy::Proxy;
 use windvane_tests::server::SourceServer;
 
 use crate::narrate::Narrator;
+use crate::roster::{Member, Roster};
 
 /// What the demo was asked to do (from the command line).
 #[derive(Debug, Clone)]
@@ -33,42 +39,9 @@ pub struct Settings {
     pub step_timeout: Duration,
     /// Keep the work directory at exit.
     pub keep: bool,
+    /// The fleet: the initial clusters and the one that joins.
+    pub roster: Roster,
 }
-
-/// One cluster of the story: its name and labels.
-#[derive(Debug, Clone, Copy)]
-pub struct Member {
-    pub name: &'static str,
-    pub env: &'static str,
-    pub region: &'static str,
-}
-
-impl Member {
-    pub fn labels(&self) -> String {
-        format!("env={},region={}", self.env, self.region)
-    }
-}
-
-pub const PROD_EU: Member = Member {
-    name: "prod-eu",
-    env: "prod",
-    region: "eu",
-};
-pub const PROD_US: Member = Member {
-    name: "prod-us",
-    env: "prod",
-    region: "us",
-};
-pub const STAGING_EU: Member = Member {
-    name: "staging-eu",
-    env: "staging",
-    region: "eu",
-};
-pub const PROD_AP: Member = Member {
-    name: "prod-ap",
-    env: "prod",
-    region: "ap",
-};
 
 /// The channel and fleet the story uses (the example fleet is `acme`).
 pub const CHANNEL: &str = "stable";
@@ -83,6 +56,8 @@ pub struct Demo {
     work_path: PathBuf,
     server: Option<SourceServer>,
     clusters: Vec<Cluster>,
+    /// Each cluster's proxy to the server, by cluster name.
+    proxies: Vec<(String, Proxy)>,
     /// Every process started: what it is and its id.
     started: Vec<(String, u32)>,
     /// Every localkube data directory (removed when its localkube is dropped).
@@ -117,6 +92,7 @@ impl Demo {
             work_path,
             server: None,
             clusters: Vec::new(),
+            proxies: Vec::new(),
             started: Vec::new(),
             kube_dirs: Vec::new(),
         })
@@ -185,49 +161,103 @@ impl Demo {
             .context("the source server is not running")
     }
 
-    /// Starts a localkube and an agent for each member, side by side.
-    pub async fn start_clusters(&mut self, members: &[Member]) -> anyhow::Result<()> {
+    /// How many clusters start at once: twice the cores, at least four. Each start keeps a control plane
+    /// (etcd, kube-apiserver, controller-manager) busy for seconds. On two cores twelve at once took 29 s
+    /// with none up for the first 20 s, four at a time 23 s with the first up after 6 s; and on a loaded
+    /// machine all at once risks localkube's own ready deadline for each.
+    pub fn starts_at_once() -> usize {
+        std::thread::available_parallelism()
+            .map_or(2, usize::from)
+            .saturating_mul(2)
+            .max(4)
+    }
+
+    /// Starts a localkube, a proxy to the server and an agent behind it for each member, several at a time
+    /// ([`Self::starts_at_once`]), saying each cluster's line as it comes up (`7/12 up …`). Returns how long
+    /// they took to come up.
+    pub async fn start_clusters(&mut self, members: &[Member]) -> anyhow::Result<Duration> {
         let server = self.server()?;
+        let target: SocketAddr = server
+            .url
+            .trim_start_matches("http://")
+            .parse()
+            .with_context(|| format!("the server's address in {}", server.url))?;
+        let (token, key) = (server.token_file.clone(), self.path("release.pub"));
+        let program = self.settings.bin_dir.join("windvane-agent");
+        let (heartbeat, poll) = (
+            self.settings.heartbeat_interval.clone(),
+            self.settings.poll_interval.clone(),
+        );
+        let logs = self.path("logs");
         let starts = members.iter().map(|member| {
-            let mut options =
-                AgentOptions::new(&server.url, &self.path("release.pub"), member.name)
-                    .reporting_to(
-                        &server.url,
-                        &server.token_file,
-                        &self.settings.heartbeat_interval,
-                    );
-            options.channel = CHANNEL.to_owned();
-            options.fleet = FLEET.to_owned();
-            options.labels = vec![
-                format!("env={}", member.env),
-                format!("region={}", member.region),
-            ];
-            options.poll_interval = self.settings.poll_interval.clone();
-            let program = self.settings.bin_dir.join("windvane-agent");
-            let log = self.path(&format!("logs/agent-{}.log", member.name));
+            let (name, labels) = (member.name(), member.labels());
+            let log = logs.join(format!("agent-{name}.log"));
+            let (program, token, key) = (program.clone(), token.clone(), key.clone());
+            let (heartbeat, poll) = (heartbeat.clone(), poll.clone());
+            let member = *member;
             async move {
+                let proxy = Proxy::start(target)
+                    .await
+                    .with_context(|| format!("starting the proxy of {name}"))?;
+                let mut options = AgentOptions::new(&proxy.url(), &key, &name).reporting_to(
+                    &proxy.url(),
+                    &token,
+                    &heartbeat,
+                );
+                options.channel = CHANNEL.to_owned();
+                options.fleet = FLEET.to_owned();
+                options.labels = vec![
+                    format!("env={}", member.env),
+                    format!("region={}", member.region),
+                ];
+                options.poll_interval = poll;
                 let kube = LocalKube::start()
                     .await
-                    .with_context(|| format!("starting localkube for {}", member.name))?;
-                Cluster::start_on(kube, options, program, log)
+                    .with_context(|| format!("starting localkube for {name} ({labels})"))?;
+                let cluster = Cluster::start_on(kube, options, program, log)
                     .await
-                    .with_context(|| format!("starting the agent of {}", member.name))
+                    .with_context(|| format!("starting the agent of {name}"))?;
+                anyhow::Ok((cluster, proxy))
             }
         });
-        let started = futures::future::try_join_all(starts).await?;
-        for cluster in started {
-            if let Some(pid) = cluster.kube.pid() {
-                self.started
-                    .push((format!("localkube {}", cluster.name()), pid));
-            }
-            if let Some(pid) = cluster.agent_pid() {
-                self.started
-                    .push((format!("windvane-agent {}", cluster.name()), pid));
-            }
-            self.kube_dirs.push(cluster.kube.data_dir().to_path_buf());
-            self.clusters.push(cluster);
+        let started = Instant::now();
+        let mut starting = futures::stream::iter(starts).buffer_unordered(Self::starts_at_once());
+        let (total, mut up) = (members.len(), 0);
+        while let Some(result) = starting.next().await {
+            // An error drops the starts still under way: their localkubes and agents are killed with them.
+            let (cluster, proxy) = result?;
+            up += 1;
+            self.say.say(&format!(
+                "{up:>2}/{total} up  {}",
+                cluster_started_line(&cluster, &proxy)
+            ));
+            self.adopt(cluster, proxy);
         }
-        Ok(())
+        Ok(started.elapsed())
+    }
+
+    /// Records a started cluster and its proxy so that teardown stops them.
+    fn adopt(&mut self, cluster: Cluster, proxy: Proxy) {
+        if let Some(pid) = cluster.kube.pid() {
+            self.started
+                .push((format!("localkube {}", cluster.name()), pid));
+        }
+        if let Some(pid) = cluster.agent_pid() {
+            self.started
+                .push((format!("windvane-agent {}", cluster.name()), pid));
+        }
+        self.kube_dirs.push(cluster.kube.data_dir().to_path_buf());
+        self.proxies.push((cluster.name().to_owned(), proxy));
+        self.clusters.push(cluster);
+    }
+
+    /// The proxy a cluster's agent reaches the server through.
+    pub fn proxy(&self, name: &str) -> anyhow::Result<&Proxy> {
+        self.proxies
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, p)| p)
+            .with_context(|| format!("no proxy for cluster {name}"))
     }
 
     /// A running cluster by name.
@@ -238,15 +268,32 @@ impl Demo {
             .with_context(|| format!("no cluster {name}"))
     }
 
-    /// A running cluster by name, to stop or start its agent.
-    pub fn cluster_mut(&mut self, name: &str) -> anyhow::Result<&mut Cluster> {
-        self.clusters
-            .iter_mut()
-            .find(|c| c.name() == name)
-            .with_context(|| format!("no cluster {name}"))
+    /// Closes every proxy and reads back that none accepts connections any more; says which.
+    async fn close_proxies(&mut self) -> anyhow::Result<String> {
+        let addrs: Vec<SocketAddr> = self.proxies.iter().map(|(_, p)| p.addr()).collect();
+        self.proxies.clear();
+        for addr in &addrs {
+            wait_for(
+                &format!("the proxy on {addr} to stop accepting"),
+                Duration::from_secs(10),
+                || async {
+                    Ok(tokio::net::TcpStream::connect(addr)
+                        .await
+                        .is_err()
+                        .then_some(()))
+                },
+            )
+            .await?;
+        }
+        let ports: Vec<String> = addrs.iter().map(|a| format!(":{}", a.port())).collect();
+        Ok(format!(
+            "closed proxies: {} ({} proxies, none accepts connections)",
+            ports.join(" "),
+            addrs.len()
+        ))
     }
 
-    /// Stops everything: the agents, then the clusters, then the server; removes the work directory unless
+    /// Stops everything: the agents, then the clusters, their proxies, then the server; removes the work directory unless
     /// kept, and the localkube data directories. Says what it stopped and removed.
     pub async fn teardown(&mut self) -> anyhow::Result<()> {
         self.say.say("Stopping everything");
@@ -270,6 +317,10 @@ impl Demo {
         }
         // Dropping a cluster kills whatever is left of it and removes its data directory.
         self.clusters.clear();
+        match self.close_proxies().await {
+            Ok(closed) => self.say.detail(&closed),
+            Err(problem) => problems.push(format!("{problem:#}")),
+        }
         if let Some(server) = &mut self.server
             && !server.stop().await
         {
@@ -320,4 +371,17 @@ impl Demo {
         }
         Ok(())
     }
+}
+
+/// `dev-af      env=dev,region=af      https://127.0.0.1:PORT  localkube pid 1, agent pid 2, proxy :PORT`.
+fn cluster_started_line(cluster: &Cluster, proxy: &Proxy) -> String {
+    format!(
+        "{:<10} {:<21} {}  localkube pid {}, agent pid {}, proxy :{}",
+        cluster.name(),
+        cluster.options.labels.join(","),
+        cluster.kube.server_url(),
+        cluster.kube.pid().unwrap_or_default(),
+        cluster.agent_pid().unwrap_or_default(),
+        proxy.addr().port()
+    )
 }

@@ -54,7 +54,12 @@ fn emit(line: &str) {
     let _ = out.flush();
 }
 
-/// `1.23 s`-style text for short durations, for the story's "after …".
+/// `12.3 s`-style text for the story's "after …"; under a second in milliseconds (`40 ms`), which a tenth of
+/// a second would round to nothing.
 pub fn seconds(duration: Duration) -> String {
-    format!("{:.1} s", duration.as_secs_f64())
+    if duration < Duration::from_secs(1) {
+        format!("{} ms", duration.as_millis())
+    } else {
+        format!("{:.1} s", duration.as_secs_f64())
+    }
 }

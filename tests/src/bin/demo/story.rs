@@ -1,9 +1,11 @@
 //! The story the demo tells, step by step. Each step does something real (the `windvane` command line, the
-//! bundled kubectl, stopping an agent) and then waits — with a deadline — until it can read the outcome
+//! bundled kubectl, a cluster's network cut) and then waits — with a deadline — until it can read the outcome
 //! from the real system: the source server's JSON API, the clusters' API servers, the agents' admin
 //! endpoints. Nothing is printed as seen that was not read back; a step whose outcome does not show up in
 //! time fails the demo with what it last saw.
 
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -15,10 +17,11 @@ use serde_json::Value;
 use windvane_tests::localkube::LocalKube;
 use windvane_tests::poll::wait_for;
 use windvane_tests::process::tail;
-use windvane_tests::server::{SourceServer, query_escape};
+use windvane_tests::server::SourceServer;
 
-use crate::cast::{CHANNEL, Demo, Member, PROD_AP, PROD_EU, PROD_US, STAGING_EU};
+use crate::cast::{CHANNEL, Demo};
 use crate::narrate::seconds;
+use crate::roster::{Member, ordinal};
 
 /// Runs the whole story.
 pub async fn tell(demo: &mut Demo) -> anyhow::Result<()> {
@@ -26,8 +29,9 @@ pub async fn tell(demo: &mut Demo) -> anyhow::Result<()> {
     serve(demo).await?;
     first_clusters(demo).await?;
     drift(demo).await?;
+    crate::faults::pod_deleted(demo).await?;
     join(demo).await?;
-    silence(demo).await?;
+    crate::faults::network_cut(demo).await?;
     Ok(())
 }
 
@@ -92,43 +96,79 @@ async fn serve(demo: &mut Demo) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Three clusters with their agents; all enrol and sync; each renders its own share.
+/// The initial clusters with their agents; all enrol and sync; each renders its own share.
 async fn first_clusters(demo: &mut Demo) -> anyhow::Result<()> {
-    demo.say.step("Three clusters, each with its agent");
-    let server = demo.server()?.url.clone();
-    demo.say.say(
-        "Starting three localkube clusters (etcd, kube-apiserver, controller-manager, a fake node) and on each:",
-    );
+    let members = demo.settings.roster.initial.clone();
+    let n = members.len();
+    demo.say.step(&format!("{n} clusters, each with its agent"));
+    let envs: Vec<String> = demo
+        .settings
+        .roster
+        .envs()
+        .iter()
+        .map(|(env, count)| format!("{count} env={env}"))
+        .collect();
+    demo.say.say(&format!(
+        "Starting {n} localkube clusters ({}; each etcd, kube-apiserver, controller-manager and a fake node), \
+         {} at a time, and on each:",
+        envs.join(", "),
+        Demo::starts_at_once().min(n)
+    ));
     demo.say.command(&format!(
-        "windvane-agent run --source {server} --channel {CHANNEL} --trusted-key release.pub --fleet acme \\\n              --cluster NAME --label env=…,region=… --server {server} \\\n              --registration-token-file server/registration-token --heartbeat-interval {} --poll-interval {}",
+        "windvane-agent run --source PROXY --channel {CHANNEL} --trusted-key release.pub --fleet acme \\\n              --cluster NAME --label env=…,region=… --server PROXY \\\n              --registration-token-file server/registration-token --heartbeat-interval {} --poll-interval {}",
         demo.settings.heartbeat_interval, demo.settings.poll_interval
     ));
-    let members = [PROD_EU, PROD_US, STAGING_EU];
-    demo.start_clusters(&members).await?;
-    for member in members {
-        describe_cluster(demo, member)?;
-    }
+    demo.say.detail(&format!(
+        "PROXY: the cluster's own loopback TCP proxy to {} — its network link, which a scene will cut",
+        demo.server()?.url
+    ));
+    let took = demo.start_clusters(&members).await?;
+    demo.say.say(&format!(
+        "The fleet is up: {n} clusters and their agents started in {}",
+        seconds(took)
+    ));
     let started = Instant::now();
-    for member in members {
-        wait_synced(demo, member.name, 1).await?;
+    for member in &members {
+        wait_synced(demo, *member, 1).await?;
     }
     demo.say.say(&format!(
-        "All three enrolled and Synced ({} after their agents started). From {}/api/v1/clusters/NAME:",
+        "All {n} enrolled and Synced ({} after the last agent started). From {}/api/v1/clusters/NAME:",
         seconds(started.elapsed()),
         demo.server()?.url
     ));
-    for member in members {
-        let view = demo
-            .server()?
-            .api(&format!("/api/v1/clusters/{}", member.name))
+    let server = demo.server()?;
+    for member in &members {
+        let view = server
+            .api(&format!("/api/v1/clusters/{}", member.name()))
             .await?;
         demo.say.detail(&cluster_line(&view));
     }
-
+    for (env, count) in demo.settings.roster.envs() {
+        let fleet = server.fleet(Some(&format!("env={env}"))).await?;
+        anyhow::ensure!(
+            fleet["counts"]["Synced"] == count && fleet["total"] == count,
+            "expected {count} Synced among env={env}: {fleet}"
+        );
+        demo.say.detail(&format!(
+            "env={env:<8} {}  ({}/api/v1/fleet?selector=env%3D{env})",
+            counts_line(&fleet),
+            server.url
+        ));
+    }
     demo.say
         .say("Each cluster rendered its own share (read from its API server):");
-    for member in [PROD_EU, PROD_US] {
-        let kube = &demo.cluster(member.name)?.kube;
+    for member in &members {
+        let share = rendered_share(demo, *member).await?;
+        demo.say.detail(&format!("{:<10} {share}", member.name()));
+    }
+    Ok(())
+}
+
+/// What the example fleet rendered on one cluster, read from its API server: monitoring's retention and
+/// region on prod clusters; elsewhere no monitoring, and api's values.
+async fn rendered_share(demo: &Demo, member: Member) -> anyhow::Result<String> {
+    let kube = &demo.cluster(&member.name())?.kube;
+    if member.env == "prod" {
         let retention = prometheus_retention(kube).await?;
         let region = external_region(kube).await?;
         let why = if member.region == "eu" {
@@ -136,45 +176,51 @@ async fn first_clusters(demo: &mut Demo) -> anyhow::Result<()> {
         } else {
             ""
         };
-        demo.say.detail(&format!(
-            "{:<11} prometheus --storage.tsdb.retention.time={retention}, external label region: {region}{why}",
-            member.name
+        return Ok(format!(
+            "prometheus --storage.tsdb.retention.time={retention}, external label region: {region}{why}"
         ));
     }
-    let staging = &demo.cluster(STAGING_EU.name)?.kube;
-    let monitoring = Api::<Namespace>::all(staging.client())
+    let monitoring = Api::<Namespace>::all(kube.client())
         .get_opt("monitoring")
-        .await?
+        .await
+        .with_context(|| format!("reading Namespace monitoring on {}", member.name()))?
         .is_some();
-    let hpa_min = Api::<HorizontalPodAutoscaler>::namespaced(staging.client(), "api")
+    let hpa_min = Api::<HorizontalPodAutoscaler>::namespaced(kube.client(), "api")
         .get("api")
-        .await?
+        .await
+        .with_context(|| {
+            format!(
+                "reading HorizontalPodAutoscaler api/api on {}",
+                member.name()
+            )
+        })?
         .spec
         .min_replicas
         .unwrap_or_default();
-    let log_level = config_value(staging, "api", "api-config", "LOG_LEVEL").await?;
-    demo.say.detail(&format!(
-        "{:<11} {}; api HPA minReplicas {hpa_min}, LOG_LEVEL {log_level}  (staging customization)",
-        STAGING_EU.name,
+    let log_level = config_value(kube, "api", "api-config", "LOG_LEVEL").await?;
+    Ok(format!(
+        "{}; api HPA minReplicas {hpa_min}, LOG_LEVEL {log_level}  ({} customization)",
         if monitoring {
-            "has a monitoring namespace"
+            "has a monitoring namespace".to_owned()
         } else {
-            "no monitoring (it is env=staging)"
+            format!("no monitoring (it is env={})", member.env)
         },
-    ));
-    Ok(())
+        member.env
+    ))
 }
 
 /// Someone scales Deployments on prod-eu: the one Windvane owns is reverted and logged with who did it; the
 /// one whose replicas belong to the HPA is left alone.
 async fn drift(demo: &mut Demo) -> anyhow::Result<()> {
-    demo.say.step("Step 1 of 3 — drift on prod-eu");
-    let kube = &demo.cluster(PROD_EU.name)?.kube;
+    let member = demo.settings.roster.drifting();
+    let name = member.name();
+    demo.say.step(&format!("Step 1 of 4 — drift on {name}"));
+    let kube = &demo.cluster(&name)?.kube;
     let before = replicas(kube, "monitoring", "prometheus").await?;
     demo.say.say(&format!(
-        "Someone scales two Deployments on prod-eu with kubectl (prometheus runs {before} replica(s), as released):"
+        "Someone scales two Deployments on {name} with kubectl (prometheus runs {before} replica(s), as released):"
     ));
-    for (namespace, name, note) in [
+    for (namespace, deployment, note) in [
         (
             "api",
             "api",
@@ -187,40 +233,144 @@ async fn drift(demo: &mut Demo) -> anyhow::Result<()> {
         ),
     ] {
         demo.say.command(&format!(
-            "kubectl -n {namespace} scale deployment {name} --replicas=5   {note}"
+            "kubectl -n {namespace} scale deployment {deployment} --replicas=5   {note}"
         ));
-        let output = kube
-            .kubectl(["-n", namespace, "scale", "deployment", name, "--replicas=5"])
-            .output()
-            .context("running the bundled kubectl")?;
-        anyhow::ensure!(
-            output.status.success(),
-            "kubectl scale {name}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        kubectl(
+            kube,
+            &[
+                "-n",
+                namespace,
+                "scale",
+                "deployment",
+                deployment,
+                "--replicas=5",
+            ],
+        )?;
     }
     let scaled = Instant::now();
     let server = demo.server()?;
+    let drift_path = format!("/api/v1/drift?cluster={name}");
     let entry = wait_for(
         "the drift on prometheus, reverted, in the server's drift log",
         demo.settings.step_timeout,
         || async {
-            let log = server.api("/api/v1/drift?cluster=prod-eu").await?;
+            let log = server.api(&drift_path).await?;
             Ok(drift_entries(&log).into_iter().find(|e| {
                 e["record"]["name"] == "prometheus" && !e["record"]["revertedAt"].is_null()
             }))
         },
     )
     .await
-    .with_context(|| agent_log(demo, PROD_EU))?;
-    let record = &entry["record"];
-    let repair = millis_between(&record["detectedAt"], &record["revertedAt"]);
+    .with_context(|| agent_log(demo, member))?;
     demo.say.say(&format!(
-        "The agent reverted it; the server's drift log ({}/api/v1/drift?cluster=prod-eu) says, {} after the scale:",
+        "The agent reverted it; the server's drift log ({}{drift_path}) says, {} after the scale:",
         server.url,
         seconds(scaled.elapsed())
     ));
+    demo.say.detail(&drift_line(&entry["record"]));
+    let now_prometheus = replicas(kube, "monitoring", "prometheus").await?;
+    let now_api = replicas(kube, "api", "api").await?;
+    let log = server.api(&drift_path).await?;
+    let api_drift = drift_entries(&log)
+        .iter()
+        .filter(|e| e["record"]["name"] == "api")
+        .count();
+    anyhow::ensure!(
+        now_prometheus == before,
+        "prometheus runs {now_prometheus} replicas on {name}, expected {before} after the repair"
+    );
+    anyhow::ensure!(
+        now_api == 5 && api_drift == 0,
+        "the HPA-owned replicas of api should be left alone: {now_api} replicas, {api_drift} drift records"
+    );
     demo.say.detail(&format!(
+        "{name}'s API server now: prometheus replicas {now_prometheus} (again); api replicas {now_api} — the HPA's field, no drift recorded"
+    ));
+    demo.say.detail(&format!(
+        "The cluster's page shows the same audit log: {}/clusters/{name}",
+        server.url
+    ));
+    Ok(())
+}
+
+/// One more cluster labelled env=prod joins and gets monitoring with no manifest written and the store
+/// untouched, byte for byte.
+async fn join(demo: &mut Demo) -> anyhow::Result<()> {
+    let joiner = demo.settings.roster.joiner;
+    let name = joiner.name();
+    let nth = demo.settings.roster.initial.len() + 1;
+    demo.say
+        .step(&format!("Step 3 of 4 — a {} cluster joins", ordinal(nth)));
+    let store_before = store_files(&demo.path("store"))?;
+    demo.say.say(&format!(
+        "Starting {name} ({}) with its agent — no manifest written, no release published",
+        joiner.labels()
+    ));
+    let took = demo.start_clusters(&[joiner]).await?;
+    let started = Instant::now();
+    let view = wait_synced(demo, joiner, 1).await?;
+    let kube = &demo.cluster(&name)?.kube;
+    let retention = prometheus_retention(kube).await?;
+    let region = external_region(kube).await?;
+    let store_after = store_files(&demo.path("store"))?;
+    anyhow::ensure!(
+        store_after == store_before,
+        "the store changed while {name} joined: {} files before, {} after",
+        store_before.len(),
+        store_after.len()
+    );
+    demo.say.say(&format!(
+        "{name} Synced at release 1, {} after it started; the store is unchanged: its {} files byte for byte",
+        seconds(took + started.elapsed()),
+        store_after.len()
+    ));
+    demo.say.detail(&cluster_line(&view));
+    demo.say.detail(&format!(
+        "its selector env=prod picked monitoring: prometheus --storage.tsdb.retention.time={retention}, external label region: {region}"
+    ));
+    Ok(())
+}
+
+/// Every file under the store directory (relative path → contents), to compare before and after.
+fn store_files(root: &Path) -> anyhow::Result<BTreeMap<PathBuf, Vec<u8>>> {
+    let mut files = BTreeMap::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in
+            std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))?
+        {
+            let path = entry?.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let contents =
+                    std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+                files.insert(path.strip_prefix(root)?.to_path_buf(), contents);
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// Runs the bundled kubectl on `kube`; its standard output, or an error with its stderr.
+pub fn kubectl(kube: &LocalKube, args: &[&str]) -> anyhow::Result<String> {
+    let output = kube
+        .kubectl(args)
+        .output()
+        .context("running the bundled kubectl")?;
+    anyhow::ensure!(
+        output.status.success(),
+        "kubectl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// `Deployment ns/name  /spec/replicas  changed by kubectl (Update) at …; reverted N ms after detection`.
+pub fn drift_line(record: &Value) -> String {
+    let repair = millis_between(&record["detectedAt"], &record["revertedAt"]);
+    format!(
         "Deployment {}/{}  {}  changed by {} ({}) at {}; reverted {} after detection",
         record["namespace"].as_str().unwrap_or(""),
         record["name"].as_str().unwrap_or(""),
@@ -239,157 +389,27 @@ async fn drift(demo: &mut Demo) -> anyhow::Result<()> {
             .or(record["detectedAt"].as_str())
             .unwrap_or("?"),
         repair.map_or("?".to_owned(), |ms| format!("{ms} ms")),
-    ));
-    let now_prometheus = replicas(kube, "monitoring", "prometheus").await?;
-    let now_api = replicas(kube, "api", "api").await?;
-    let log = server.api("/api/v1/drift?cluster=prod-eu").await?;
-    let api_drift = drift_entries(&log)
-        .iter()
-        .filter(|e| e["record"]["name"] == "api")
-        .count();
-    anyhow::ensure!(
-        now_prometheus == before,
-        "prometheus runs {now_prometheus} replicas on prod-eu, expected {before} after the repair"
-    );
-    anyhow::ensure!(
-        now_api == 5 && api_drift == 0,
-        "the HPA-owned replicas of api should be left alone: {now_api} replicas, {api_drift} drift records"
-    );
-    demo.say.detail(&format!(
-        "prod-eu's API server now: prometheus replicas {now_prometheus} (again); api replicas {now_api} — the HPA's field, no drift recorded"
-    ));
-    demo.say.detail(&format!(
-        "The cluster's page shows the same audit log: {}/clusters/prod-eu",
-        server.url
-    ));
-    Ok(())
+    )
 }
 
-/// A fourth cluster labelled env=prod joins and gets monitoring with no manifest written.
-async fn join(demo: &mut Demo) -> anyhow::Result<()> {
-    demo.say.step("Step 2 of 3 — a fourth cluster joins");
-    let pointer = std::fs::read(demo.path(&format!("store/channels/{CHANNEL}.json")))?;
-    demo.say.say(&format!(
-        "Starting prod-ap ({}) with its agent — no manifest written, no release published",
-        PROD_AP.labels()
-    ));
-    let started = Instant::now();
-    demo.start_clusters(&[PROD_AP]).await?;
-    describe_cluster(demo, PROD_AP)?;
-    let view = wait_synced(demo, PROD_AP.name, 1).await?;
-    let kube = &demo.cluster(PROD_AP.name)?.kube;
-    let retention = prometheus_retention(kube).await?;
-    let region = external_region(kube).await?;
-    anyhow::ensure!(
-        std::fs::read(demo.path(&format!("store/channels/{CHANNEL}.json")))? == pointer,
-        "the store changed while prod-ap joined"
-    );
-    demo.say.say(&format!(
-        "prod-ap Synced at release 1, {} after it started; the store is unchanged",
-        seconds(started.elapsed())
-    ));
-    demo.say.detail(&cluster_line(&view));
-    demo.say.detail(&format!(
-        "its selector env=prod picked monitoring: prometheus --storage.tsdb.retention.time={retention}, external label region: {region}"
-    ));
-    Ok(())
-}
-
-/// prod-us's agent stops: after the grace period the server shows it Unknown, counted apart from Synced.
-async fn silence(demo: &mut Demo) -> anyhow::Result<()> {
-    demo.say.step("Step 3 of 3 — prod-us goes silent");
-    let cluster = demo.cluster_mut(PROD_US.name)?;
-    let pid = cluster.agent_pid().unwrap_or_default();
-    let exited = cluster.stop_agent().await;
-    let stopped = Instant::now();
-    demo.say.say(&format!(
-        "Stopped prod-us's agent (pid {pid}{}); the cluster keeps running, but nothing reports for it",
-        if exited { ", SIGTERM" } else { ", killed" }
-    ));
-    let server = demo.server()?;
-    let view = server
-        .wait_cluster(
-            PROD_US.name,
-            "prod-us Unknown",
-            demo.settings.step_timeout,
-            |v| v["cluster"]["state"] == "Unknown",
-        )
-        .await?;
-    let row = &view["cluster"];
-    demo.say.say(&format!(
-        "prod-us is Unknown, {} after its agent stopped (grace period {}s): last reported {}, last heartbeat {}s ago",
-        seconds(stopped.elapsed()),
-        row["graceSeconds"],
-        row["lastReported"].as_str().unwrap_or("nothing"),
-        row["heartbeatAgeSeconds"]
-    ));
-    let prod = server.fleet(Some("env=prod")).await?;
-    let all = server.fleet(None).await?;
-    demo.say.detail(&format!(
-        "env=prod ({}/api/v1/fleet?selector={}): {}",
-        server.url,
-        query_escape("env=prod"),
-        counts_line(&prod)
-    ));
-    demo.say.detail(&format!(
-        "whole fleet ({}/api/v1/fleet): {}",
-        server.url,
-        counts_line(&all)
-    ));
-    anyhow::ensure!(
-        prod["counts"]["Unknown"] == 1 && prod["counts"]["Synced"] == 2,
-        "expected 2 Synced and 1 Unknown among env=prod: {prod}"
-    );
-    let (code, page) = server.get("/").await?;
-    anyhow::ensure!(
-        code == 200
-            && page.contains("<tr class=\"s-Unknown\"><td><a href=\"/clusters/prod-us\">")
-            && page.contains("last reported Synced"),
-        "the fleet page does not show prod-us Unknown (HTTP {code})"
-    );
-    demo.say.detail(&format!(
-        "the fleet page ({}/) shows the same: prod-us Unknown, last reported Synced, in its own counter",
-        server.url
-    ));
-    demo.say
-        .detail("Unknown is counted apart: a silent cluster is never shown as Synced.");
-    Ok(())
-}
-
-/// Prints a started cluster's line: name, labels, API server, process ids.
-fn describe_cluster(demo: &Demo, member: Member) -> anyhow::Result<()> {
-    let cluster = demo.cluster(member.name)?;
-    demo.say.detail(&format!(
-        "{:<11} {:<22} {}  localkube pid {}, agent pid {}",
-        member.name,
-        member.labels(),
-        cluster.kube.server_url(),
-        cluster.kube.pid().unwrap_or_default(),
-        cluster.agent_pid().unwrap_or_default()
-    ));
-    Ok(())
-}
-
-/// Waits until the server shows `name` Synced at `serial`.
-async fn wait_synced(demo: &Demo, name: &str, serial: u64) -> anyhow::Result<Value> {
+/// Waits until the server shows `member` Synced at `serial`.
+pub async fn wait_synced(demo: &Demo, member: Member, serial: u64) -> anyhow::Result<Value> {
     let server: &SourceServer = demo.server()?;
-    let member = [PROD_EU, PROD_US, STAGING_EU, PROD_AP]
-        .into_iter()
-        .find(|m| m.name == name);
+    let name = member.name();
     server
         .wait_cluster(
-            name,
+            &name,
             &format!("{name} Synced at release {serial} on the server"),
             demo.settings.step_timeout,
             |v| v["cluster"]["state"] == "Synced" && v["cluster"]["appliedSerial"] == serial,
         )
         .await
-        .with_context(|| member.map(|m| agent_log(demo, m)).unwrap_or_default())
+        .with_context(|| agent_log(demo, member))
 }
 
 /// The tail of an agent's log, for errors.
-fn agent_log(demo: &Demo, member: Member) -> String {
-    let path = demo.path(&format!("logs/agent-{}.log", member.name));
+pub fn agent_log(demo: &Demo, member: Member) -> String {
+    let path = demo.path(&format!("logs/agent-{}.log", member.name()));
     format!(
         "agent log {}:\n{}",
         path.display(),
@@ -398,7 +418,7 @@ fn agent_log(demo: &Demo, member: Member) -> String {
 }
 
 /// `prod-eu     Synced  release 1/1  apps: api (Synced, 6 objects), monitoring (…)`.
-fn cluster_line(view: &Value) -> String {
+pub fn cluster_line(view: &Value) -> String {
     let row = &view["cluster"];
     let apps: Vec<String> = view["report"]["apps"]
         .as_array()
@@ -415,7 +435,7 @@ fn cluster_line(view: &Value) -> String {
         })
         .collect();
     format!(
-        "{:<11} {:<8} release {}/{}  apps: {}",
+        "{:<10} {:<8} release {}/{}  apps: {}",
         row["name"].as_str().unwrap_or("?"),
         row["state"].as_str().unwrap_or("?"),
         row["appliedSerial"],
@@ -425,7 +445,7 @@ fn cluster_line(view: &Value) -> String {
 }
 
 /// `Synced 2 · Unknown 1 (total 3)` from a fleet view's counts.
-fn counts_line(fleet: &Value) -> String {
+pub fn counts_line(fleet: &Value) -> String {
     let parts: Vec<String> = fleet["counts"]
         .as_object()
         .map(|m| {
@@ -438,17 +458,17 @@ fn counts_line(fleet: &Value) -> String {
     format!("{} (total {})", parts.join(" · "), fleet["total"])
 }
 
-fn drift_entries(log: &Value) -> Vec<Value> {
+pub fn drift_entries(log: &Value) -> Vec<Value> {
     log["drift"].as_array().cloned().unwrap_or_default()
 }
 
-fn millis_between(from: &Value, to: &Value) -> Option<i64> {
+pub fn millis_between(from: &Value, to: &Value) -> Option<i64> {
     let from: jiff::Timestamp = from.as_str()?.parse().ok()?;
     let to: jiff::Timestamp = to.as_str()?.parse().ok()?;
     Some(to.as_millisecond() - from.as_millisecond())
 }
 
-async fn replicas(kube: &LocalKube, namespace: &str, name: &str) -> anyhow::Result<i32> {
+pub async fn replicas(kube: &LocalKube, namespace: &str, name: &str) -> anyhow::Result<i32> {
     let deployment = Api::<Deployment>::namespaced(kube.client(), namespace)
         .get(name)
         .await
@@ -485,7 +505,7 @@ async fn external_region(kube: &LocalKube) -> anyhow::Result<String> {
         .to_owned())
 }
 
-async fn config_value(
+pub async fn config_value(
     kube: &LocalKube,
     namespace: &str,
     name: &str,
