@@ -83,7 +83,9 @@ impl Engine {
                 .entry(object.app.clone())
                 .or_insert_with(|| format!("{} did not open (SOPS)", object.id));
         }
+        let rendered = started.elapsed();
         let mut report = self.apply_ordered(desired, order, &unready).await;
+        let applied_by = started.elapsed();
         // Objects that did not open are Failed, never sent; their apps' prunes wait like any failure's.
         report.results.extend(
             sealed
@@ -137,6 +139,7 @@ impl Engine {
         if let Err(error) = saved {
             error!(%error, "cannot persist the inventory");
         }
+        let persisted_by = started.elapsed();
         self.inventory = next;
         // After the inventory is safe: the watches' first lists of what was just applied are the heaviest
         // reads of a sync, and would only delay that write. Drift meanwhile is in those lists.
@@ -172,7 +175,13 @@ impl Engine {
         self.record_status(enforced, &report, errors, &prune);
         let elapsed = started.elapsed();
         self.metrics.observe_sync(elapsed);
-        log_sync(&report, &prune, complete, elapsed);
+        let phases = Phases {
+            render: rendered,
+            apply: applied_by.saturating_sub(rendered),
+            prune_and_persist: persisted_by.saturating_sub(applied_by),
+            total: elapsed,
+        };
+        log_sync(&report, &prune, complete, phases);
         self.hand_to_healer(report.results).await;
         self.heal_after_window(report_only).await;
         next
@@ -471,14 +480,27 @@ fn inventory_record(result: &ObjectResult) -> Applied {
     })
 }
 
-fn log_sync(report: &ApplyReport, prune: &PrunePlan, complete: bool, elapsed: std::time::Duration) {
+/// Where a sync's time went: reading the keyring and rendering; applying; pruning and persisting the
+/// inventory (with the prevention policy); and in all.
+struct Phases {
+    render: std::time::Duration,
+    apply: std::time::Duration,
+    prune_and_persist: std::time::Duration,
+    total: std::time::Duration,
+}
+
+fn log_sync(report: &ApplyReport, prune: &PrunePlan, complete: bool, phases: Phases) {
+    let ms = |d: std::time::Duration| d.as_millis() as u64;
     info!(
         objects = report.results.len(),
         written = report.written(),
         failed = report.results.iter().filter(|r| !applied(r)).count(),
         pruned = prune.delete.len(),
         complete,
-        elapsed_ms = elapsed.as_millis() as u64,
+        elapsed_ms = ms(phases.total),
+        render_ms = ms(phases.render),
+        apply_ms = ms(phases.apply),
+        prune_and_persist_ms = ms(phases.prune_and_persist),
         "sync finished"
     );
 }
