@@ -1,5 +1,6 @@
 //! Polling with a deadline, the one way tests wait for a condition: [`wait_for`] returns an error at the
-//! deadline (for `anyhow` tests and tools), [`eventually`] panics (for tests that assert).
+//! deadline (for `anyhow` tests and tools), [`eventually`] panics (for tests that assert). And [`scenario`],
+//! which runs one named step of a long end-to-end test and says how long it took.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -62,4 +63,22 @@ where
         }
         tokio::time::sleep(interval).await;
     }
+}
+
+/// Runs one scenario of a long end-to-end test: prints when it starts and how it ended after how long, and
+/// names it in any error.
+pub async fn scenario<T>(
+    name: &str,
+    future: impl Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    use anyhow::Context;
+    let started = Instant::now();
+    eprintln!("scenario {name}: started");
+    let result = future.await.with_context(|| format!("scenario {name}"));
+    eprintln!(
+        "scenario {name}: {} after {:.1}s",
+        if result.is_ok() { "passed" } else { "FAILED" },
+        started.elapsed().as_secs_f64()
+    );
+    result
 }

@@ -535,6 +535,25 @@ impl SourceServer {
             )
         })
     }
+
+    /// Polls the drift log of `cluster` (`/api/v1/drift?cluster=NAME`) until an entry matches `wanted`;
+    /// returns that entry.
+    pub async fn wait_drift(
+        &self,
+        cluster: &str,
+        what: &str,
+        timeout: Duration,
+        wanted: impl Fn(&Value) -> bool,
+    ) -> anyhow::Result<Value> {
+        let path = format!("/api/v1/drift?cluster={}", query_escape(cluster));
+        wait_for(what, timeout, || async {
+            let log = self.api(&path).await?;
+            Ok(log["drift"]
+                .as_array()
+                .and_then(|entries| entries.iter().find(|e| wanted(e)).cloned()))
+        })
+        .await
+    }
 }
 
 /// Starts the server and waits until it answers `/readyz`.

@@ -28,7 +28,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use windvane_tests::fleet::{AgentOptions, Cluster, FleetTree, Publisher};
 use windvane_tests::localkube::LocalKube;
-use windvane_tests::poll::wait_for;
+use windvane_tests::poll::{scenario, wait_for};
 use windvane_tests::server::SourceServer;
 use windvane_tests::views::{three_views_agree, windvane};
 
@@ -161,22 +161,6 @@ async fn replicas(kube: &LocalKube, namespace: &str, name: &str) -> anyhow::Resu
         .get(name)
         .await?;
     Ok(deployment.spec.replicas.unwrap_or(1))
-}
-
-/// Runs one scenario, naming it in any failure.
-async fn scenario<T>(
-    name: &str,
-    future: impl Future<Output = anyhow::Result<T>>,
-) -> anyhow::Result<T> {
-    let started = Instant::now();
-    eprintln!("scenario {name}: started");
-    let result = future.await.with_context(|| format!("scenario {name}"));
-    eprintln!(
-        "scenario {name}: {} after {:.1}s",
-        if result.is_ok() { "passed" } else { "FAILED" },
-        started.elapsed().as_secs_f64()
-    );
-    result
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -483,22 +467,19 @@ async fn source_down(fleet: &mut Fleet) -> anyhow::Result<()> {
         staging_api_config,
         "release 2 changes nothing on staging-eu"
     );
-    let drift = wait_for("the outage's drift in the audit log", WAIT, || async {
-        let drift = fleet.server.api("/api/v1/drift?cluster=prod-eu").await?;
-        let found = drift["drift"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-            .iter()
-            .find(|e| {
+    let drift = fleet
+        .server
+        .wait_drift(
+            "prod-eu",
+            "the outage's drift in the audit log",
+            WAIT,
+            |e| {
                 e["record"]["name"] == "prometheus"
                     && e["record"]["manager"] == "kubectl-scale"
                     && !e["record"]["revertedAt"].is_null()
-            })
-            .cloned();
-        Ok(found)
-    })
-    .await?;
+            },
+        )
+        .await?;
     assert!(
         drift["record"]["fields"]
             .to_string()

@@ -24,7 +24,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use windvane_tests::fleet::{AgentOptions, Cluster, FleetTree, Publisher, snapshot_files};
 use windvane_tests::localkube::LocalKube;
-use windvane_tests::poll::wait_for;
+use windvane_tests::poll::{scenario, wait_for};
 use windvane_tests::process::{binary, tail};
 use windvane_tests::procfs;
 use windvane_tests::proxy::Proxy;
@@ -187,22 +187,6 @@ fn retention(deployment: &Deployment) -> Option<String> {
         .iter()
         .find_map(|a| a.strip_prefix("--storage.tsdb.retention.time="))
         .map(str::to_owned)
-}
-
-/// Runs one scenario, naming it in any failure.
-async fn scenario<T>(
-    name: &str,
-    future: impl Future<Output = anyhow::Result<T>>,
-) -> anyhow::Result<T> {
-    let started = Instant::now();
-    eprintln!("scenario {name}: started");
-    let result = future.await.with_context(|| format!("scenario {name}"));
-    eprintln!(
-        "scenario {name}: {} after {:.1}s",
-        if result.is_ok() { "passed" } else { "FAILED" },
-        started.elapsed().as_secs_f64()
-    );
-    result
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -452,21 +436,19 @@ async fn assert_unknown_apart(fleet: &Fleet) -> anyhow::Result<()> {
 async fn link_back(fleet: &Fleet) -> anyhow::Result<()> {
     fleet.node("prod-2")?.link.forward();
     fleet.wait_synced("prod-2", 1).await?;
-    wait_for("the outage's repair in the drift log", WAIT, || async {
-        let drift = fleet.server.api("/api/v1/drift?cluster=prod-2").await?;
-        Ok(drift["drift"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-            .iter()
-            .any(|e| {
+    fleet
+        .server
+        .wait_drift(
+            "prod-2",
+            "the outage's repair in the drift log",
+            WAIT,
+            |e| {
                 e["record"]["name"] == "prometheus"
                     && e["record"]["manager"] == "kubectl-scale"
                     && !e["record"]["revertedAt"].is_null()
-            })
-            .then_some(()))
-    })
-    .await?;
+            },
+        )
+        .await?;
     let all = three_views_agree(&fleet.server, None).await?;
     assert_eq!(
         all.counts,

@@ -130,26 +130,19 @@ async fn a_blackholed_cluster_is_unknown_keeps_healing_and_is_synced_again() -> 
         })
         .await
         .with_context(|| log(&cluster))?;
-    wait_for(
-        "the outage's drift in the server's drift log",
-        WAIT,
-        || async {
-            let drift = server.api("/api/v1/drift?cluster=edge-1").await?;
-            Ok(drift["drift"]
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or_default()
-                .iter()
-                .any(|e| {
-                    e["record"]["name"] == "web"
-                        && e["record"]["manager"] == "kubectl-scale"
-                        && !e["record"]["revertedAt"].is_null()
-                })
-                .then_some(()))
-        },
-    )
-    .await
-    .with_context(|| log(&cluster))?;
+    server
+        .wait_drift(
+            "edge-1",
+            "the outage's drift in the server's drift log",
+            WAIT,
+            |e| {
+                e["record"]["name"] == "web"
+                    && e["record"]["manager"] == "kubectl-scale"
+                    && !e["record"]["revertedAt"].is_null()
+            },
+        )
+        .await
+        .with_context(|| log(&cluster))?;
 
     cluster.stop().await?;
     server.stop().await;
