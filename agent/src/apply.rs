@@ -98,13 +98,13 @@ impl ApplyReport {
 
 /// Applies `desired` in stages. `unchanged(key, hash)` says whether an object with this body hash was applied
 /// before and is known to be intact on the cluster, in which case it is not written again. `observe` sees
-/// every object as the API server returned it after a write.
+/// every object as the API server returned it after a write, parsed and as its JSON text.
 pub async fn apply_all(
     cluster: &Cluster,
     desired: Vec<Desired>,
     allowlist: &Allowlist,
     unchanged: &(dyn Fn(&ObjectKey, &str) -> bool + Sync),
-    observe: &(dyn Fn(&Value) + Sync),
+    observe: &(dyn Fn(&Value, Vec<u8>) + Sync),
     options: &ApplyOptions,
 ) -> ApplyReport {
     let hooks = Hooks { unchanged, observe };
@@ -191,7 +191,7 @@ pub async fn apply_all(
 /// What [`apply_all`] asks of its caller.
 struct Hooks<'a> {
     unchanged: &'a (dyn Fn(&ObjectKey, &str) -> bool + Sync),
-    observe: &'a (dyn Fn(&Value) + Sync),
+    observe: &'a (dyn Fn(&Value, Vec<u8>) + Sync),
 }
 
 /// The result of an object [`plan::place`] found no place for; a refusal names the object, as it will be
@@ -278,10 +278,10 @@ async fn apply_one(
         }
         let mut attempt = 0;
         loop {
-            match cluster.apply(&object.id, &resolved, object.raw_body(), false).await {
-                Ok(live) => {
-                    (hooks.observe)(&live);
-                    let applied = Some(Baseline::of(&live));
+            match cluster.apply_written(&object.id, &resolved, object.raw_body(), false).await {
+                Ok(written) => {
+                    let applied = Some(Baseline::of(&written.live));
+                    (hooks.observe)(&written.live, written.text);
                     return ObjectResult { object, body_hash: hash, outcome: Outcome::Applied { written: true }, applied };
                 }
                 Err(failure) if failure.retriable && attempt + 1 < options.attempts => {

@@ -43,6 +43,13 @@ pub struct Resolved {
     pub scope: Scope,
 }
 
+/// An object as the API server wrote it: parsed, and the JSON text it came as.
+#[derive(Debug)]
+pub struct Written {
+    pub live: Value,
+    pub text: Vec<u8>,
+}
+
 /// Why an object could not be applied, with the API server's own words.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApplyFailure {
@@ -208,9 +215,60 @@ impl Cluster {
         body: &(impl serde::Serialize + std::fmt::Debug + Sync + ?Sized),
         dry_run: bool,
     ) -> std::result::Result<Value, ApplyFailure> {
+        Ok(self.apply_written(id, resolved, body, dry_run).await?.live)
+    }
+
+    /// [`apply`](Self::apply), also returning the object as the API server's JSON text: a sync keeps that
+    /// text for its live cache instead of serialising the parsed object again (on a first sync of a large
+    /// release, the agent's CPU is CPU the API server does not get).
+    pub async fn apply_written(
+        &self,
+        id: &ObjectRef,
+        resolved: &Resolved,
+        body: &(impl serde::Serialize + std::fmt::Debug + Sync + ?Sized),
+        dry_run: bool,
+    ) -> std::result::Result<Written, ApplyFailure> {
         let mut params = PatchParams::apply(FIELD_MANAGER).force();
         params.dry_run = dry_run;
-        self.patch_apply(id, resolved, body, &params).await
+        self.patch_apply_text(id, resolved, body, &params).await
+    }
+
+    /// A server-side apply sent as one request whose answer is parsed once, straight into a `Value`.
+    async fn patch_apply_text(
+        &self,
+        id: &ObjectRef,
+        resolved: &Resolved,
+        body: &(impl serde::Serialize + std::fmt::Debug + Sync + ?Sized),
+        params: &PatchParams,
+    ) -> std::result::Result<Written, ApplyFailure> {
+        let namespace = match resolved.scope {
+            Scope::Namespaced => id.namespace.as_deref(),
+            Scope::Cluster => None,
+        };
+        let url = <DynamicObject as kube::Resource>::url_path(&resolved.resource, namespace);
+        let request = kube::core::Request::new(url)
+            .patch(&id.name, params, &Patch::Apply(body))
+            .map_err(|error| ApplyFailure {
+                retriable: false,
+                message: format!("building the apply request: {error}"),
+            })?;
+        let text = self
+            .client
+            .request_text(request)
+            .await
+            .map_err(|error| ApplyFailure {
+                retriable: is_retriable(&error),
+                message: api_message(&error),
+            })?;
+        let live = serde_json::from_str(&text).map_err(|error| ApplyFailure {
+            retriable: true,
+            message: format!("the API server's answer is not JSON: {error}"),
+        })?;
+        debug!(dry_run = params.dry_run, "applied");
+        Ok(Written {
+            live,
+            text: text.into_bytes(),
+        })
     }
 
     /// Server-side apply of `body` as field manager `manager`, without force: it co-owns fields at the values

@@ -119,9 +119,15 @@ impl LiveCache {
 
     /// Records an object as returned by an apply, so health is known before the watch event arrives.
     pub fn observe(&self, live: &Value) {
-        if let Some(id) = ObjectRef::of(live)
-            && let Ok(text) = serde_json::to_vec(live)
-        {
+        if let Ok(text) = serde_json::to_vec(live) {
+            self.observe_text(live, text);
+        }
+    }
+
+    /// [`observe`](Self::observe) with the object's JSON text at hand (as the API server sent it), kept as
+    /// it is instead of serialising `live` again.
+    pub fn observe_text(&self, live: &Value, text: Vec<u8>) {
+        if let Some(id) = ObjectRef::of(live) {
             self.objects
                 .write()
                 .expect("live cache lock")

@@ -235,7 +235,8 @@ impl Engine {
 
     pub(super) async fn apply(&self, desired: Vec<Desired>) -> ApplyReport {
         let unchanged = |key: &ObjectKey, hash: &str| self.unchanged(key, hash);
-        let observe = |object: &serde_json::Value| self.live.observe(object);
+        let observe =
+            |object: &serde_json::Value, text: Vec<u8>| self.live.observe_text(object, text);
         apply_all(
             &self.cluster,
             desired,
