@@ -142,6 +142,21 @@ impl LocalKube {
             .expect("the localkube kubeconfig was checked when it started")
     }
 
+    /// One key of a ConfigMap's `data` ("" when the key is absent); an error names the ConfigMap.
+    pub async fn config_value(&self, namespace: &str, name: &str, key: &str) -> Result<String> {
+        let config = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+            self.client(),
+            namespace,
+        )
+        .get(name)
+        .await
+        .with_context(|| format!("reading ConfigMap {namespace}/{name}"))?;
+        Ok(config
+            .data
+            .and_then(|d| d.get(key).cloned())
+            .unwrap_or_default())
+    }
+
     /// The client configuration behind [`client`](Self::client).
     pub fn kube_config(&self) -> &kube::Config {
         &self.config

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures::future::try_join_all;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use windvane_tests::fleet::{AgentOptions, Cluster, FleetTree, Publisher, snapshot_files};
@@ -143,22 +143,6 @@ fn resources(pids: &[u32]) -> anyhow::Result<(f64, Duration)> {
         cpu += procfs::process(*pid)?;
     }
     Ok((rss_mib, cpu))
-}
-
-async fn config_value(
-    kube: &LocalKube,
-    namespace: &str,
-    name: &str,
-    key: &str,
-) -> anyhow::Result<String> {
-    let config = Api::<ConfigMap>::namespaced(kube.client(), namespace)
-        .get(name)
-        .await
-        .with_context(|| format!("ConfigMap {namespace}/{name}"))?;
-    Ok(config
-        .data
-        .and_then(|d| d.get(key).cloned())
-        .unwrap_or_default())
 }
 
 async fn has_namespace(kube: &LocalKube, name: &str) -> anyhow::Result<bool> {
@@ -289,14 +273,14 @@ async fn converge(fleet: &Fleet, agents_started: Instant) -> anyhow::Result<()> 
             prod,
             "{name}: monitoring only on env=prod"
         );
-        let log_level = config_value(kube, "api", "api-config", "LOG_LEVEL").await?;
+        let log_level = kube.config_value("api", "api-config", "LOG_LEVEL").await?;
         assert_eq!(
             log_level,
             if prod { "info" } else { "debug" },
             "{name}'s api values"
         );
         assert_eq!(
-            config_value(kube, "api", "api-config", "CLUSTER").await?,
+            kube.config_value("api", "api-config", "CLUSTER").await?,
             *name
         );
     }

@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::Context;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
 use serde_json::Value;
 use windvane_tests::localkube::LocalKube;
@@ -197,7 +197,7 @@ async fn rendered_share(demo: &Demo, member: Member) -> anyhow::Result<String> {
         .spec
         .min_replicas
         .unwrap_or_default();
-    let log_level = config_value(kube, "api", "api-config", "LOG_LEVEL").await?;
+    let log_level = kube.config_value("api", "api-config", "LOG_LEVEL").await?;
     Ok(format!(
         "{}; api HPA minReplicas {hpa_min}, LOG_LEVEL {log_level}  ({} customization)",
         if monitoring {
@@ -496,27 +496,13 @@ async fn prometheus_retention(kube: &LocalKube) -> anyhow::Result<String> {
 }
 
 async fn external_region(kube: &LocalKube) -> anyhow::Result<String> {
-    let config = config_value(kube, "monitoring", "prometheus-config", "prometheus.yml").await?;
+    let config = kube
+        .config_value("monitoring", "prometheus-config", "prometheus.yml")
+        .await?;
     Ok(config
         .lines()
         .find_map(|l| l.trim().strip_prefix("region:"))
         .unwrap_or("(none)")
         .trim()
         .to_owned())
-}
-
-pub async fn config_value(
-    kube: &LocalKube,
-    namespace: &str,
-    name: &str,
-    key: &str,
-) -> anyhow::Result<String> {
-    let config = Api::<ConfigMap>::namespaced(kube.client(), namespace)
-        .get(name)
-        .await
-        .with_context(|| format!("reading ConfigMap {namespace}/{name}"))?;
-    Ok(config
-        .data
-        .and_then(|d| d.get(key).cloned())
-        .unwrap_or_default())
 }
