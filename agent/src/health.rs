@@ -4,7 +4,8 @@
 //! is down is Degraded, not Synced); any other kind is judged by `status.observedGeneration` and a
 //! `Ready` condition when it has them, and is healthy when it has neither (a ConfigMap has no rollout).
 
-use serde_json::Value;
+use serde::Deserialize;
+use serde_json::{Map, Value};
 
 /// How a live object is doing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,6 +218,63 @@ fn generic(live: &Value) -> Health {
     }
 }
 
+/// [`assess`] of an object kept as JSON text. Only the fields health reads are built (generation, replicas,
+/// update strategy, status): the rest, a Deployment's template and managed fields above all, is skipped
+/// while parsing, which makes judging a thousand objects after a sync several times cheaper.
+pub fn assess_text(group: &str, kind: &str, text: &[u8]) -> Option<Health> {
+    let view = match serde_json::from_slice::<HealthFields>(text) {
+        Ok(fields) => fields.into_value(),
+        // A shape the view does not expect (a `spec` that is not an object): judged from the whole object.
+        Err(_) => serde_json::from_slice(text).ok()?,
+    };
+    Some(assess(group, kind, &view))
+}
+
+/// What [`assess`] reads of an object.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct HealthFields {
+    metadata: GenerationField,
+    spec: SpecFields,
+    status: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct GenerationField {
+    generation: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct SpecFields {
+    replicas: Option<Value>,
+    update_strategy: Option<Value>,
+}
+
+impl HealthFields {
+    fn into_value(self) -> Value {
+        let mut metadata = Map::new();
+        if let Some(generation) = self.metadata.generation {
+            metadata.insert("generation".to_owned(), generation);
+        }
+        let mut spec = Map::new();
+        if let Some(replicas) = self.spec.replicas {
+            spec.insert("replicas".to_owned(), replicas);
+        }
+        if let Some(strategy) = self.spec.update_strategy {
+            spec.insert("updateStrategy".to_owned(), strategy);
+        }
+        let mut object = Map::new();
+        object.insert("metadata".to_owned(), Value::Object(metadata));
+        object.insert("spec".to_owned(), Value::Object(spec));
+        if let Some(status) = self.status {
+            object.insert("status".to_owned(), status);
+        }
+        Value::Object(object)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -415,5 +473,67 @@ mod tests {
         assert!(
             matches!(assess("apps", "ReplicaSet", &failing), Health::Degraded(m) if m.contains("FailedCreate") && m.contains("quota"))
         );
+    }
+
+    #[test]
+    fn judging_the_text_agrees_with_judging_the_whole_object() {
+        let template = json!({"metadata": {"labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "web", "image": "registry.example.com/web:1"}]}});
+        let managed =
+            json!([{"manager": "windvane", "operation": "Apply", "fieldsV1": {"f:spec": {}}}]);
+        let objects = [
+            (
+                "apps",
+                "Deployment",
+                json!({"metadata": {"generation": 2, "managedFields": managed},
+                "spec": {"replicas": 3, "template": template},
+                "status": {"observedGeneration": 2, "replicas": 3, "updatedReplicas": 3, "availableReplicas": 2}}),
+            ),
+            (
+                "apps",
+                "Deployment",
+                json!({"metadata": {"generation": 3}, "spec": {"replicas": 1},
+                "status": {"observedGeneration": 2}}),
+            ),
+            (
+                "apps",
+                "StatefulSet",
+                json!({"metadata": {"generation": 1},
+                "spec": {"replicas": 3, "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 2}}},
+                "status": {"observedGeneration": 1, "replicas": 3, "readyReplicas": 3, "updatedReplicas": 1}}),
+            ),
+            (
+                "apps",
+                "DaemonSet",
+                json!({"metadata": {"generation": 1}, "spec": {"updateStrategy": {"type": "OnDelete"}},
+                "status": {"observedGeneration": 1, "desiredNumberScheduled": 2, "numberAvailable": 1}}),
+            ),
+            (
+                "",
+                "Namespace",
+                json!({"metadata": {"name": "team"}, "status": {"phase": "Terminating"}}),
+            ),
+            (
+                "",
+                "ConfigMap",
+                json!({"metadata": {"name": "settings"}, "data": {"a": "b"}}),
+            ),
+            (
+                "example.com",
+                "Widget",
+                json!({"metadata": {"generation": 1}, "spec": "not an object",
+                "status": {"observedGeneration": 1, "conditions": [{"type": "Ready", "status": "False",
+                "reason": "Waiting", "message": "backend down"}]}}),
+            ),
+        ];
+        for (group, kind, object) in objects {
+            let text = serde_json::to_vec(&object).expect("serialises");
+            assert_eq!(
+                assess_text(group, kind, &text),
+                Some(assess(group, kind, &object)),
+                "{kind} {object}"
+            );
+        }
+        assert_eq!(assess_text("", "ConfigMap", b"not json"), None);
     }
 }

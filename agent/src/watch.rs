@@ -99,6 +99,13 @@ impl LiveCache {
         serde_json::from_slice(objects.get(key)?).ok()
     }
 
+    /// The live object's health ([`crate::health::assess_text`]: cheaper than [`LiveCache::get`] and judging
+    /// that), if the watch has seen it.
+    pub fn health(&self, key: &ObjectKey) -> Option<crate::health::Health> {
+        let objects = self.objects.read().expect("live cache lock");
+        crate::health::assess_text(&key.group, &key.kind, objects.get(key)?)
+    }
+
     /// True when the watch has seen the object (cheaper than [`LiveCache::get`]).
     pub fn contains(&self, key: &ObjectKey) -> bool {
         self.objects

@@ -145,3 +145,89 @@ async fn restarts_and_failovers_write_only_what_changed() -> anyhow::Result<()> 
     .await?;
     Ok(())
 }
+
+/// The Secrets of the agent's state blob `release` in `namespace`, by name.
+async fn release_secrets(kube: &LocalKube, namespace: &str) -> anyhow::Result<Vec<String>> {
+    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(kube.client(), namespace);
+    let listed = secrets
+        .list_metadata(
+            &kube::api::ListParams::default().labels("windvane.io/state=windvane-release"),
+        )
+        .await?;
+    let mut names: Vec<String> = listed
+        .items
+        .into_iter()
+        .filter_map(|s| s.metadata.name)
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Bytes that do not compress: a release this size needs several chunk Secrets.
+fn incompressible(seed: u8, len: usize) -> Vec<u8> {
+    let mut state = u64::from(seed) + 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()[0]
+        })
+        .collect()
+}
+
+/// The state store keeps a release too big for one Secret in chunks, and a later save removes the chunks
+/// of the one before (it lists them from the API server's cache, so a chunk that list misses goes with the
+/// next save): the Secrets end up exactly the index and the chunks it names, and the release reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_saves_leave_only_the_chunks_in_use() -> anyhow::Result<()> {
+    use windvane_agent::state::{KnownGood, StateStore};
+    let kube = LocalKube::start().await?;
+    let namespace = "windvane-state";
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(kube.client())
+        .patch(
+            namespace,
+            &PatchParams::apply("test"),
+            &Patch::Apply(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
+            ),
+        )
+        .await?;
+    let store = StateStore::new(kube.client(), namespace, "windvane");
+    let release = |seed: u8, len: usize| KnownGood {
+        pointer: vec![seed; 16],
+        bundle: incompressible(seed, len),
+    };
+
+    let first = release(1, 2_000_000);
+    store.save_known_good(&first).await?;
+    let first_secrets = release_secrets(&kube, namespace).await?;
+    assert!(
+        first_secrets.len() >= 3,
+        "a 2 MB release is kept in an index and chunks: {first_secrets:?}"
+    );
+    assert_eq!(store.load_known_good().await?, Some(first));
+
+    let second = release(2, 1_500_000);
+    let only_second = wait_for("only the second release's Secrets", SYNC, || async {
+        store.save_known_good(&second).await?;
+        let names = release_secrets(&kube, namespace).await?;
+        let stale = names
+            .iter()
+            .any(|n| first_secrets.contains(n) && n != "windvane-release");
+        Ok((!stale).then_some(names))
+    })
+    .await?;
+    assert!(only_second.len() >= 3, "{only_second:?}");
+    assert_eq!(store.load_known_good().await?, Some(second));
+
+    let small = release(3, 1_000);
+    wait_for("only the index, the release inline", SYNC, || async {
+        store.save_known_good(&small).await?;
+        let names = release_secrets(&kube, namespace).await?;
+        Ok((names == ["windvane-release"]).then_some(()))
+    })
+    .await?;
+    assert_eq!(store.load_known_good().await?, Some(small));
+    Ok(())
+}

@@ -15,7 +15,7 @@ use super::Engine;
 use crate::apply::{ApplyReport, ObjectResult, Outcome, result};
 use crate::depends::{Dependencies, ObjectReadiness, Readiness, app_readiness, next_batch};
 use crate::desired::Desired;
-use crate::health::{Health, assess};
+use crate::health::Health;
 
 /// The apps of this cluster's share and what they depend on, read from the bundle before it is rendered.
 #[derive(Debug, Clone, Default)]
@@ -108,13 +108,10 @@ impl Engine {
                         Err(why.clone())
                     }
                 };
-                let health =
-                    self.live
-                        .get(&r.key())
-                        .map(|live| match assess(id.group(), &id.kind, &live) {
-                            Health::Healthy => Ok(()),
-                            Health::Progressing(why) | Health::Degraded(why) => Err(why),
-                        });
+                let health = self.live.health(&r.key()).map(|health| match health {
+                    Health::Healthy => Ok(()),
+                    Health::Progressing(why) | Health::Degraded(why) => Err(why),
+                });
                 ObjectReadiness {
                     display: id.to_string(),
                     applied,

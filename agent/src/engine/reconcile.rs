@@ -23,7 +23,6 @@ use crate::apply::{ApplyReport, ObjectResult, Outcome, apply_all};
 use crate::cluster::Deletion;
 use crate::desired::Desired;
 use crate::drift::Baseline;
-use crate::health::assess;
 use crate::inventory::{
     self, Applied, InventoryEntry, ObjectKey, PrunePlan, Pruned, ReleaseOutcome, incomplete_apps,
     plan_prune,
@@ -400,10 +399,7 @@ impl Engine {
             }
         };
         let id = &result.object.id;
-        let health = self
-            .live
-            .get(&result.key())
-            .map(|live| assess(id.group(), &id.kind, &live));
+        let health = self.live.health(&result.key());
         let (state, message) = object_state(failure, health.as_ref());
         ObjectStatus {
             app: result.object.app.clone(),

@@ -176,6 +176,10 @@ struct Args {
     /// Drift trials (one ConfigMap and one foreign manager each).
     #[arg(long, value_name = "N", default_value_t = 100)]
     drift_trials: usize,
+    /// Rounds of the first-sync comparison (1–9), each a fresh agent's first sync between two bare-client
+    /// runs; the median round is reported. [default: 3; 1 with --quick]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=9))]
+    sync_rounds: Option<u8>,
     /// The agent binary to measure. [default: target/release/windvane-agent]
     #[arg(long, value_name = "PATH")]
     agent: Option<PathBuf>,
@@ -231,6 +235,8 @@ struct Settings {
     tiny_idle: Duration,
     bundle_rounds: usize,
     drift_trials: usize,
+    /// Rounds of the first-sync comparison.
+    sync_rounds: usize,
     agent: PathBuf,
     agent_env: Vec<(String, String)>,
     agent_wrapper: Vec<String>,
@@ -283,6 +289,7 @@ impl Settings {
             tiny_idle: Duration::from_secs(if args.quick { 10 } else { 30 }),
             bundle_rounds: if args.quick { 5 } else { 15 },
             drift_trials: args.drift_trials,
+            sync_rounds: usize::from(args.sync_rounds.unwrap_or(if args.quick { 1 } else { 3 })),
             agent: args.agent.clone().unwrap_or_else(agent::default_binary),
             agent_env: args
                 .agent_env
@@ -639,21 +646,28 @@ struct ClusterBench<'a> {
     probe_identity: Identity,
 }
 
+/// One agent's first sync in the comparison.
+#[derive(Debug)]
+struct AgentRound {
+    sync: sync::AgentSync,
+    /// The control plane's CPU from the agent's start until it was quiet again (all rolled out).
+    converged: CpuUse,
+}
+
 /// The first-sync comparison.
 #[derive(Debug)]
 struct SyncComparison {
-    agent: sync::AgentSync,
-    /// The control plane's CPU from the agent's start until it was quiet again (all rolled out).
-    agent_converged: CpuUse,
     kubectl: sync::KubectlApply,
     kubectl_converged: CpuUse,
-    /// The bare in-process client's time and CPU, just before and just after the agent.
-    bare: [(Duration, CpuUse); 2],
+    /// The agents' first syncs, round by round.
+    rounds: Vec<AgentRound>,
+    /// The bare in-process client's time and CPU: one run before the first round and one after each.
+    bare: Vec<(Duration, CpuUse)>,
 }
 
 /// The sections that need a cluster: one localkube; kubectl's baseline; the agent managing the large
-/// release (kubectl, a bare-client run, the agent's first sync, a second bare-client run, memory, idle window, drift trials, in that order);
-/// then an agent with the small release.
+/// release (kubectl, a bare-client run, the agent's first sync, a bare-client run, the further rounds of the
+/// comparison, memory, idle window, drift trials, in that order); then an agent with the small release.
 async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::Result<()> {
     if let Some(warning) = agent::check_binary(&settings.agent)? {
         eprintln!("warning: {warning}");
@@ -691,10 +705,10 @@ async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::R
     publisher.publish(&workload::fleet_tree()?, "stable")?;
     let server = StoreServer::start(publisher.store()).await?;
 
-    let kubectl = if settings.wants(Section::Sync) {
+    let before_agent = if settings.wants(Section::Sync) {
         Some((
             bench.kubectl_baseline().await?,
-            bench.bare_floor(workload::BARE_PREFIXES[0]).await?,
+            bench.bare_floor(&workload::bare_prefix(0)).await?,
         ))
     } else {
         None
@@ -707,31 +721,16 @@ async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::R
         apiserver::IDENTITY_NAMESPACE,
         "agent-1000",
     );
-    let converging = CpuMeter::start(localkube_pid(&bench.kube)?)?;
-    let (mut agent, first_sync) =
-        sync::agent_first_sync(&bench.kube, &bench.agent_identity, &launch).await?;
-    progress(&format!(
-        "sync: the agent's first sync finished after {:.2} s; waiting until all 1,000 objects are Synced",
-        first_sync.elapsed.as_secs_f64()
-    ));
-    sync::wait_synced(&agent, workload::OBJECTS, Duration::from_secs(300)).await?;
-    sync::wait_control_plane_quiet(&bench.kube).await?;
-    let agent_converged = converging.stop(
-        localkube_pid(&bench.kube)?,
-        Contestant::Process(agent.pid()?),
-    )?;
+    let (mut agent, first_round) = bench.agent_round(&launch, workload::AGENT_PREFIX).await?;
     let memory_synced = agent.memory()?;
-    if let Some(((kubectl, kubectl_converged), bare_before)) = kubectl {
-        let comparison = SyncComparison {
-            agent: first_sync,
-            agent_converged,
+    if let Some(((kubectl, kubectl_converged), bare_before)) = before_agent {
+        let mut comparison = SyncComparison {
             kubectl,
             kubectl_converged,
-            bare: [
-                bare_before,
-                bench.bare_floor(workload::BARE_PREFIXES[1]).await?,
-            ],
+            rounds: vec![first_round],
+            bare: vec![bare_before],
         };
+        bench.later_sync_rounds(&mut comparison).await?;
         sync_results(&comparison, results);
     }
 
@@ -894,6 +893,69 @@ impl ClusterBench<'_> {
         Ok((applied, converged))
     }
 
+    /// Starts an agent and waits for its first sync (its objects in the namespaces `prefix-*`), then until
+    /// every object is Synced and the control plane is quiet again.
+    async fn agent_round(
+        &self,
+        launch: &AgentLaunch,
+        prefix: &str,
+    ) -> anyhow::Result<(AgentProcess, AgentRound)> {
+        let converging = CpuMeter::start(localkube_pid(&self.kube)?)?;
+        let (agent, first_sync) =
+            sync::agent_first_sync(&self.kube, &self.agent_identity, launch, prefix).await?;
+        progress(&format!(
+            "sync: the agent's first sync finished after {:.2} s; waiting until all 1,000 objects are Synced",
+            first_sync.elapsed.as_secs_f64()
+        ));
+        sync::wait_synced(&agent, workload::OBJECTS, Duration::from_secs(300)).await?;
+        sync::wait_control_plane_quiet(&self.kube).await?;
+        let converged = converging.stop(
+            localkube_pid(&self.kube)?,
+            Contestant::Process(agent.pid()?),
+        )?;
+        Ok((
+            agent,
+            AgentRound {
+                sync: first_sync,
+                converged,
+            },
+        ))
+    }
+
+    /// The comparison after its first round: a bare run, then for each further round a fresh agent (its own
+    /// fleet, store, state namespace and Lease; stopped once Synced) and a bare run after it.
+    async fn later_sync_rounds(&self, comparison: &mut SyncComparison) -> anyhow::Result<()> {
+        let rounds = self.settings.sync_rounds;
+        comparison
+            .bare
+            .push(self.bare_floor(&workload::bare_prefix(1)).await?);
+        for round in 1..rounds {
+            let (fleet, prefix) = workload::sync_round(round);
+            let seed = u8::try_from(20 + round).context("too many sync rounds")?;
+            let publisher = Publisher::new(seed)?;
+            publisher.publish(&workload::fleet_tree_for(&fleet, &prefix)?, "stable")?;
+            let server = StoreServer::start(publisher.store()).await?;
+            let launch = self.launch(
+                &server,
+                &publisher,
+                &fleet,
+                &format!("windvane-round-{round}"),
+                &format!("agent-1000-round-{round}"),
+            );
+            progress(&format!(
+                "sync: round {} of {rounds}: a fresh agent with the 1,000-object release as fleet {fleet}",
+                round + 1
+            ));
+            let (mut agent, agent_round) = self.agent_round(&launch, &prefix).await?;
+            agent.stop();
+            comparison.rounds.push(agent_round);
+            comparison
+                .bare
+                .push(self.bare_floor(&workload::bare_prefix(round + 1)).await?);
+        }
+        Ok(())
+    }
+
     /// A run of the bare in-process client into the namespaces `prefix-*`, left to roll out before the next.
     async fn bare_floor(&self, prefix: &str) -> anyhow::Result<(Duration, CpuUse)> {
         progress(&format!(
@@ -923,8 +985,9 @@ impl ClusterBench<'_> {
         sync::wait_control_plane_quiet(&self.kube).await?;
         AgentProcess::prepare_namespace(&self.kube, &launch.namespace).await?;
         let started = Instant::now();
+        let spawned = jiff::Timestamp::now();
         let mut agent = AgentProcess::start(&launch)?;
-        let first_sync = sync::wait_first_sync(&mut agent, started).await?;
+        let first_sync = sync::wait_first_sync(&mut agent, spawned).await?;
         sync::wait_synced(&agent, workload::BIG_OBJECTS, Duration::from_secs(300))
             .await
             .with_context(|| format!("the big release; agent log tail:\n{}", agent.log_tail()))?;
@@ -1018,14 +1081,101 @@ fn big_release_rows(big: &BigRelease, results: &mut Results) {
 const NOISY_CORES: f64 = 0.25;
 
 fn sync_results(sync: &SyncComparison, results: &mut Results) {
-    let [(before, before_cpu), (after, after_cpu)] = sync.bare;
-    let bare = (before + after) / 2;
-    for (who, elapsed, cpu) in [
-        ("kubectl's run", sync.kubectl.elapsed, sync.kubectl.cpu),
-        ("the bare client's run before the agent", before, before_cpu),
-        ("the agent's sync", sync.agent.elapsed, sync.agent.cpu),
-        ("the bare client's run after the agent", after, after_cpu),
-    ] {
+    warn_noisy_sync_runs(sync, results);
+    let agent: Vec<Duration> = sync.rounds.iter().map(|r| r.sync.elapsed).collect();
+    let bare: Vec<Duration> = sync.bare.iter().map(|(elapsed, _)| *elapsed).collect();
+    let rounds = sync::RoundRatio::of_rounds(&agent, &bare);
+    let Some(median) = sync::median_round(&rounds) else {
+        return;
+    };
+    let judged = rounds[median];
+    let run = &sync.rounds[median];
+    let (before, before_cpu) = sync.bare[median];
+    let (after, after_cpu) = sync.bare[median + 1];
+    let every_round: Vec<String> = rounds
+        .iter()
+        .map(|r| {
+            format!(
+                "{:.2}× ({:.2} s vs {:.2} s)",
+                r.ratio(),
+                r.agent.as_secs_f64(),
+                r.bare.as_secs_f64()
+            )
+        })
+        .collect();
+    results.rows.push(
+        Row::new(
+            "sync",
+            "first_sync_seconds",
+            "first full sync, 1,000 objects",
+            Unit::Seconds,
+            judged.agent.as_secs_f64(),
+        )
+        .baseline("bare 16-way SSA client", judged.bare.as_secs_f64())
+        .goal(Goal::RatioAtMost(1.05))
+        .note(format!(
+            "the median of {} rounds by ratio (round {}); every round, agent vs bare: {}. Agent: process \
+             start until the first sync finished; {:.2} s inside its sync, {} objects written, requests: {}; \
+             {}. Baseline, the control plane's floor on this machine: a bare in-process server-side-apply \
+             client, 16 at a time, no start-up, on the same apiserver, the mean of its runs just before the \
+             agent ({:.2} s; {}) and just after ({:.2} s; {}). Until the control plane was quiet again \
+             (Deployments rolled out): control plane {:.1} s CPU after the agent",
+            rounds.len(),
+            median + 1,
+            every_round.join(", "),
+            run.sync.reported.as_secs_f64(),
+            run.sync.written,
+            run.sync.requests.describe(),
+            run.sync.cpu.describe("agent"),
+            before.as_secs_f64(),
+            before_cpu.describe("client"),
+            after.as_secs_f64(),
+            after_cpu.describe("client"),
+            run.converged.control_plane.as_secs_f64(),
+        )),
+    );
+    results.rows.push(
+        Row::new(
+            "sync",
+            "first_sync_vs_kubectl_seconds",
+            "first full sync, 1,000 objects, vs kubectl",
+            Unit::Seconds,
+            judged.agent.as_secs_f64(),
+        )
+        .baseline("kubectl apply --server-side", sync.kubectl.elapsed.as_secs_f64())
+        .note(format!(
+            "the agent's median round; kubectl's run until it returned, on a quiet control plane before the \
+             agents, both as cluster-admin ServiceAccounts; requests: {}; {}; control plane {:.1} s CPU until \
+             quiet again",
+            sync.kubectl.requests.describe(),
+            sync.kubectl.cpu.describe("kubectl"),
+            sync.kubectl_converged.control_plane.as_secs_f64(),
+        )),
+    );
+    results
+        .details
+        .insert("sync".into(), sync_details(sync, &rounds, median));
+}
+
+/// Warns about every run of the comparison during which other processes used the machine.
+fn warn_noisy_sync_runs(sync: &SyncComparison, results: &mut Results) {
+    let kubectl = (
+        "kubectl's run".to_owned(),
+        sync.kubectl.elapsed,
+        sync.kubectl.cpu,
+    );
+    let agents = sync.rounds.iter().enumerate().map(|(i, r)| {
+        (
+            format!("the agent's sync in round {}", i + 1),
+            r.sync.elapsed,
+            r.sync.cpu,
+        )
+    });
+    let bares =
+        sync.bare.iter().enumerate().map(|(i, (elapsed, cpu))| {
+            (format!("the bare client's run {}", i + 1), *elapsed, *cpu)
+        });
+    for (who, elapsed, cpu) in std::iter::once(kubectl).chain(agents).chain(bares) {
         let cores = cpu.other.as_secs_f64() / elapsed.as_secs_f64();
         if cores > NOISY_CORES {
             results.warnings.push(format!(
@@ -1036,70 +1186,35 @@ fn sync_results(sync: &SyncComparison, results: &mut Results) {
             ));
         }
     }
-    results.rows.push(
-        Row::new(
-            "sync",
-            "first_sync_seconds",
-            "first full sync, 1,000 objects",
-            Unit::Seconds,
-            sync.agent.elapsed.as_secs_f64(),
-        )
-        .baseline("bare 16-way SSA client", bare.as_secs_f64())
-        .goal(Goal::RatioAtMost(1.05))
-        .note(format!(
-            "agent: process start until the first sync finished; {:.2} s inside its sync, {} objects \
-             written, requests: {}; {}. Baseline, the control plane's floor on this machine: a bare \
-             in-process server-side-apply client, 16 at a time, no start-up, on the same apiserver, the mean \
-             of a run just before the agent ({:.2} s; {}) and one just after ({:.2} s; {}). Until the control \
-             plane was quiet again (Deployments rolled out): control plane {:.1} s CPU after the agent",
-            sync.agent.reported.as_secs_f64(),
-            sync.agent.written,
-            sync.agent.requests.describe(),
-            sync.agent.cpu.describe("agent"),
-            before.as_secs_f64(),
-            before_cpu.describe("client"),
-            after.as_secs_f64(),
-            after_cpu.describe("client"),
-            sync.agent_converged.control_plane.as_secs_f64(),
-        )),
-    );
-    results.rows.push(
-        Row::new(
-            "sync",
-            "first_sync_vs_kubectl_seconds",
-            "first full sync, 1,000 objects, vs kubectl",
-            Unit::Seconds,
-            sync.agent.elapsed.as_secs_f64(),
-        )
-        .baseline("kubectl apply --server-side", sync.kubectl.elapsed.as_secs_f64())
-        .note(format!(
-            "kubectl's run until it returned, on a quiet control plane before the agent, both as \
-             cluster-admin ServiceAccounts; requests: {}; {}; control plane {:.1} s CPU until quiet again",
-            sync.kubectl.requests.describe(),
-            sync.kubectl.cpu.describe("kubectl"),
-            sync.kubectl_converged.control_plane.as_secs_f64(),
-        )),
-    );
-    results.details.insert(
-        "sync".into(),
-        json!({
-            "agentSeconds": sync.agent.elapsed.as_secs_f64(),
-            "agentReportedSyncSeconds": sync.agent.reported.as_secs_f64(),
-            "agentWritten": sync.agent.written,
-            "agentRequests": sync.agent.requests.to_json(),
-            "agentCpu": sync.agent.cpu.to_json(),
-            "agentCpuUntilConverged": sync.agent_converged.to_json(),
-            "kubectlSeconds": sync.kubectl.elapsed.as_secs_f64(),
-            "kubectlRequests": sync.kubectl.requests.to_json(),
-            "kubectlCpu": sync.kubectl.cpu.to_json(),
-            "kubectlCpuUntilConverged": sync.kubectl_converged.to_json(),
-            "bareClientSeconds": bare.as_secs_f64(),
-            "bareClientBeforeSeconds": before.as_secs_f64(),
-            "bareClientAfterSeconds": after.as_secs_f64(),
-            "bareClientCpuBefore": before_cpu.to_json(),
-            "bareClientCpuAfter": after_cpu.to_json(),
-        }),
-    );
+}
+
+/// The comparison's figures for the JSON report: the judged (median) round, then every round and run.
+fn sync_details(sync: &SyncComparison, rounds: &[sync::RoundRatio], median: usize) -> Value {
+    let run = &sync.rounds[median];
+    json!({
+        "agentSeconds": rounds[median].agent.as_secs_f64(),
+        "bareClientSeconds": rounds[median].bare.as_secs_f64(),
+        "medianRound": median + 1,
+        "agentReportedSyncSeconds": run.sync.reported.as_secs_f64(),
+        "agentWritten": run.sync.written,
+        "agentRequests": run.sync.requests.to_json(),
+        "agentCpu": run.sync.cpu.to_json(),
+        "agentCpuUntilConverged": run.converged.to_json(),
+        "rounds": rounds.iter().zip(&sync.rounds).map(|(r, run)| json!({
+            "agentSeconds": r.agent.as_secs_f64(),
+            "bareClientSeconds": r.bare.as_secs_f64(),
+            "ratio": r.ratio(),
+            "agentCpu": run.sync.cpu.to_json(),
+        })).collect::<Vec<_>>(),
+        "bareClientRuns": sync.bare.iter().map(|(elapsed, cpu)| json!({
+            "seconds": elapsed.as_secs_f64(),
+            "cpu": cpu.to_json(),
+        })).collect::<Vec<_>>(),
+        "kubectlSeconds": sync.kubectl.elapsed.as_secs_f64(),
+        "kubectlRequests": sync.kubectl.requests.to_json(),
+        "kubectlCpu": sync.kubectl.cpu.to_json(),
+        "kubectlCpuUntilConverged": sync.kubectl_converged.to_json(),
+    })
 }
 
 fn idle_rows(window: &idle::IdleWindow, backstop: &idle::BackstopPass, results: &mut Results) {

@@ -143,6 +143,11 @@ impl AgentProcess {
         self.process.pid().context("the agent is not running")
     }
 
+    /// The agent's log so far.
+    pub fn log(&self) -> String {
+        self.process.log()
+    }
+
     /// The last lines of the agent's log, for error messages.
     pub fn log_tail(&self) -> String {
         tail(&self.process.log(), 40)

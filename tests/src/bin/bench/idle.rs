@@ -99,7 +99,9 @@ pub async fn measure_backstop(
     objects: usize,
 ) -> anyhow::Result<BackstopPass> {
     let client = kube.client();
-    let (mut agent, sync) = crate::sync::agent_first_sync(kube, identity, launch).await?;
+    let (mut agent, sync) =
+        crate::sync::agent_first_sync(kube, identity, launch, crate::workload::AGENT_PREFIX)
+            .await?;
     // Let the restart's watches list before counting.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = scrape(&client).await?;

@@ -9,6 +9,10 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use windvane_shared::bundle::BundleLimits;
+use windvane_shared::desired::cluster_share_into;
+use windvane_shared::render::ClusterIdentity;
+use windvane_shared::source::load_fleet_dir;
 use windvane_tests::fleet::FleetTree;
 
 /// Namespaces of the large release.
@@ -28,8 +32,6 @@ pub const CLUSTER: &str = "bench-cluster";
 pub const AGENT_PREFIX: &str = "wv";
 /// Namespace prefix of kubectl's objects.
 pub const KUBECTL_PREFIX: &str = "kc";
-/// Namespace prefixes of the bare in-process client's two runs, just before and just after the agent's.
-pub const BARE_PREFIXES: [&str; 2] = ["bare", "bare2"];
 /// The ConfigMap entry the drift trials change.
 pub const DRIFT_KEY: &str = "key-0";
 
@@ -52,6 +54,26 @@ pub const BIG_CONFIG_MAPS: usize = 200;
 pub const BIG_DEPLOYMENTS: usize = 39;
 /// Objects of the big release: its Namespace, the CRDs, ConfigMaps and Deployments.
 pub const BIG_OBJECTS: usize = 1 + BIG_CRDS + BIG_CONFIG_MAPS + BIG_DEPLOYMENTS;
+
+/// The fleet and namespace prefix of the agent's first sync in round `round` of the comparison: the
+/// large release's own for round 0 (that agent stays for the idle and drift sections), `bench-r2` and
+/// `wv2` for round 2.
+pub fn sync_round(round: usize) -> (String, String) {
+    if round == 0 {
+        (FLEET.to_owned(), AGENT_PREFIX.to_owned())
+    } else {
+        (
+            format!("{FLEET}-r{round}"),
+            format!("{AGENT_PREFIX}{round}"),
+        )
+    }
+}
+
+/// Namespace prefix of the bare in-process client's run `run` (`bare0`, `bare1`, …): one before the
+/// agent's first round and one after each.
+pub fn bare_prefix(run: usize) -> String {
+    format!("bare{run}")
+}
 
 /// `prefix-07`.
 pub fn namespace(prefix: &str, index: usize) -> String {
@@ -109,8 +131,13 @@ fn namespace_manifests(prefix: &str, index: usize, cluster: &str) -> String {
 
 /// The large release as a fleet tree: one app per namespace.
 pub fn fleet_tree() -> anyhow::Result<FleetTree> {
+    fleet_tree_for(FLEET, AGENT_PREFIX)
+}
+
+/// The large release as the fleet `fleet`, its namespaces named `prefix-NN`.
+pub fn fleet_tree_for(fleet_name: &str, prefix: &str) -> anyhow::Result<FleetTree> {
     let tree = FleetTree::new()?;
-    let mut fleet = format!("fleet: {FLEET}\napps:\n");
+    let mut fleet = format!("fleet: {fleet_name}\napps:\n");
     for index in 0..NAMESPACES {
         let _ = write!(
             fleet,
@@ -118,30 +145,44 @@ pub fn fleet_tree() -> anyhow::Result<FleetTree> {
         );
         tree.write(
             &format!("apps/team-{index:02}/objects.yaml"),
-            &namespace_manifests(AGENT_PREFIX, index, "${cluster.name}"),
+            &namespace_manifests(prefix, index, "${cluster.name}"),
         )?;
     }
     tree.write("fleet.yaml", &fleet)?;
     Ok(tree)
 }
 
-/// The large release as JSON objects for an in-process client: the Namespaces first, then the rest.
-pub fn objects(prefix: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+/// Fleet name of the bare client's objects: their Windvane labels say `windvane.io/fleet: bare`, so no
+/// agent of the benchmark watches them.
+const BARE_FLEET: &str = "bare";
+
+/// The large release in the namespaces `prefix-*` as the agent sends it, for an in-process client: rendered
+/// for [`CLUSTER`] by the agent's own pipeline ([`cluster_share_into`], Windvane's labels included), so the
+/// API server is asked to do the same work for both; the Namespaces first, then the rest.
+pub fn rendered_objects(prefix: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+    let tree = fleet_tree_for(BARE_FLEET, prefix)?;
+    let bundle = load_fleet_dir(tree.path(), BundleLimits::default())?;
+    let cluster = ClusterIdentity {
+        name: CLUSTER.to_owned(),
+        labels: Default::default(),
+    };
     let mut namespaces = Vec::new();
     let mut rest = Vec::new();
-    for index in 0..NAMESPACES {
-        let text = namespace_manifests(prefix, index, CLUSTER);
-        for (_, object) in
-            windvane_shared::yaml::documents_to_json(&text, "generated", Default::default())?
-        {
-            if object["kind"] == "Namespace" {
-                namespaces.push(object);
+    for share in cluster_share_into(bundle, &cluster, |object| object.body) {
+        for body in share.objects? {
+            if body["kind"] == "Namespace" {
+                namespaces.push(body);
             } else {
-                rest.push(object);
+                rest.push(body);
             }
         }
     }
     namespaces.extend(rest);
+    anyhow::ensure!(
+        namespaces.len() == OBJECTS,
+        "rendered {} objects, expected {OBJECTS}",
+        namespaces.len()
+    );
     Ok(namespaces)
 }
 
@@ -249,20 +290,43 @@ pub fn big_fleet_tree() -> anyhow::Result<FleetTree> {
 
 #[cfg(test)]
 mod tests {
-    use windvane_shared::bundle::BundleLimits;
-
     use super::*;
 
     #[test]
     fn the_large_release_has_a_thousand_objects_in_ten_namespaces() -> anyhow::Result<()> {
         assert_eq!(OBJECTS, 1_000);
         let tree = fleet_tree()?;
-        let bundle = windvane_shared::source::load_fleet_dir(tree.path(), BundleLimits::default())?;
+        let bundle = load_fleet_dir(tree.path(), BundleLimits::default())?;
         let objects: usize = bundle.apps.iter().map(|a| a.manifests.len()).sum();
         assert_eq!((bundle.apps.len(), objects), (NAMESPACES, OBJECTS));
         let tiny = tiny_fleet_tree()?;
-        let bundle = windvane_shared::source::load_fleet_dir(tiny.path(), BundleLimits::default())?;
+        let bundle = load_fleet_dir(tiny.path(), BundleLimits::default())?;
         assert_eq!(bundle.apps[0].manifests.len(), TINY_OBJECTS);
+        Ok(())
+    }
+
+    #[test]
+    fn the_bare_client_sends_what_the_agent_renders_namespaces_first() -> anyhow::Result<()> {
+        let objects = rendered_objects("bare7")?;
+        assert!(
+            objects[..NAMESPACES]
+                .iter()
+                .all(|o| o["kind"] == "Namespace")
+        );
+        assert!(
+            objects[NAMESPACES..]
+                .iter()
+                .all(|o| o["kind"] != "Namespace")
+        );
+        let config_map = objects
+            .iter()
+            .find(|o| o["kind"] == "ConfigMap")
+            .expect("a ConfigMap");
+        assert_eq!(config_map["metadata"]["namespace"], "bare7-00");
+        assert_eq!(config_map["data"]["cluster"], CLUSTER);
+        let labels = &config_map["metadata"]["labels"];
+        assert_eq!(labels[windvane_shared::desired::FLEET_LABEL], BARE_FLEET);
+        assert_eq!(labels[windvane_shared::desired::APP_LABEL], "team-00");
         Ok(())
     }
 
@@ -275,7 +339,7 @@ mod tests {
             crd.len()
         );
         let tree = big_fleet_tree()?;
-        let bundle = windvane_shared::source::load_fleet_dir(tree.path(), BundleLimits::default())?;
+        let bundle = load_fleet_dir(tree.path(), BundleLimits::default())?;
         assert_eq!(bundle.apps[0].manifests.len(), BIG_OBJECTS);
         let size = bundle.to_json_bytes().len();
         assert!((4_500_000..6_000_000).contains(&size), "{size} bytes");
