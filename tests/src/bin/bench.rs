@@ -9,8 +9,8 @@
 //!
 //! Sections (`--list` prints them): `bundle` (bundle acceptance vs raw SHA-256, no cluster); then, on one
 //! fresh localkube with the release build of the agent managing 1,000 objects: `sync` (first full sync vs
-//! a bare 16-way server-side-apply client, the control plane's floor, and vs `kubectl apply
-//! --server-side`), `rss` (agent memory with 1,000 objects, and idle with 5), `idle` (apiserver requests
+//! a bare 16-way server-side-apply client, the control plane's floor, in interleaved rounds whose median is
+//! reported, and vs `kubectl apply --server-side`), `rss` (agent memory with 1,000 objects, and idle with 5), `idle` (apiserver requests
 //! in an idle window), `drift` (drift repair latency vs one server-side apply round trip) and
 //! `big-release` (a 5 MB release with ten 300 KB CRDs: first sync and peak memory), each started from a
 //! quiet control plane. Then the source server's, each on a fresh release build

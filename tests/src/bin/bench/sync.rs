@@ -227,6 +227,9 @@ pub async fn agent_first_sync(
     let admin = kube.client();
     AgentProcess::prepare_namespace(kube, &launch.namespace).await?;
     let before = identity.requests(&scrape(&admin).await?);
+    // Rendering its own /metrics costs the API server a good part of a CPU-second, and its garbage is
+    // collected after: the timed run must not inherit that, nor the new namespace's controllers.
+    wait_control_plane_quiet(kube).await?;
     let meter = CpuMeter::start(localkube_pid(kube)?)?;
     let spawned = Timestamp::now();
     let mut agent = AgentProcess::start(launch)?;
