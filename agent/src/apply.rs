@@ -96,19 +96,14 @@ impl ApplyReport {
     }
 }
 
-/// Applies `desired` in stages. `unchanged(key, hash)` says whether an object with this body hash was applied
-/// before and is known to be intact on the cluster, in which case it is not written again. `observe` sees
-/// every object as the API server returned it after a write, parsed and as its JSON text.
+/// Applies `desired` in stages, asking the caller what it knows through `hooks`.
 pub async fn apply_all(
     cluster: &Cluster,
     desired: Vec<Desired>,
     allowlist: &Allowlist,
-    unchanged: &(dyn Fn(&ObjectKey, &str) -> bool + Sync),
-    observe: &(dyn Fn(&Value, Vec<u8>) + Sync),
+    hooks: &Hooks<'_>,
     options: &ApplyOptions,
 ) -> ApplyReport {
-    let hooks = Hooks { unchanged, observe };
-    let hooks = &hooks;
     let mut report = ApplyReport::default();
     let mut by_stage: BTreeMap<Stage, Vec<Desired>> = BTreeMap::new();
     let mut later = Vec::new();
@@ -141,14 +136,14 @@ pub async fn apply_all(
             options,
         )
         .await;
-        settle(cluster, &results, options.settle_timeout).await;
+        settle(cluster, &results, hooks, options.settle_timeout).await;
         cluster.refresh_discovery();
         report.results.extend(results);
     }
     let namespaces = by_stage.remove(&Stage::Namespaces).unwrap_or_default();
     if !namespaces.is_empty() {
         let results = apply_stage(cluster, Stage::Namespaces, namespaces, hooks, options).await;
-        settle(cluster, &results, options.settle_timeout).await;
+        settle(cluster, &results, hooks, options.settle_timeout).await;
         report.results.extend(results);
     }
 
@@ -189,9 +184,21 @@ pub async fn apply_all(
 }
 
 /// What [`apply_all`] asks of its caller.
-struct Hooks<'a> {
-    unchanged: &'a (dyn Fn(&ObjectKey, &str) -> bool + Sync),
-    observe: &'a (dyn Fn(&Value, Vec<u8>) + Sync),
+pub struct Hooks<'a> {
+    /// Whether an object with this body hash was applied before and is known to be intact on the cluster, in
+    /// which case it is not written again.
+    pub unchanged: &'a (dyn Fn(&ObjectKey, &str) -> bool + Sync),
+    /// Sees every object as the API server returned it after a write, parsed and as its JSON text.
+    pub observe: &'a (dyn Fn(&Value, Vec<u8>) + Sync),
+    /// The object's health as last seen (after a write, as the API server returned it): a CRD or Namespace
+    /// already healthy is not polled before the next stage.
+    pub health: &'a (dyn Fn(&ObjectKey) -> Option<Health> + Sync),
+}
+
+impl std::fmt::Debug for Hooks<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks").finish_non_exhaustive()
+    }
 }
 
 /// The result of an object [`plan::place`] found no place for; a refusal names the object, as it will be
@@ -302,12 +309,14 @@ async fn apply_one(
 }
 
 /// Waits (polling the objects, with a deadline) until applied CRDs are Established and Namespaces Active, so
-/// the next stage can use them. Objects that do not settle in time are left to report their health.
-async fn settle(cluster: &Cluster, results: &[ObjectResult], timeout: Duration) {
+/// the next stage can use them; those the API server already answered healthy (a new Namespace is Active at
+/// once) are not asked again. Objects that do not settle in time are left to report their health.
+async fn settle(cluster: &Cluster, results: &[ObjectResult], hooks: &Hooks<'_>, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     for applied in results
         .iter()
         .filter(|r| matches!(r.outcome, Outcome::Applied { .. }))
+        .filter(|r| (hooks.health)(&r.key()) != Some(Health::Healthy))
     {
         let id = &applied.object.id;
         let Ok(resolved) = cluster.resolve(&id.api_version, &id.kind).await else {

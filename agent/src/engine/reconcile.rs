@@ -19,7 +19,7 @@ use windvane_shared::render::ClusterIdentity;
 
 use super::timers::Next;
 use super::{Enforced, Engine};
-use crate::apply::{ApplyReport, ObjectResult, Outcome, apply_all};
+use crate::apply::{ApplyReport, Hooks, ObjectResult, Outcome, apply_all};
 use crate::cluster::Deletion;
 use crate::desired::Desired;
 use crate::drift::Baseline;
@@ -236,12 +236,17 @@ impl Engine {
         let unchanged = |key: &ObjectKey, hash: &str| self.unchanged(key, hash);
         let observe =
             |object: &serde_json::Value, text: Vec<u8>| self.live.observe_text(object, text);
+        let health = |key: &ObjectKey| self.live.health(key);
+        let hooks = Hooks {
+            unchanged: &unchanged,
+            observe: &observe,
+            health: &health,
+        };
         apply_all(
             &self.cluster,
             desired,
             &self.config.allowlist,
-            &unchanged,
-            &observe,
+            &hooks,
             &self.config.apply,
         )
         .await
