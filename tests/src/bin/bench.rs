@@ -665,10 +665,8 @@ struct SyncComparison {
     bare: Vec<(Duration, CpuUse)>,
 }
 
-/// The sections that need a cluster: one localkube; kubectl's baseline; the agent managing the large
-/// release (kubectl, a bare-client run, the agent's first sync, a bare-client run, the further rounds of the
-/// comparison, memory, idle window, drift trials, in that order); then an agent with the small release.
-async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::Result<()> {
+/// Warnings about the agent binary measured: an old build, or a profiling run.
+fn binary_warnings(settings: &Settings, results: &mut Results) -> anyhow::Result<()> {
     if let Some(warning) = agent::check_binary(&settings.agent)? {
         eprintln!("warning: {warning}");
         results.warnings.push(warning);
@@ -679,41 +677,52 @@ async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::R
             settings.agent_env, settings.agent_wrapper
         ));
     }
-    let logs = settings
-        .json
-        .parent()
-        .map_or_else(|| PathBuf::from("logs"), |p| p.join("logs"));
-    std::fs::create_dir_all(&logs)?;
-    let work = tempfile::Builder::new()
-        .prefix("windvane-bench-")
-        .tempdir()?;
-    progress("starting localkube");
-    let kube = LocalKube::start().await?;
-    progress("creating the agent's, kubectl's and the probe's identities and FlowSchemas");
-    let bench = ClusterBench {
-        settings,
-        agent_identity: Identity::create(&kube, work.path(), "windvane-agent", 20).await?,
-        kubectl_identity: Identity::create(&kube, work.path(), "kubectl", 30).await?,
-        probe_identity: Identity::create(&kube, work.path(), "probe", 40).await?,
-        kube,
-        work,
-        logs,
-    };
-    warm_up(&bench.kube, &settings.agent).await?;
+    Ok(())
+}
+
+/// The peak memory row of the agent managing 1,000 objects, over the sections it went through.
+fn peak_rss_row(
+    settings: &Settings,
+    memory_synced: &agent::Memory,
+    memory_after_idle: Option<agent::Memory>,
+    memory_end: &agent::Memory,
+    results: &mut Results,
+) {
+    let mut covered = vec!["first sync"];
+    covered.extend(settings.wants(Section::Idle).then_some("idle window"));
+    covered.extend(settings.wants(Section::Drift).then_some("drift trials"));
+    let after_idle = memory_after_idle
+        .map(|m| format!("; after the idle window: {}", m.describe()))
+        .unwrap_or_default();
+    results.rows.push(
+        Row::new(
+            "rss",
+            "agent_peak_rss_1000_mib",
+            "agent peak RSS (VmHWM), 1,000 objects",
+            Unit::MiB,
+            memory_end.peak_mib,
+        )
+        .goal(Goal::AtMost(32.0))
+        .note(format!(
+            "peak over {}. Once Synced: {}{after_idle}; at the end: {}",
+            covered.join(", "),
+            memory_synced.describe(),
+            memory_end.describe(),
+        )),
+    );
+}
+
+/// The sections that need a cluster: one localkube; kubectl's baseline; the agent managing the large
+/// release (kubectl, a bare-client run, the agent's first sync, a bare-client run, the further rounds of the
+/// comparison, memory, idle window, drift trials, in that order); then an agent with the small release.
+async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::Result<()> {
+    binary_warnings(settings, results)?;
+    let bench = ClusterBench::start(settings).await?;
 
     let publisher = Publisher::new(11)?;
     publisher.publish(&workload::fleet_tree()?, "stable")?;
     let server = StoreServer::start(publisher.store()).await?;
 
-    let before_agent = if settings.wants(Section::Sync) {
-        Some((
-            bench.kubectl_baseline().await?,
-            bench.bare_floor(&workload::bare_prefix(0)).await?,
-        ))
-    } else {
-        None
-    };
-    progress("sync: starting the agent with the 1,000-object release");
     let launch = bench.launch(
         &server,
         &publisher,
@@ -721,18 +730,7 @@ async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::R
         apiserver::IDENTITY_NAMESPACE,
         "agent-1000",
     );
-    let (mut agent, first_round) = bench.agent_round(&launch, workload::AGENT_PREFIX).await?;
-    let memory_synced = agent.memory()?;
-    if let Some(((kubectl, kubectl_converged), bare_before)) = before_agent {
-        let mut comparison = SyncComparison {
-            kubectl,
-            kubectl_converged,
-            rounds: vec![first_round],
-            bare: vec![bare_before],
-        };
-        bench.later_sync_rounds(&mut comparison).await?;
-        sync_results(&comparison, results);
-    }
+    let (mut agent, memory_synced) = bench.large_release_agent(&launch, results).await?;
 
     let mut memory_after_idle = None;
     let mut idle_window = None;
@@ -760,51 +758,18 @@ async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::R
         drift_rows(&trials, &agent.status().await?, results);
     }
     if settings.wants(Section::Rss) {
-        let memory_end = agent.memory()?;
-        let mut covered = vec!["first sync"];
-        covered.extend(settings.wants(Section::Idle).then_some("idle window"));
-        covered.extend(settings.wants(Section::Drift).then_some("drift trials"));
-        let after_idle = memory_after_idle
-            .map(|m| format!("; after the idle window: {}", m.describe()))
-            .unwrap_or_default();
-        results.rows.push(
-            Row::new(
-                "rss",
-                "agent_peak_rss_1000_mib",
-                "agent peak RSS (VmHWM), 1,000 objects",
-                Unit::MiB,
-                memory_end.peak_mib,
-            )
-            .goal(Goal::AtMost(32.0))
-            .note(format!(
-                "peak over {}. Once Synced: {}{after_idle}; at the end: {}",
-                covered.join(", "),
-                memory_synced.describe(),
-                memory_end.describe(),
-            )),
+        peak_rss_row(
+            settings,
+            &memory_synced,
+            memory_after_idle,
+            &agent.memory()?,
+            results,
         );
     }
     agent.stop();
 
     if let Some(window) = idle_window {
-        progress(&format!(
-            "idle: restarting the agent with a {} backstop interval to count one backstop pass",
-            idle::MEASURED_BACKSTOP_INTERVAL
-        ));
-        let mut restart = launch.clone();
-        restart.args = vec![
-            "--backstop-interval".to_owned(),
-            idle::MEASURED_BACKSTOP_INTERVAL.to_owned(),
-        ];
-        restart.log = bench.logs.join("agent-1000-restart.log");
-        let _ = std::fs::remove_file(&restart.log);
-        let backstop = idle::measure_backstop(
-            &bench.kube,
-            &bench.agent_identity,
-            &restart,
-            workload::OBJECTS,
-        )
-        .await?;
+        let backstop = bench.backstop_pass(&launch).await?;
         idle_rows(&window, &backstop, results);
     }
 
@@ -837,6 +802,86 @@ async fn agent_sections(settings: &Settings, results: &mut Results) -> anyhow::R
 }
 
 impl ClusterBench<'_> {
+    /// A fresh localkube with the agent's, kubectl's and the probe's identities, warmed up; the agents' logs
+    /// go beside the JSON report.
+    async fn start(settings: &Settings) -> anyhow::Result<ClusterBench<'_>> {
+        let logs = settings
+            .json
+            .parent()
+            .map_or_else(|| PathBuf::from("logs"), |p| p.join("logs"));
+        std::fs::create_dir_all(&logs)?;
+        let work = tempfile::Builder::new()
+            .prefix("windvane-bench-")
+            .tempdir()?;
+        progress("starting localkube");
+        let kube = LocalKube::start().await?;
+        progress("creating the agent's, kubectl's and the probe's identities and FlowSchemas");
+        let bench = ClusterBench {
+            settings,
+            agent_identity: Identity::create(&kube, work.path(), "windvane-agent", 20).await?,
+            kubectl_identity: Identity::create(&kube, work.path(), "kubectl", 30).await?,
+            probe_identity: Identity::create(&kube, work.path(), "probe", 40).await?,
+            kube,
+            work,
+            logs,
+        };
+        warm_up(&bench.kube, &settings.agent).await?;
+        Ok(bench)
+    }
+
+    /// Restarts the large release's agent with a short backstop interval and counts one backstop pass.
+    async fn backstop_pass(&self, launch: &AgentLaunch) -> anyhow::Result<idle::BackstopPass> {
+        progress(&format!(
+            "idle: restarting the agent with a {} backstop interval to count one backstop pass",
+            idle::MEASURED_BACKSTOP_INTERVAL
+        ));
+        let mut restart = launch.clone();
+        restart.args = vec![
+            "--backstop-interval".to_owned(),
+            idle::MEASURED_BACKSTOP_INTERVAL.to_owned(),
+        ];
+        restart.log = self.logs.join("agent-1000-restart.log");
+        let _ = std::fs::remove_file(&restart.log);
+        idle::measure_backstop(
+            &self.kube,
+            &self.agent_identity,
+            &restart,
+            workload::OBJECTS,
+        )
+        .await
+    }
+
+    /// The agent of the large release, started and Synced, and its memory then. When the sync section runs,
+    /// the first-sync comparison is around it: kubectl, a bare run, this agent, then the further rounds.
+    async fn large_release_agent(
+        &self,
+        launch: &AgentLaunch,
+        results: &mut Results,
+    ) -> anyhow::Result<(AgentProcess, agent::Memory)> {
+        let before_agent = if self.settings.wants(Section::Sync) {
+            Some((
+                self.kubectl_baseline().await?,
+                self.bare_floor(&workload::bare_prefix(0)).await?,
+            ))
+        } else {
+            None
+        };
+        progress("sync: starting the agent with the 1,000-object release");
+        let (agent, first_round) = self.agent_round(launch, workload::AGENT_PREFIX).await?;
+        let memory_synced = agent.memory()?;
+        if let Some(((kubectl, kubectl_converged), bare_before)) = before_agent {
+            let mut comparison = SyncComparison {
+                kubectl,
+                kubectl_converged,
+                rounds: vec![first_round],
+                bare: vec![bare_before],
+            };
+            self.later_sync_rounds(&mut comparison).await?;
+            sync_results(&comparison, results);
+        }
+        Ok((agent, memory_synced))
+    }
+
     /// How to start an agent against `server`'s store, with its own state namespace and log.
     fn launch(
         &self,

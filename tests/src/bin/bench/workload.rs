@@ -55,18 +55,14 @@ pub const BIG_DEPLOYMENTS: usize = 39;
 /// Objects of the big release: its Namespace, the CRDs, ConfigMaps and Deployments.
 pub const BIG_OBJECTS: usize = 1 + BIG_CRDS + BIG_CONFIG_MAPS + BIG_DEPLOYMENTS;
 
-/// The fleet and namespace prefix of the agent's first sync in round `round` of the comparison: the
-/// large release's own for round 0 (that agent stays for the idle and drift sections), `bench-r2` and
-/// `wv2` for round 2.
+/// The fleet and namespace prefix of the agent in a further round of the first-sync comparison:
+/// `bench-r2` and `wv2` for round 2 (round 0 is the large release's own agent, [`FLEET`] and
+/// [`AGENT_PREFIX`], which stays for the idle and drift sections).
 pub fn sync_round(round: usize) -> (String, String) {
-    if round == 0 {
-        (FLEET.to_owned(), AGENT_PREFIX.to_owned())
-    } else {
-        (
-            format!("{FLEET}-r{round}"),
-            format!("{AGENT_PREFIX}{round}"),
-        )
-    }
+    (
+        format!("{FLEET}-r{round}"),
+        format!("{AGENT_PREFIX}{round}"),
+    )
 }
 
 /// Namespace prefix of the bare in-process client's run `run` (`bare0`, `bare1`, …): one before the
