@@ -68,11 +68,17 @@ pub enum Deletion {
     Pending { finalizers: Vec<String> },
 }
 
+/// A kind as discovery is asked for it: (`apiVersion`, `kind`).
+type KindKey = (String, String);
+
 /// A Kubernetes client with a discovery cache.
 #[derive(Clone)]
 pub struct Cluster {
     client: Client,
-    discovered: Arc<Mutex<HashMap<(String, String), Resolved>>>,
+    discovered: Arc<Mutex<HashMap<KindKey, Resolved>>>,
+    /// One lock per kind being discovered, so that concurrent first uses of a kind (ten Namespaces of one
+    /// wave) send one discovery request, not one each.
+    discovering: Arc<Mutex<HashMap<KindKey, Arc<tokio::sync::Mutex<()>>>>>,
     /// Group versions (`apiVersion`) found unavailable, by when to ask again.
     unavailable: Arc<Mutex<HashMap<String, Unavailable>>>,
 }
@@ -89,6 +95,7 @@ impl Cluster {
         Self {
             client,
             discovered: Arc::default(),
+            discovering: Arc::default(),
             unavailable: Arc::default(),
         }
     }
@@ -103,13 +110,20 @@ impl Cluster {
     /// [`UNAVAILABLE_FOR`]: its kinds fail at once with [`Error::GroupUnavailable`] meanwhile.
     pub async fn resolve(&self, api_version: &str, kind: &str) -> Result<Resolved> {
         let key = (api_version.to_owned(), kind.to_owned());
-        if let Some(hit) = self
-            .discovered
-            .lock()
-            .expect("discovery cache lock")
-            .get(&key)
-        {
-            return Ok(hit.clone());
+        if let Some(hit) = self.cached(&key) {
+            return Ok(hit);
+        }
+        let lock = Arc::clone(
+            self.discovering
+                .lock()
+                .expect("discovery lock map")
+                .entry(key.clone())
+                .or_default(),
+        );
+        let _discovering = lock.lock().await;
+        // Whoever held the lock before may have found it.
+        if let Some(hit) = self.cached(&key) {
+            return Ok(hit);
         }
         if let Some(detail) = self.known_unavailable(api_version, Instant::now()) {
             return Err(group_unavailable(api_version, kind, detail));
@@ -120,6 +134,14 @@ impl Cluster {
             .expect("discovery cache lock")
             .insert(key, resolved.clone());
         Ok(resolved)
+    }
+
+    fn cached(&self, key: &KindKey) -> Option<Resolved> {
+        self.discovered
+            .lock()
+            .expect("discovery cache lock")
+            .get(key)
+            .cloned()
     }
 
     /// One bounded discovery request for the kind's group version.

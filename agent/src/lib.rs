@@ -26,6 +26,7 @@ pub mod heal_cli;
 pub mod health;
 pub mod http;
 pub mod inventory;
+pub mod kube_client;
 pub mod leader;
 pub mod metrics;
 pub mod packed;

@@ -291,7 +291,7 @@ async fn kube_client(kubeconfig: Option<&std::path::PathBuf>) -> anyhow::Result<
             "finding Kubernetes credentials ($KUBECONFIG, ~/.kube/config, or in-cluster)",
         )?,
     };
-    kube::Client::try_from(kube_config).context("creating the Kubernetes client")
+    windvane_agent::kube_client::client(kube_config).context("creating the Kubernetes client")
 }
 
 async fn wait_for_signal() {

@@ -142,6 +142,11 @@ impl LocalKube {
             .expect("the localkube kubeconfig was checked when it started")
     }
 
+    /// The client configuration for this control plane (cluster admin), to build a client of one's own.
+    pub fn config(&self) -> &kube::Config {
+        &self.config
+    }
+
     /// One key of a ConfigMap's `data` ("" when the key is absent); an error names the ConfigMap.
     pub async fn config_value(&self, namespace: &str, name: &str, key: &str) -> Result<String> {
         let config = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(

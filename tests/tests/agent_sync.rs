@@ -1,9 +1,10 @@
 //! The agent's sync engine against a real control plane (localkube): first sync of a release with a WIDGET_CRD and
 //! its custom resources, a Namespace, a Deployment and ConfigMaps; changes, pruning, orphans, relabelling;
 //! refused releases (tampered, badly signed, rolled back, another fleet's, expired) that leave the last known
-//! good enforced; a source that is down at start; objects that fail without blocking the rest; and two agents
-//! electing one leader.
+//! good enforced; a source that is down at start; objects that fail without blocking the rest; two agents
+//! electing one leader; and a kind discovered with one request when many objects use it first at once.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod fault_support;
@@ -460,5 +461,45 @@ async fn two_agents_elect_one_leader_and_the_standby_takes_over() -> anyhow::Res
         lease.spec.and_then(|s| s.holder_identity).as_deref(),
         Some("replica-b")
     );
+    Ok(())
+}
+
+/// Kinds used for the first time by many objects at once — ten Namespaces of one wave — are discovered with one
+/// request each, not one per object: the agent's cluster client asks the real API server once per kind while
+/// the others wait for its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_uses_of_a_kind_send_one_discovery_request() -> anyhow::Result<()> {
+    let kube = LocalKube::start().await?;
+    let asked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let record = Arc::clone(&asked);
+    let client = windvane_agent::kube_client::observed(kube.config().clone(), move |request| {
+        record
+            .lock()
+            .expect("lock")
+            .push(request.uri().path().to_owned());
+    })?;
+    let cluster = windvane_agent::cluster::Cluster::new(client);
+    let kinds = [
+        ("v1", "Namespace"),
+        ("apps/v1", "Deployment"),
+        ("v1", "ConfigMap"),
+    ];
+    let lookups = (0..10).flat_map(|_| kinds).map(|(api_version, kind)| {
+        let cluster = cluster.clone();
+        async move { cluster.resolve(api_version, kind).await }
+    });
+    let resolved = futures::future::join_all(lookups).await;
+    for (result, (_, kind)) in resolved.iter().zip((0..10).flat_map(|_| kinds)) {
+        let resolved = result
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{kind}: {e}"))?;
+        assert_eq!(resolved.resource.kind, kind);
+    }
+    let asked = asked.lock().expect("lock").clone();
+    let count = |path: &str| asked.iter().filter(|p| *p == path).count();
+    // One per kind: Namespace and ConfigMap are both in /api/v1, Deployment in /apis/apps/v1.
+    assert_eq!(count("/api/v1"), 2, "discovery requests: {asked:?}");
+    assert_eq!(count("/apis/apps/v1"), 1, "discovery requests: {asked:?}");
+    assert_eq!(asked.len(), 3, "requests: {asked:?}");
     Ok(())
 }

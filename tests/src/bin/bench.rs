@@ -177,7 +177,7 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 100)]
     drift_trials: usize,
     /// Rounds of the first-sync comparison (1–9), each a fresh agent's first sync between two bare-client
-    /// runs; the median round is reported. [default: 3; 1 with --quick]
+    /// runs; the median round is reported. [default: 5; 1 with --quick]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=9))]
     sync_rounds: Option<u8>,
     /// The agent binary to measure. [default: target/release/windvane-agent]
@@ -289,7 +289,7 @@ impl Settings {
             tiny_idle: Duration::from_secs(if args.quick { 10 } else { 30 }),
             bundle_rounds: if args.quick { 5 } else { 15 },
             drift_trials: args.drift_trials,
-            sync_rounds: usize::from(args.sync_rounds.unwrap_or(if args.quick { 1 } else { 3 })),
+            sync_rounds: usize::from(args.sync_rounds.unwrap_or(if args.quick { 1 } else { 5 })),
             agent: args.agent.clone().unwrap_or_else(agent::default_binary),
             agent_env: args
                 .agent_env
