@@ -287,7 +287,9 @@ async fn apply_one(
         loop {
             match cluster.apply_written(&object.id, &resolved, object.raw_body(), false).await {
                 Ok(written) => {
-                    let applied = Some(Baseline::of(&written.live));
+                    let applied = Baseline::of(&written.live);
+                    applied.digest();
+                    let applied = Some(applied);
                     (hooks.observe)(&written.live, written.text);
                     return ObjectResult { object, body_hash: hash, outcome: Outcome::Applied { written: true }, applied };
                 }

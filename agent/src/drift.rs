@@ -64,13 +64,24 @@ fn flatten(node: &Value, prefix: &mut String, out: &mut BTreeSet<String>) {
 
 /// What Windvane's last apply of an object left it owning: the baseline drift is judged against. Taken from
 /// the apply's response as it returns, so the response itself need not be kept.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Baseline {
     /// [`owned_fields`] of the `windvane` manager.
     pub owned: BTreeSet<String>,
     /// The object's resourceVersion then.
     pub resource_version: u64,
+    /// [`Baseline::digest`], once asked for: an apply computes it while other applies are in flight, so that
+    /// the inventory written after the last one need not.
+    digest: std::sync::OnceLock<String>,
 }
+
+impl PartialEq for Baseline {
+    fn eq(&self, other: &Self) -> bool {
+        self.owned == other.owned && self.resource_version == other.resource_version
+    }
+}
+
+impl Eq for Baseline {}
 
 impl Baseline {
     /// The baseline a live object shows.
@@ -78,19 +89,20 @@ impl Baseline {
         Self {
             owned: owned_fields(live, FIELD_MANAGER),
             resource_version: resource_version(live),
+            digest: std::sync::OnceLock::new(),
         }
     }
-}
 
-impl Baseline {
     /// A digest of the owned field set, to recognise it after a restart without keeping it.
-    pub fn digest(&self) -> String {
-        let mut text = String::new();
-        for field in &self.owned {
-            text.push_str(field);
-            text.push('\n');
-        }
-        sha256_hex(text.as_bytes())
+    pub fn digest(&self) -> &str {
+        self.digest.get_or_init(|| {
+            let mut text = String::new();
+            for field in &self.owned {
+                text.push_str(field);
+                text.push('\n');
+            }
+            sha256_hex(text.as_bytes())
+        })
     }
 }
 
@@ -394,6 +406,27 @@ mod tests {
             readable("f:spec/f:template/f:spec/f:containers/k:{\"name\":\"web\"}/f:image"),
             "/spec/template/spec/containers/[name=web]/image"
         );
+    }
+
+    #[test]
+    fn a_baselines_digest_follows_its_owned_fields_and_asking_for_it_changes_nothing_else() {
+        let one = deployment(json!([windvane_entry(
+            json!({"f:spec": {"f:replicas": {}}})
+        )]));
+        let two = deployment(json!([windvane_entry(
+            json!({"f:spec": {"f:replicas": {}, "f:paused": {}}})
+        )]));
+        let asked = Baseline::of(&one);
+        let digest = asked.digest().to_owned();
+        assert_eq!(asked.digest(), digest, "computed once, the same after");
+        assert_eq!(
+            asked,
+            Baseline::of(&one),
+            "equal whether the digest was asked for or not"
+        );
+        assert_eq!(Baseline::of(&one).digest(), digest);
+        assert_ne!(Baseline::of(&two).digest(), digest);
+        assert_ne!(Baseline::of(&two), asked);
     }
 
     #[test]

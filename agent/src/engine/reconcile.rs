@@ -28,6 +28,7 @@ use crate::inventory::{
     plan_prune,
 };
 use crate::report::{ObjectStatus, SyncReport, object_state};
+use crate::watch::LiveCache;
 use windvane_shared::status::SyncState;
 
 /// An app that did not render, with why: its objects are missing from this sync, so its prunes wait.
@@ -129,11 +130,13 @@ impl Engine {
             serial,
             complete,
         );
-        // The prevention policy is kept beside the inventory's write: neither waits for the other.
-        let state = self.state.clone();
-        let (saved, prevention) = futures::join!(
+        // The prevention policy is kept beside the inventory's write, and the objects' statuses (their health,
+        // read from the live cache) are judged while both requests are out: none waits for another.
+        let (state, live) = (self.state.clone(), self.live.clone());
+        let (saved, prevention, objects) = futures::join!(
             state.save_inventory(&next),
-            self.keep_prevention(&report.results, serial)
+            self.keep_prevention(&report.results, serial),
+            async { object_statuses(&live, &report) }
         );
         if let Err(error) = saved {
             error!(%error, "cannot persist the inventory");
@@ -171,7 +174,7 @@ impl Engine {
         if let Err(why) = prevention {
             errors.push(format!("prevention: {why}"));
         }
-        self.record_status(enforced, &report, errors, &prune);
+        self.record_status(enforced, objects, errors, &prune);
         let elapsed = started.elapsed();
         self.metrics.observe_sync(elapsed);
         let phases = Phases {
@@ -267,9 +270,9 @@ impl Engine {
             return self.live.contains(key);
         }
         // After a restart: intact only if it still owns what Windvane's last apply left it owning.
-        self.live.get(key).is_some_and(|live| {
-            entry.owned_digest.as_deref() == Some(Baseline::of(&live).digest().as_str())
-        })
+        self.live
+            .get(key)
+            .is_some_and(|live| entry.owned_digest.as_deref() == Some(Baseline::of(&live).digest()))
     }
 
     /// Counts the outcomes and makes sure every applied kind is watched, its lists paged for the largest
@@ -361,7 +364,7 @@ impl Engine {
     fn record_status(
         &self,
         enforced: &Enforced,
-        report: &ApplyReport,
+        objects: BTreeMap<ObjectKey, ObjectStatus>,
         errors: Vec<String>,
         prune: &PrunePlan,
     ) {
@@ -370,11 +373,7 @@ impl Engine {
             sha256: enforced.accepted.pointer.bundle.sha256.clone(),
             errors,
             prune_postponed: prune.postponed_apps.clone(),
-            objects: report
-                .results
-                .iter()
-                .map(|result| (result.key(), self.object_status(result)))
-                .collect(),
+            objects,
             orphans: self
                 .inventory
                 .entries
@@ -387,31 +386,6 @@ impl Engine {
             status.record_sync(sync);
             self.metrics.set_objects(&status.counts());
         });
-    }
-
-    /// An object's state from its apply outcome and its live health.
-    fn object_status(&self, result: &ObjectResult) -> ObjectStatus {
-        let failure = match &result.outcome {
-            Outcome::Applied { .. } => None,
-            Outcome::Failed(message) | Outcome::Refused(message) => Some(message.as_str()),
-            Outcome::Waiting(message) => {
-                return ObjectStatus {
-                    app: result.object.app.clone(),
-                    display: result.object.id.to_string(),
-                    state: SyncState::Progressing,
-                    message: message.clone(),
-                };
-            }
-        };
-        let id = &result.object.id;
-        let health = self.live.health(&result.key());
-        let (state, message) = object_state(failure, health.as_ref());
-        ObjectStatus {
-            app: result.object.app.clone(),
-            display: id.to_string(),
-            state,
-            message,
-        }
     }
 
     /// Drift is judged from now on against the objects as applied; they move to the healer.
@@ -464,6 +438,40 @@ fn applied(result: &ObjectResult) -> bool {
 }
 
 /// What one object's apply means for the inventory.
+/// Each applied object's state, by key.
+fn object_statuses(live: &LiveCache, report: &ApplyReport) -> BTreeMap<ObjectKey, ObjectStatus> {
+    report
+        .results
+        .iter()
+        .map(|result| (result.key(), object_status(live, result)))
+        .collect()
+}
+
+/// An object's state from its apply outcome and its live health.
+fn object_status(live: &LiveCache, result: &ObjectResult) -> ObjectStatus {
+    let failure = match &result.outcome {
+        Outcome::Applied { .. } => None,
+        Outcome::Failed(message) | Outcome::Refused(message) => Some(message.as_str()),
+        Outcome::Waiting(message) => {
+            return ObjectStatus {
+                app: result.object.app.clone(),
+                display: result.object.id.to_string(),
+                state: SyncState::Progressing,
+                message: message.clone(),
+            };
+        }
+    };
+    let id = &result.object.id;
+    let health = live.health(&result.key());
+    let (state, message) = object_state(failure, health.as_ref());
+    ObjectStatus {
+        app: result.object.app.clone(),
+        display: id.to_string(),
+        state,
+        message,
+    }
+}
+
 fn inventory_record(result: &ObjectResult) -> Applied {
     if !applied(result) {
         return Applied::No(result.key());
@@ -477,7 +485,7 @@ fn inventory_record(result: &ObjectResult) -> Applied {
         name: id.name.clone(),
         prune: result.object.prune,
         applied_hash: result.body_hash.clone(),
-        owned_digest: result.applied.as_ref().map(Baseline::digest),
+        owned_digest: result.applied.as_ref().map(|b| b.digest().to_owned()),
         orphaned: false,
     })
 }
