@@ -34,6 +34,59 @@ use windvane_shared::status::SyncState;
 /// An app that did not render, with why: its objects are missing from this sync, so its prunes wait.
 type RenderError = (String, String);
 
+/// A release rendered for this cluster, ready to apply.
+struct RenderedRelease {
+    desired: Vec<Desired>,
+    unrendered: Vec<RenderError>,
+    /// SOPS objects that did not open, with why: never sent.
+    sealed: Vec<(Desired, String)>,
+    order: super::ordered::AppOrder,
+    /// Apps a deny window holds to reporting drift.
+    report_only: BTreeSet<String>,
+    /// Apps not all of whose objects are there to apply, with why (their dependants wait).
+    unready: BTreeMap<String, String>,
+    /// Nothing at all for this cluster.
+    empty: bool,
+}
+
+/// What the steps after the applies decided.
+struct Concluded {
+    next: Next,
+    prune: PrunePlan,
+    complete: bool,
+    /// When the inventory was persisted.
+    persisted: Instant,
+}
+
+/// How a sync went, as far as the next step is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SyncVerdict {
+    /// Every object applied (or unchanged) and every app rendered.
+    complete: bool,
+    /// Problems that are not about one object: render, prune, prune failures.
+    errors: usize,
+    /// Some apps wait for the apps they depend on to become healthy.
+    waiting: bool,
+    /// Something failed: an app did not render, a prune or an object's apply failed or was refused.
+    failed: bool,
+    /// The prevention policy could not be written and should be tried again.
+    prevention_retry: bool,
+}
+
+impl SyncVerdict {
+    /// Idle when all is done; a recheck (soon, without back-off) when apps only wait for their
+    /// dependencies; otherwise a retry with back-off.
+    fn next(self) -> Next {
+        if self.complete && self.errors == 0 && !self.prevention_retry {
+            Next::Idle
+        } else if self.waiting && !self.failed && !self.prevention_retry {
+            Next::Recheck
+        } else {
+            Next::Retry
+        }
+    }
+}
+
 impl Engine {
     /// Syncs the enforced release (nothing to do before one is known).
     pub(super) async fn reconcile(&mut self) -> Next {
@@ -49,10 +102,46 @@ impl Engine {
 
     async fn sync_release(&mut self, enforced: &mut Enforced) -> Next {
         let started = Instant::now();
-        let serial = enforced.accepted.pointer.serial;
-        let Some(bundle) = self.take_bundle(enforced) else {
+        let Some(release) = self.render_release(enforced).await else {
             return Next::Retry;
         };
+        let enforced = &*enforced;
+        let rendered = started.elapsed();
+        let mut report = self
+            .apply_ordered(release.desired, release.order, &release.unready)
+            .await;
+        let applied_by = started.elapsed();
+        // Objects that did not open are Failed, never sent; their apps' prunes wait like any failure's.
+        report.results.extend(
+            release
+                .sealed
+                .into_iter()
+                .map(|(object, message)| crate::secrets::failed_result(object, message)),
+        );
+        let concluded = self
+            .conclude(enforced, &report, &release.unrendered, release.empty)
+            .await;
+        let elapsed = started.elapsed();
+        self.metrics.observe_sync(elapsed);
+        let phases = Phases {
+            render: rendered,
+            apply: applied_by.saturating_sub(rendered),
+            prune_and_persist: concluded
+                .persisted
+                .saturating_duration_since(started)
+                .saturating_sub(applied_by),
+            total: elapsed,
+        };
+        log_sync(&report, &concluded.prune, concluded.complete, phases);
+        self.hand_to_healer(report.results).await;
+        self.heal_after_window(release.report_only).await;
+        concluded.next
+    }
+
+    /// This cluster's share of the enforced release, rendered (SOPS objects opened with the cluster's key),
+    /// with the apps a deny window holds to reporting marked so. `None` when the bundle cannot be read.
+    async fn render_release(&mut self, enforced: &mut Enforced) -> Option<RenderedRelease> {
+        let bundle = self.take_bundle(enforced)?;
         let keyring = crate::secrets::load_keyring(
             self.cluster.client(),
             &self.config.namespace,
@@ -72,8 +161,7 @@ impl Engine {
         self.timers.policy_changes_at(policy_change.map(instant_at));
         drop(keyring);
         enforced.bundle.pack();
-        let enforced = &*enforced;
-        let release_empty = desired.is_empty() && unrendered.is_empty() && sealed.is_empty();
+        let empty = desired.is_empty() && unrendered.is_empty() && sealed.is_empty();
         let mut unready: BTreeMap<String, String> = unrendered
             .iter()
             .map(|(app, _)| (app.clone(), "it did not render".to_owned()))
@@ -83,16 +171,96 @@ impl Engine {
                 .entry(object.app.clone())
                 .or_insert_with(|| format!("{} did not open (SOPS)", object.id));
         }
-        let rendered = started.elapsed();
-        let mut report = self.apply_ordered(desired, order, &unready).await;
-        let applied_by = started.elapsed();
-        // Objects that did not open are Failed, never sent; their apps' prunes wait like any failure's.
-        report.results.extend(
-            sealed
-                .into_iter()
-                .map(|(object, message)| crate::secrets::failed_result(object, message)),
-        );
+        Some(RenderedRelease {
+            desired,
+            unrendered,
+            sealed,
+            order,
+            report_only,
+            unready,
+            empty,
+        })
+    }
 
+    /// After the applies: prunes what left the release, persists the next inventory (beside the prevention
+    /// policy), records the status, and decides what the loop does next.
+    async fn conclude(
+        &mut self,
+        enforced: &Enforced,
+        report: &ApplyReport,
+        unrendered: &[RenderError],
+        release_empty: bool,
+    ) -> Concluded {
+        let serial = enforced.accepted.pointer.serial;
+        let (prune, waiting) = self.plan_release_prune(enforced, report, unrendered, release_empty);
+        let (pruned, prune_errors) = self.prune(&prune).await;
+        let complete = report.complete() && unrendered.is_empty();
+        let next = inventory::next(
+            &self.inventory,
+            report.results.iter().map(inventory_record),
+            &prune,
+            &pruned,
+            serial,
+            complete,
+        );
+        // The prevention policy is kept beside the inventory's write, and the objects' statuses (their health,
+        // read from the live cache) are judged while both requests are out: none waits for another.
+        let (state, live) = (self.state.clone(), self.live.clone());
+        let (saved, prevention, objects) = futures::join!(
+            state.save_inventory(&next),
+            self.keep_prevention(&report.results, serial),
+            async { object_statuses(&live, report) }
+        );
+        if let Err(error) = saved {
+            error!(%error, "cannot persist the inventory");
+        }
+        let persisted = Instant::now();
+        self.inventory = next;
+        // After the inventory is safe: the watches' first lists of what was just applied are the heaviest
+        // reads of a sync, and would only delay that write. Drift meanwhile is in those lists.
+        self.watch_applied(report).await;
+
+        let mut errors: Vec<String> = unrendered
+            .iter()
+            .map(|(app, error)| format!("app {app}: {error}"))
+            .collect();
+        errors.extend(prune.reasons().cloned());
+        let verdict = SyncVerdict {
+            complete,
+            errors: errors.len() + prune_errors.len(),
+            waiting: !waiting.is_empty(),
+            failed: !unrendered.is_empty()
+                || !prune_errors.is_empty()
+                || report
+                    .results
+                    .iter()
+                    .any(|r| matches!(r.outcome, Outcome::Failed(_) | Outcome::Refused(_))),
+            // A prevention policy that could not be written is tried again with the sync's retry; a cluster
+            // too old for it is only told so (it still detects and heals).
+            prevention_retry: prevention.is_err() && !self.prevention_refused(),
+        };
+        errors.extend(prune_errors);
+        if let Err(why) = prevention {
+            errors.push(format!("prevention: {why}"));
+        }
+        self.record_status(enforced, objects, errors, &prune);
+        Concluded {
+            next: verdict.next(),
+            prune,
+            complete,
+            persisted,
+        }
+    }
+
+    /// What to prune, given which apps are complete in this sync; and the apps that wait for the apps they
+    /// depend on.
+    fn plan_release_prune(
+        &self,
+        enforced: &Enforced,
+        report: &ApplyReport,
+        unrendered: &[RenderError],
+        release_empty: bool,
+    ) -> (PrunePlan, BTreeSet<String>) {
         // Keys as applied: each object carries its final namespace, decided while applying.
         let desired_keys: BTreeSet<ObjectKey> = report.results.iter().map(|r| r.key()).collect();
         let mut incomplete = incomplete_apps(
@@ -120,73 +288,7 @@ impl Engine {
             &outcome,
             self.config.prune_budget,
         );
-        let (pruned, prune_errors) = self.prune(&prune).await;
-        let complete = report.complete() && unrendered.is_empty();
-        let next = inventory::next(
-            &self.inventory,
-            report.results.iter().map(inventory_record),
-            &prune,
-            &pruned,
-            serial,
-            complete,
-        );
-        // The prevention policy is kept beside the inventory's write, and the objects' statuses (their health,
-        // read from the live cache) are judged while both requests are out: none waits for another.
-        let (state, live) = (self.state.clone(), self.live.clone());
-        let (saved, prevention, objects) = futures::join!(
-            state.save_inventory(&next),
-            self.keep_prevention(&report.results, serial),
-            async { object_statuses(&live, &report) }
-        );
-        if let Err(error) = saved {
-            error!(%error, "cannot persist the inventory");
-        }
-        let persisted_by = started.elapsed();
-        self.inventory = next;
-        // After the inventory is safe: the watches' first lists of what was just applied are the heaviest
-        // reads of a sync, and would only delay that write. Drift meanwhile is in those lists.
-        self.watch_applied(&report).await;
-
-        let mut errors: Vec<String> = unrendered
-            .iter()
-            .map(|(app, error)| format!("app {app}: {error}"))
-            .collect();
-        errors.extend(prune.reasons().cloned());
-        let prune_failed = !prune_errors.is_empty();
-        errors.extend(prune_errors);
-        // A prevention policy that could not be written is tried again with the sync's retry; a cluster too
-        // old for it is only told so (it still detects and heals).
-        let prevention_retry = prevention.is_err() && !self.prevention_refused();
-        let failed = !unrendered.is_empty()
-            || prune_failed
-            || report
-                .results
-                .iter()
-                .any(|r| matches!(r.outcome, Outcome::Failed(_) | Outcome::Refused(_)));
-        let next = if complete && errors.is_empty() && !prevention_retry {
-            Next::Idle
-        } else if !waiting.is_empty() && !failed && !prevention_retry {
-            // Nothing failed: apps only wait for their dependencies to become healthy.
-            Next::Recheck
-        } else {
-            Next::Retry
-        };
-        if let Err(why) = prevention {
-            errors.push(format!("prevention: {why}"));
-        }
-        self.record_status(enforced, objects, errors, &prune);
-        let elapsed = started.elapsed();
-        self.metrics.observe_sync(elapsed);
-        let phases = Phases {
-            render: rendered,
-            apply: applied_by.saturating_sub(rendered),
-            prune_and_persist: persisted_by.saturating_sub(applied_by),
-            total: elapsed,
-        };
-        log_sync(&report, &prune, complete, phases);
-        self.hand_to_healer(report.results).await;
-        self.heal_after_window(report_only).await;
-        next
+        (prune, waiting)
     }
 
     /// Apps whose deny window (`heal: report`) just ended heal again: their drift, only reported so far,
@@ -541,4 +643,52 @@ fn render(
         }
     }
     (desired, errors, sealed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DONE: SyncVerdict = SyncVerdict {
+        complete: true,
+        errors: 0,
+        waiting: false,
+        failed: false,
+        prevention_retry: false,
+    };
+
+    #[test]
+    fn a_sync_idles_when_done_rechecks_when_apps_only_wait_and_retries_otherwise() {
+        assert_eq!(DONE.next(), Next::Idle);
+        let waiting = SyncVerdict {
+            complete: false,
+            waiting: true,
+            ..DONE
+        };
+        assert_eq!(waiting.next(), Next::Recheck);
+        let failed = SyncVerdict {
+            failed: true,
+            ..waiting
+        };
+        assert_eq!(
+            failed.next(),
+            Next::Retry,
+            "a failure backs off even when apps wait"
+        );
+        let prune_reason = SyncVerdict { errors: 1, ..DONE };
+        assert_eq!(prune_reason.next(), Next::Retry);
+        let prevention = SyncVerdict {
+            prevention_retry: true,
+            ..DONE
+        };
+        assert_eq!(prevention.next(), Next::Retry, "the policy is tried again");
+        assert_eq!(
+            SyncVerdict {
+                prevention_retry: true,
+                ..waiting
+            }
+            .next(),
+            Next::Retry
+        );
+    }
 }
