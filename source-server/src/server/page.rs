@@ -11,6 +11,8 @@ use jiff::Timestamp;
 use super::break_glass::OpenBreakGlass;
 use super::status::ClusterState;
 use super::view::{ClusterDetail, ClusterRow, FleetView, human_age};
+use windvane_shared::fleet_api::DriftEntry;
+use windvane_shared::heartbeat::Heartbeat;
 
 /// Seconds between automatic refreshes.
 pub const REFRESH_SECONDS: u32 = 15;
@@ -346,6 +348,23 @@ pub fn cluster_page(detail: &ClusterDetail, now: Timestamp) -> String {
         escape(&row.name),
         state_cell(row)
     );
+    cluster_facts(&mut out, detail);
+    out.push_str("</dl>");
+    apps_table(&mut out, detail.report.as_ref());
+    problems_table(&mut out, detail.report.as_ref());
+    drift_table(&mut out, &detail.drift);
+    let _ = write!(
+        out,
+        "<p class=\"muted\">JSON: <a href=\"/api/v1/clusters/{0}\">/api/v1/clusters/{0}</a></p></main>",
+        escape(&row.name)
+    );
+    footer(&mut out);
+    out
+}
+
+/// The cluster's facts (`<dt>`/`<dd>` pairs): what the server stored, then what the agent last reported.
+fn cluster_facts(out: &mut String, detail: &ClusterDetail) {
+    let row = &detail.cluster;
     let mut fact = |name: &str, value: String| {
         let _ = write!(out, "<dt>{name}</dt><dd>{value}</dd>");
     };
@@ -378,44 +397,7 @@ pub fn cluster_page(detail: &ClusterDetail, now: Timestamp) -> String {
     );
     fact("Enrolled", opt_time(Some(row.enrolled_at)));
     if let Some(report) = &detail.report {
-        fact("Agent", escape(&report.agent_version));
-        if let Some(digest) = &report.source.applied_sha256 {
-            fact(
-                "Applied bundle",
-                format!("<span class=\"mono\">{}</span>", escape(digest)),
-            );
-        }
-        if let Some(since) = report.source.stale_since {
-            fact(
-                "Source stale since",
-                format!("<span class=\"warn\">{}</span>", opt_time(Some(since))),
-            );
-        }
-        if let Some(pending) = &report.source.pending {
-            let channel = escape(&report.source.channel);
-            fact(
-                "Rollout",
-                format!(
-                    "<span class=\"warn\">serial {}: {}</span>{} <a href=\"/rollouts/{channel}\">rollout of {channel}</a>",
-                    pending.serial,
-                    escape(&pending.message),
-                    pending
-                        .changes
-                        .map_or_else(String::new, |c| format!(" — {}", c.describe()))
-                ),
-            );
-        }
-        if let Some(refusal) = &report.source.last_refusal {
-            fact(
-                "Last refused release",
-                format!(
-                    "<span class=\"err\">{}: {}</span> <span class=\"muted\">at {}</span>",
-                    escape(&refusal.reason),
-                    escape(&refusal.message),
-                    opt_time(Some(refusal.at))
-                ),
-            );
-        }
+        reported_facts(&mut fact, report);
     }
     if let Some(error) = &row.last_error {
         fact(
@@ -423,10 +405,55 @@ pub fn cluster_page(detail: &ClusterDetail, now: Timestamp) -> String {
             format!("<span class=\"err\">{}</span>", escape(error)),
         );
     }
-    out.push_str("</dl>");
+}
 
+/// The facts only the agent's last report tells: its version, the bundle applied, a stale source, a rollout
+/// waiting, the last release refused.
+fn reported_facts(fact: &mut impl FnMut(&str, String), report: &Heartbeat) {
+    fact("Agent", escape(&report.agent_version));
+    if let Some(digest) = &report.source.applied_sha256 {
+        fact(
+            "Applied bundle",
+            format!("<span class=\"mono\">{}</span>", escape(digest)),
+        );
+    }
+    if let Some(since) = report.source.stale_since {
+        fact(
+            "Source stale since",
+            format!("<span class=\"warn\">{}</span>", opt_time(Some(since))),
+        );
+    }
+    if let Some(pending) = &report.source.pending {
+        let channel = escape(&report.source.channel);
+        fact(
+            "Rollout",
+            format!(
+                "<span class=\"warn\">serial {}: {}</span>{} <a href=\"/rollouts/{channel}\">rollout of {channel}</a>",
+                pending.serial,
+                escape(&pending.message),
+                pending
+                    .changes
+                    .map_or_else(String::new, |c| format!(" — {}", c.describe()))
+            ),
+        );
+    }
+    if let Some(refusal) = &report.source.last_refusal {
+        fact(
+            "Last refused release",
+            format!(
+                "<span class=\"err\">{}: {}</span> <span class=\"muted\">at {}</span>",
+                escape(&refusal.reason),
+                escape(&refusal.message),
+                opt_time(Some(refusal.at))
+            ),
+        );
+    }
+}
+
+/// The apps the agent reported, with their states and object counts.
+fn apps_table(out: &mut String, report: Option<&Heartbeat>) {
     out.push_str("<h2>Apps</h2>");
-    match &detail.report {
+    match report {
         Some(report) if !report.apps.is_empty() => {
             out.push_str("<table id=\"apps\"><thead><tr><th>App</th><th>State</th><th>Objects</th></tr></thead><tbody>");
             for app in &report.apps {
@@ -442,9 +469,12 @@ pub fn cluster_page(detail: &ClusterDetail, now: Timestamp) -> String {
         }
         _ => out.push_str("<div class=\"empty\">No apps reported.</div>"),
     }
+}
 
+/// The objects the agent reported as not Synced, with why.
+fn problems_table(out: &mut String, report: Option<&Heartbeat>) {
     out.push_str("<h2>Problem objects</h2>");
-    match &detail.report {
+    match report {
         Some(report) if !report.problems.is_empty() => {
             out.push_str("<table id=\"problems\"><thead><tr><th>App</th><th>Object</th><th>State</th><th>Message</th></tr></thead><tbody>");
             for p in &report.problems {
@@ -461,16 +491,19 @@ pub fn cluster_page(detail: &ClusterDetail, now: Timestamp) -> String {
         }
         _ => out.push_str("<div class=\"empty\">No problem objects.</div>"),
     }
+}
 
+/// The cluster's drift audit log: what changed, who changed it, what Windvane did and how fast.
+fn drift_table(out: &mut String, drift: &[DriftEntry]) {
     out.push_str("<h2>Drift audit log</h2>");
-    if detail.drift.is_empty() {
+    if drift.is_empty() {
         out.push_str("<div class=\"empty\">No drift recorded.</div>");
     } else {
         out.push_str(
             "<table id=\"drift\"><thead><tr><th>Changed</th><th>Object</th><th>Fields</th><th>By</th><th>Action</th>\
              <th title=\"changed → detected\">Detection</th><th title=\"detected → reverted\">Repair</th></tr></thead><tbody>",
         );
-        for entry in &detail.drift {
+        for entry in drift {
             let d = &entry.record;
             let object = match &d.namespace {
                 Some(ns) => format!("{} {ns}/{}", d.kind, d.name),
@@ -506,13 +539,6 @@ pub fn cluster_page(detail: &ClusterDetail, now: Timestamp) -> String {
         }
         out.push_str("</tbody></table>");
     }
-    let _ = write!(
-        out,
-        "<p class=\"muted\">JSON: <a href=\"/api/v1/clusters/{0}\">/api/v1/clusters/{0}</a></p></main>",
-        escape(&row.name)
-    );
-    footer(&mut out);
-    out
 }
 
 /// The rollout page of a channel (`/rollouts/{channel}`): each wave with when it opens, its counts, why it is
