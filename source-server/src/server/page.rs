@@ -177,7 +177,18 @@ pub fn fleet_page(
     head(&mut out, "Windvane · fleet");
     header(&mut out, view.generated_at);
     out.push_str("<main>");
+    state_counts(&mut out, view, selector);
+    rollout_links(&mut out, view);
+    filter_form(&mut out, selector, states);
+    break_glass_table(&mut out, break_glass);
+    clusters_table(&mut out, view);
+    out.push_str("</main>");
+    footer(&mut out);
+    out
+}
 
+/// The clusters per state, each a link to the fleet filtered by it (and by `selector`), then the total.
+fn state_counts(out: &mut String, view: &FleetView, selector: &str) {
     out.push_str("<nav class=\"counts\" id=\"counts\" aria-label=\"clusters per state\">");
     let selector_param = if selector.is_empty() {
         String::new()
@@ -218,6 +229,10 @@ pub fn fleet_page(
         view.total
     );
     out.push_str("</nav>");
+}
+
+/// Links to the rollout page of every channel a listed cluster follows.
+fn rollout_links(out: &mut String, view: &FleetView) {
     let channels: std::collections::BTreeSet<&str> = view
         .clusters
         .iter()
@@ -231,7 +246,10 @@ pub fn fleet_page(
         }
         out.push_str("</p>");
     }
+}
 
+/// The label selector and state filter, showing the ones in force.
+fn filter_form(out: &mut String, selector: &str, states: &[ClusterState]) {
     let _ = write!(
         out,
         "<form class=\"filter\" method=\"get\" action=\"/\"><label for=\"selector\" class=\"muted\">Label selector</label>\
@@ -252,8 +270,10 @@ pub fn fleet_page(
         );
     }
     out.push_str("</select><button type=\"submit\">Filter</button> <a href=\"/\">clear</a></form>");
-    break_glass_table(&mut out, break_glass);
+}
 
+/// A row per cluster: name, labels, state, release, heartbeat age, drift count, last error.
+fn clusters_table(out: &mut String, view: &FleetView) {
     if view.clusters.is_empty() {
         out.push_str("<div class=\"empty\">No cluster matches.</div>");
     } else {
@@ -269,7 +289,7 @@ pub fn fleet_page(
                 row.state.as_str(),
                 name = escape(&row.name)
             );
-            labels(&mut out, &row.labels);
+            labels(out, &row.labels);
             let _ = write!(
                 out,
                 "</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"err\">{}</td></tr>",
@@ -282,9 +302,6 @@ pub fn fleet_page(
         }
         out.push_str("</tbody></table>");
     }
-    out.push_str("</main>");
-    footer(&mut out);
-    out
 }
 
 /// The open break-glass changes: each is a production change made outside the release, to be reverted or

@@ -61,126 +61,150 @@ pub(super) async fn handle(
 ) -> crate::Result<Response<Body>> {
     let query = request.uri().query();
     let now = Timestamp::now();
-    let filter = || {
-        let selector = route::query_param(query, "selector");
-        let states = route::query_params(query, "state");
-        let states: Vec<&str> = states.iter().map(String::as_str).collect();
-        Filter::parse(selector.as_deref(), &states).map(|f| (f, selector.unwrap_or_default()))
-    };
-    Ok(match route {
+    match route {
         Route::FleetPage | Route::ApiFleet | Route::ApiClusters => {
-            let (filter, selector) = match filter() {
-                Ok(parsed) => parsed,
-                Err(detail) => {
-                    return Ok(json_error(StatusCode::BAD_REQUEST, "bad_filter", &detail));
-                }
-            };
-            let clusters = app.db.list_clusters().await?;
-            let fleet = view::fleet_view(
-                clusters,
-                now,
-                app.unknown_after,
-                &filter,
-                &latest_serial(app),
-            );
-            match route {
-                Route::FleetPage => {
-                    let open = open_break_glass(app, now).await?;
-                    html(page::fleet_page(&fleet, &selector, &filter.states, &open))
-                }
-                Route::ApiFleet => json(StatusCode::OK, &fleet),
-                _ => json(
-                    StatusCode::OK,
-                    &serde_json::json!({ "clusters": fleet.clusters }),
-                ),
-            }
+            fleet(app, query, &route, now).await
         }
-        Route::ClusterPage(ref name) | Route::ApiCluster(ref name) => {
-            let is_page = matches!(route, Route::ClusterPage(_));
-            let name = name.clone();
-            let Some((summary, payload)) = app.db.get_cluster(&name).await? else {
-                return Ok(json_error(
-                    StatusCode::NOT_FOUND,
-                    "unknown_cluster",
-                    &format!("cluster {name} is not enrolled"),
-                ));
-            };
-            let drift = app.db.drift(Some(&name), None, DRIFT_LIMIT, 0).await?;
-            let detail = ClusterDetail {
-                cluster: view::cluster_row(summary, now, app.unknown_after, &latest_serial(app)),
-                report: view::parse_report(payload.as_deref()),
-                drift,
-            };
-            if is_page {
-                html(page::cluster_page(&detail, now))
-            } else {
-                json(StatusCode::OK, &detail)
-            }
-        }
-        Route::ApiDrift => {
-            let cluster = route::query_param(query, "cluster").filter(|c| !c.is_empty());
-            let since = match route::query_param(query, "since").filter(|s| !s.is_empty()) {
-                Some(text) => match view::parse_since(&text, now) {
-                    Ok(t) => Some(t),
-                    Err(detail) => {
-                        return Ok(json_error(StatusCode::BAD_REQUEST, "bad_since", &detail));
-                    }
-                },
-                None => None,
-            };
-            let (limit, offset) = match page(query) {
-                Ok(page) => page,
-                Err(detail) => return Ok(json_error(StatusCode::BAD_REQUEST, "bad_page", &detail)),
-            };
-            let drift = app
-                .db
-                .drift(cluster.as_deref(), since, limit, offset)
-                .await?;
-            // The offset of the next page, while pages are full.
-            let next = (drift.len() == limit as usize).then(|| offset + u64::from(limit));
-            json(
-                StatusCode::OK,
-                &serde_json::json!({ "drift": drift, "next": next }),
-            )
-        }
+        Route::ClusterPage(ref name) => cluster(app, name, true, now).await,
+        Route::ApiCluster(ref name) => cluster(app, name, false, now).await,
+        Route::ApiDrift => drift(app, query, now).await,
         Route::ApiBreakGlass => {
             let open = open_break_glass(app, now).await?;
-            json(StatusCode::OK, &serde_json::json!({ "breakGlass": open }))
+            Ok(json(
+                StatusCode::OK,
+                &serde_json::json!({ "breakGlass": open }),
+            ))
         }
-        Route::Metrics => {
-            let clusters = app.db.list_clusters().await?;
-            let fleet = view::fleet_view(
-                clusters,
-                now,
-                app.unknown_after,
-                &Filter::default(),
-                &|_| None,
-            );
-            let gauges = FleetGauges {
-                counts: fleet.counts.iter().map(|(s, n)| (*s, *n)).collect(),
-                ages: fleet
-                    .clusters
-                    .iter()
-                    .filter_map(|c| c.heartbeat_age_seconds)
-                    .map(Duration::from_secs)
-                    .collect(),
-            };
-            app.metrics.ingest_queue_depth.store(
-                (app.ingest_capacity - app.ingest.capacity()) as u64,
-                Ordering::Relaxed,
-            );
-            let mut body = metrics::render(&app.metrics, &gauges);
-            body.push_str(&super::rollout::metrics(app, &fleet.clusters, now));
-            Response::builder()
-                .header(
-                    header::CONTENT_TYPE,
-                    "text/plain; version=0.0.4; charset=utf-8",
-                )
-                .body(Body::new(Bytes::from(body)))
-                .unwrap_or_default()
+        Route::Metrics => prometheus(app, now).await,
+        _ => Ok(json_error(StatusCode::NOT_FOUND, "not_found", "not found")),
+    }
+}
+
+/// The fleet page, `/api/v1/fleet` or `/api/v1/clusters`, filtered by the query's `selector` and `state`s.
+async fn fleet(
+    app: &Arc<App>,
+    query: Option<&str>,
+    route: &Route,
+    now: Timestamp,
+) -> crate::Result<Response<Body>> {
+    let selector = route::query_param(query, "selector");
+    let states = route::query_params(query, "state");
+    let states: Vec<&str> = states.iter().map(String::as_str).collect();
+    let filter = match Filter::parse(selector.as_deref(), &states) {
+        Ok(filter) => filter,
+        Err(detail) => return Ok(json_error(StatusCode::BAD_REQUEST, "bad_filter", &detail)),
+    };
+    let clusters = app.db.list_clusters().await?;
+    let fleet = view::fleet_view(
+        clusters,
+        now,
+        app.unknown_after,
+        &filter,
+        &latest_serial(app),
+    );
+    Ok(match route {
+        Route::FleetPage => {
+            let open = open_break_glass(app, now).await?;
+            let selector = selector.unwrap_or_default();
+            html(page::fleet_page(&fleet, &selector, &filter.states, &open))
         }
-        _ => json_error(StatusCode::NOT_FOUND, "not_found", "not found"),
+        Route::ApiFleet => json(StatusCode::OK, &fleet),
+        _ => json(
+            StatusCode::OK,
+            &serde_json::json!({ "clusters": fleet.clusters }),
+        ),
     })
+}
+
+/// One cluster's page (`is_page`) or `/api/v1/clusters/{name}`: its row, last report and drift log.
+async fn cluster(
+    app: &Arc<App>,
+    name: &str,
+    is_page: bool,
+    now: Timestamp,
+) -> crate::Result<Response<Body>> {
+    let Some((summary, payload)) = app.db.get_cluster(name).await? else {
+        return Ok(json_error(
+            StatusCode::NOT_FOUND,
+            "unknown_cluster",
+            &format!("cluster {name} is not enrolled"),
+        ));
+    };
+    let drift = app.db.drift(Some(name), None, DRIFT_LIMIT, 0).await?;
+    let detail = ClusterDetail {
+        cluster: view::cluster_row(summary, now, app.unknown_after, &latest_serial(app)),
+        report: view::parse_report(payload.as_deref()),
+        drift,
+    };
+    Ok(if is_page {
+        html(page::cluster_page(&detail, now))
+    } else {
+        json(StatusCode::OK, &detail)
+    })
+}
+
+/// `/api/v1/drift`: the drift log, by `cluster` and `since`, a page at a time.
+async fn drift(
+    app: &Arc<App>,
+    query: Option<&str>,
+    now: Timestamp,
+) -> crate::Result<Response<Body>> {
+    let cluster = route::query_param(query, "cluster").filter(|c| !c.is_empty());
+    let since = match route::query_param(query, "since").filter(|s| !s.is_empty()) {
+        Some(text) => match view::parse_since(&text, now) {
+            Ok(t) => Some(t),
+            Err(detail) => return Ok(json_error(StatusCode::BAD_REQUEST, "bad_since", &detail)),
+        },
+        None => None,
+    };
+    let (limit, offset) = match page(query) {
+        Ok(page) => page,
+        Err(detail) => return Ok(json_error(StatusCode::BAD_REQUEST, "bad_page", &detail)),
+    };
+    let drift = app
+        .db
+        .drift(cluster.as_deref(), since, limit, offset)
+        .await?;
+    // The offset of the next page, while pages are full.
+    let next = (drift.len() == limit as usize).then(|| offset + u64::from(limit));
+    Ok(json(
+        StatusCode::OK,
+        &serde_json::json!({ "drift": drift, "next": next }),
+    ))
+}
+
+/// `/metrics`: the server's own metrics, the fleet's gauges and the rollouts'.
+async fn prometheus(app: &Arc<App>, now: Timestamp) -> crate::Result<Response<Body>> {
+    let clusters = app.db.list_clusters().await?;
+    let fleet = view::fleet_view(
+        clusters,
+        now,
+        app.unknown_after,
+        &Filter::default(),
+        &|_| None,
+    );
+    let gauges = FleetGauges {
+        counts: fleet.counts.iter().map(|(s, n)| (*s, *n)).collect(),
+        ages: fleet
+            .clusters
+            .iter()
+            .filter_map(|c| c.heartbeat_age_seconds)
+            .map(Duration::from_secs)
+            .collect(),
+    };
+    app.metrics.ingest_queue_depth.store(
+        (app.ingest_capacity - app.ingest.capacity()) as u64,
+        Ordering::Relaxed,
+    );
+    let mut body = metrics::render(&app.metrics, &gauges);
+    body.push_str(&super::rollout::metrics(app, &fleet.clusters, now));
+    Ok(Response::builder()
+        .header(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )
+        .body(Body::new(Bytes::from(body)))
+        .unwrap_or_default())
 }
 
 pub(super) async fn readyz(app: &Arc<App>) -> Response<Body> {
