@@ -684,51 +684,56 @@ pub async fn run(
             }
         };
         for notification in candidates {
-            let sinks: Vec<Sink> = settings
-                .config
-                .sinks
-                .iter()
-                .filter(|s| sink_wants(s, &notification))
-                .cloned()
-                .collect();
-            // Opening and closing episodes is claimed even when no sink wants this trigger: the episodes
-            // decide what every sink gets next.
-            if sinks.is_empty() && notification.claim == EpisodeClaim::Within {
-                continue;
-            }
-            let queued = notification.clone();
-            let deliveries = move |episode: u64| {
-                let notification = queued.in_episode(episode);
-                sinks
-                    .iter()
-                    .map(|sink| NewDelivery {
-                        notification_id: notification.id.clone(),
-                        sink: sink.name.clone(),
-                        body: sink_body(sink, &notification).to_string(),
-                    })
-                    .collect()
-            };
-            match db
-                .claim_notification(
-                    &notification.cluster,
-                    &notification.trigger_key,
-                    notification.serial,
-                    notification.at,
-                    notification.claim,
-                    deliveries,
-                )
-                .await
-            {
-                Ok(Some(episode)) => {
-                    let severity = notification.severity;
-                    let id = notification.in_episode(episode).id;
-                    tracing::info!(%id, ?severity, "notifying");
-                }
-                Ok(None) => {}
-                Err(error) => {
-                    tracing::warn!(%error, id = %notification.id, "cannot claim notification; not sending it");
-                }
-            }
+            claim(&db, &settings.config, notification).await;
+        }
+    }
+}
+
+/// Claims `notification` in the database (deduplicated within its cluster's alert episode) and, in the same
+/// transaction, queues one delivery per sink that wants it.
+async fn claim(db: &Db, config: &Config, notification: Notification) {
+    let sinks: Vec<Sink> = config
+        .sinks
+        .iter()
+        .filter(|s| sink_wants(s, &notification))
+        .cloned()
+        .collect();
+    // Opening and closing episodes is claimed even when no sink wants this trigger: the episodes
+    // decide what every sink gets next.
+    if sinks.is_empty() && notification.claim == EpisodeClaim::Within {
+        return;
+    }
+    let queued = notification.clone();
+    let deliveries = move |episode: u64| {
+        let notification = queued.in_episode(episode);
+        sinks
+            .iter()
+            .map(|sink| NewDelivery {
+                notification_id: notification.id.clone(),
+                sink: sink.name.clone(),
+                body: sink_body(sink, &notification).to_string(),
+            })
+            .collect()
+    };
+    match db
+        .claim_notification(
+            &notification.cluster,
+            &notification.trigger_key,
+            notification.serial,
+            notification.at,
+            notification.claim,
+            deliveries,
+        )
+        .await
+    {
+        Ok(Some(episode)) => {
+            let severity = notification.severity;
+            let id = notification.in_episode(episode).id;
+            tracing::info!(%id, ?severity, "notifying");
+        }
+        Ok(None) => {}
+        Err(error) => {
+            tracing::warn!(%error, id = %notification.id, "cannot claim notification; not sending it");
         }
     }
 }
