@@ -163,15 +163,36 @@ pub fn desired_object_from(
         document,
         detail,
     };
+    let ignored_pointers = strip_ignored(&mut body, policy, &id);
+    let settings = object_settings(&body, policy, &id).map_err(manifest_error)?;
+    add_windvane_labels(&mut body, fleet, app, &id).map_err(manifest_error)?;
+    Ok(DesiredObject {
+        app: app.to_owned(),
+        id,
+        body,
+        wave: settings.wave,
+        self_heal: settings.self_heal,
+        prune: settings.prune,
+        drift_grace_period: policy.drift_grace_period,
+        prevent: settings.prevent,
+        ignored_pointers,
+        file,
+        document,
+        default_namespace: None,
+    })
+}
 
+/// Removes the fields the app's `ignoreDifferences` give to others from `body`; the pointers that apply to
+/// the object, each once.
+fn strip_ignored(body: &mut Value, policy: &Policy, id: &ObjectRef) -> Vec<String> {
     let mut ignored_pointers = Vec::new();
     for ignore in policy
         .ignore_differences
         .iter()
-        .filter(|ignore| ignore.matches(&id))
+        .filter(|ignore| ignore.matches(id))
     {
         for pointer in &ignore.json_pointers {
-            remove_pointer(&mut body, pointer);
+            remove_pointer(body, pointer);
             // Kept even when the manifest does not set it: a field Windvane applied in an earlier release is
             // still Windvane's on the cluster, and must be handed over rather than dropped.
             if !ignored_pointers.contains(pointer) {
@@ -179,85 +200,84 @@ pub fn desired_object_from(
             }
         }
     }
+    ignored_pointers
+}
 
+/// What an object's annotations set over its app's policy.
+struct ObjectSettings {
+    wave: i64,
+    self_heal: bool,
+    prevent: bool,
+    prune: bool,
+}
+
+/// The object's wave, self-heal, prevention and prune settings: its annotations, else its app's policy.
+fn object_settings(
+    body: &Value,
+    policy: &Policy,
+    id: &ObjectRef,
+) -> std::result::Result<ObjectSettings, String> {
     let annotations = body
         .pointer("/metadata/annotations")
         .and_then(Value::as_object);
-    let annotation = |key: &str| {
-        annotations
-            .and_then(|a| a.get(key))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    };
+    let annotation = |key: &str| annotations.and_then(|a| a.get(key)).and_then(Value::as_str);
     let wave = match annotation(WAVE_ANNOTATION) {
         Some(text) => text.trim().parse::<i64>().map_err(|_| {
-            manifest_error(format!(
-                "{id}: annotation {WAVE_ANNOTATION} must be an integer, got {text:?}"
-            ))
+            format!("{id}: annotation {WAVE_ANNOTATION} must be an integer, got {text:?}")
         })?,
         None => 0,
     };
-    let self_heal = match annotation(SELF_HEAL_ANNOTATION).as_deref() {
-        None => policy.self_heal,
-        Some("false") => false,
-        Some("true") => true,
-        Some(other) => {
-            return Err(manifest_error(format!(
-                "{id}: annotation {SELF_HEAL_ANNOTATION} must be \"true\" or \"false\", got {other:?}"
-            )));
-        }
+    let switch = |key: &str, default: bool| match annotation(key) {
+        None => Ok(default),
+        Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(format!(
+            "{id}: annotation {key} must be \"true\" or \"false\", got {other:?}"
+        )),
     };
-    let prevent = match annotation(PREVENT_ANNOTATION).as_deref() {
-        None => policy.prevent,
-        Some("false") => false,
-        Some("true") => true,
-        Some(other) => {
-            return Err(manifest_error(format!(
-                "{id}: annotation {PREVENT_ANNOTATION} must be \"true\" or \"false\", got {other:?}"
-            )));
-        }
-    };
-    let prune = match annotation(PRUNE_ANNOTATION).as_deref() {
+    let self_heal = switch(SELF_HEAL_ANNOTATION, policy.self_heal)?;
+    let prevent = switch(PREVENT_ANNOTATION, policy.prevent)?;
+    let prune = match annotation(PRUNE_ANNOTATION) {
         None => policy.prune,
         Some("disabled") => false,
         Some(other) => {
-            return Err(manifest_error(format!(
+            return Err(format!(
                 "{id}: annotation {PRUNE_ANNOTATION} can only be \"disabled\", got {other:?}"
-            )));
+            ));
         }
     };
+    Ok(ObjectSettings {
+        wave,
+        self_heal,
+        prevent,
+        prune,
+    })
+}
 
+/// Puts Windvane's three labels (managed by, app, fleet) on the object.
+fn add_windvane_labels(
+    body: &mut Value,
+    fleet: &str,
+    app: &str,
+    id: &ObjectRef,
+) -> std::result::Result<(), String> {
     let metadata = body
         .get_mut("metadata")
         .and_then(Value::as_object_mut)
-        .ok_or_else(|| manifest_error("metadata must be a mapping".to_owned()))?;
+        .ok_or_else(|| "metadata must be a mapping".to_owned())?;
     let labels = metadata
         .entry("labels")
         .or_insert_with(|| Value::Object(Map::new()));
     let labels = labels
         .as_object_mut()
-        .ok_or_else(|| manifest_error(format!("{id}: metadata.labels must be a mapping")))?;
+        .ok_or_else(|| format!("{id}: metadata.labels must be a mapping"))?;
     labels.insert(
         MANAGED_BY_LABEL.to_owned(),
         Value::String(MANAGED_BY_VALUE.to_owned()),
     );
     labels.insert(APP_LABEL.to_owned(), Value::String(app.to_owned()));
     labels.insert(FLEET_LABEL.to_owned(), Value::String(fleet.to_owned()));
-
-    Ok(DesiredObject {
-        app: app.to_owned(),
-        id,
-        body,
-        wave,
-        self_heal,
-        prune,
-        drift_grace_period: policy.drift_grace_period,
-        prevent,
-        ignored_pointers,
-        file,
-        document,
-        default_namespace: None,
-    })
+    Ok(())
 }
 
 /// Removes the value at an RFC 6901 `pointer`; true when something was there.
@@ -372,6 +392,38 @@ mod tests {
         let bad = deployment(json!({WAVE_ANNOTATION: "first"}));
         let err = desired_object("acme", "api", &policy, &rendered(bad)).unwrap_err();
         assert!(err.to_string().contains("windvane.io/wave"), "{err}");
+    }
+
+    #[test]
+    fn bad_switch_annotations_and_labels_name_the_object_and_the_field() {
+        let policy = Policy::default();
+        let refused = |object: Value| {
+            desired_object("acme", "api", &policy, &rendered(object))
+                .unwrap_err()
+                .to_string()
+        };
+        let heal = refused(deployment(json!({SELF_HEAL_ANNOTATION: "sometimes"})));
+        assert!(
+            heal.contains(SELF_HEAL_ANNOTATION) && heal.contains("\"true\" or \"false\""),
+            "{heal}"
+        );
+        let prune = refused(deployment(json!({PRUNE_ANNOTATION: "false"})));
+        assert!(
+            prune.contains(PRUNE_ANNOTATION) && prune.contains("can only be \"disabled\""),
+            "{prune}"
+        );
+        // The first bad setting is the one reported, in a fixed order.
+        let both = refused(deployment(
+            json!({PRUNE_ANNOTATION: "no", SELF_HEAL_ANNOTATION: "no"}),
+        ));
+        assert!(both.contains(SELF_HEAL_ANNOTATION), "{both}");
+        let mut listed = deployment(json!({}));
+        listed["metadata"]["labels"] = json!(["a"]);
+        let labels = refused(listed);
+        assert!(
+            labels.contains("metadata.labels must be a mapping"),
+            "{labels}"
+        );
     }
 
     #[test]
