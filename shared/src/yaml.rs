@@ -620,106 +620,130 @@ struct Reading11 {
 /// from the YAML 1.2 core schema.
 fn yaml11_reading(text: &str, is_key: bool) -> Option<Reading11> {
     let quoted = format!("{text:?} (quoted)");
-    let reading = |detail: String, suggestion: String| Some(Reading11 { detail, suggestion });
-    let lower = text.to_ascii_lowercase();
-    if let Some(truth) = match lower.as_str() {
-        "yes" | "on" | "y" => Some(true),
-        "no" | "off" | "n" => Some(false),
-        _ => None,
-    } {
-        return if is_key {
-            reading(
-                format!("a YAML 1.1 reader such as kubectl reads this key as the boolean {truth}"),
-                format!("{quoted} for the key"),
-            )
-        } else {
-            reading(
-                format!("YAML 1.1 reads it as the boolean {truth}, YAML 1.2 as a string"),
-                format!("{quoted} for the string, or {truth} for the boolean"),
-            )
-        };
+    if let Some(reading) = boolean11(text, is_key, &quoted) {
+        return Some(reading);
     }
     if text == "<<" && is_key {
-        return reading(
-            "a YAML 1.1 reader merges the aliased mapping in here; YAML 1.2 has no merge keys"
-                .to_owned(),
-            "the merged fields out in full in this mapping instead of <<".to_owned(),
-        );
+        return Some(Reading11 {
+            detail:
+                "a YAML 1.1 reader merges the aliased mapping in here; YAML 1.2 has no merge keys"
+                    .to_owned(),
+            suggestion: "the merged fields out in full in this mapping instead of <<".to_owned(),
+        });
     }
     if text.contains('_') {
-        let stripped = text.replace('_', "");
-        if let Some(number) = number11(&stripped) {
-            return reading(
-                format!(
-                    "YAML 1.1 ignores the _ and reads the number {number}, YAML 1.2 reads a string"
-                ),
-                format!("{number} for the number, or {quoted} for the string"),
-            );
-        }
-        return None;
+        // A number with underscores or nothing: none of the readings below has one.
+        return underscored11(text, &quoted);
     }
     let (negative, body) = split_sign(text);
-    let sign = if negative { "-" } else { "" };
     let signed = text.len() != body.len();
-    if let Some((prefix, digits)) = body.split_at_checked(2)
-        && let Some(radix) = match prefix {
-            "0b" | "0B" => Some(2),
-            "0o" | "0O" => Some(8),
-            "0x" | "0X" => Some(16),
-            _ => None,
-        }
-        && is_digits(digits, radix)
-        // Go reads a signed or upper-case prefix as a number too; the 1.2 core schema does not.
-        && (radix == 2 || signed || prefix.ends_with(|c: char| c.is_ascii_uppercase()))
-    {
-        let number = magnitude(digits, radix)
-            .map_or_else(|| "a number".to_owned(), |m| format!("{sign}{m}"));
-        let what = if radix == 2 {
-            "binary number"
-        } else {
-            "number"
-        };
-        return reading(
-            format!("YAML 1.1 (kubectl) reads it as the {what} {number}, YAML 1.2 reads a string"),
-            format!("{number} for the number, or {quoted} for the string"),
-        );
-    }
-    if body.len() >= 2 && body.starts_with('0') && is_digits(body, 10) {
-        let decimal = body.trim_start_matches('0');
-        let decimal = if decimal.is_empty() { "0" } else { decimal };
-        if is_digits(body, 8) {
-            let octal =
-                magnitude(body, 8).map_or_else(|| "a large number".to_owned(), |m| m.to_string());
-            let suggestion = if negative {
-                format!(
-                    "-{octal} for the octal value, -{decimal} for the decimal, or {quoted} for the string"
-                )
-            } else {
-                format!("0o{decimal} for the octal number {octal}, or {quoted} for the string")
-            };
-            return reading(
-                format!(
-                    "YAML 1.1 reads it as the octal number {sign}{octal}, YAML 1.2 as the decimal {sign}{decimal}"
+    prefixed11(body, negative, signed, &quoted)
+        .or_else(|| leading_zero11(body, negative, &quoted))
+        .or_else(|| {
+            let sign = if negative { "-" } else { "" };
+            sexagesimal(body).map(|number| Reading11 {
+                detail: format!(
+                    "YAML 1.1 reads it as the base-60 number {sign}{number}, YAML 1.2 reads a string"
                 ),
-                suggestion,
-            );
+                suggestion: format!("{quoted} for the string"),
+            })
+        })
+}
+
+/// `yes`/`no`/`on`/`off`/`y`/`n` in any case: booleans to YAML 1.1.
+fn boolean11(text: &str, is_key: bool, quoted: &str) -> Option<Reading11> {
+    let truth = match text.to_ascii_lowercase().as_str() {
+        "yes" | "on" | "y" => true,
+        "no" | "off" | "n" => false,
+        _ => return None,
+    };
+    Some(if is_key {
+        Reading11 {
+            detail: format!(
+                "a YAML 1.1 reader such as kubectl reads this key as the boolean {truth}"
+            ),
+            suggestion: format!("{quoted} for the key"),
         }
-        return reading(
-            format!(
+    } else {
+        Reading11 {
+            detail: format!("YAML 1.1 reads it as the boolean {truth}, YAML 1.2 as a string"),
+            suggestion: format!("{quoted} for the string, or {truth} for the boolean"),
+        }
+    })
+}
+
+/// A number with `_` separators, which YAML 1.1 ignores.
+fn underscored11(text: &str, quoted: &str) -> Option<Reading11> {
+    let number = number11(&text.replace('_', ""))?;
+    Some(Reading11 {
+        detail: format!(
+            "YAML 1.1 ignores the _ and reads the number {number}, YAML 1.2 reads a string"
+        ),
+        suggestion: format!("{number} for the number, or {quoted} for the string"),
+    })
+}
+
+/// `0b…` in any form, and signed or upper-case `0o…`/`0x…`: numbers to YAML 1.1 (as Go reads them), strings
+/// to the 1.2 core schema.
+fn prefixed11(body: &str, negative: bool, signed: bool, quoted: &str) -> Option<Reading11> {
+    let (prefix, digits) = body.split_at_checked(2)?;
+    let radix = match prefix {
+        "0b" | "0B" => 2,
+        "0o" | "0O" => 8,
+        "0x" | "0X" => 16,
+        _ => return None,
+    };
+    // Go reads a signed or upper-case prefix as a number too; the 1.2 core schema does not.
+    let differs = radix == 2 || signed || prefix.ends_with(|c: char| c.is_ascii_uppercase());
+    if !is_digits(digits, radix) || !differs {
+        return None;
+    }
+    let sign = if negative { "-" } else { "" };
+    let number =
+        magnitude(digits, radix).map_or_else(|| "a number".to_owned(), |m| format!("{sign}{m}"));
+    let what = if radix == 2 {
+        "binary number"
+    } else {
+        "number"
+    };
+    Some(Reading11 {
+        detail: format!(
+            "YAML 1.1 (kubectl) reads it as the {what} {number}, YAML 1.2 reads a string"
+        ),
+        suggestion: format!("{number} for the number, or {quoted} for the string"),
+    })
+}
+
+/// Digits with a leading zero: octal to YAML 1.1 when they can be, never the decimal YAML 1.2 reads.
+fn leading_zero11(body: &str, negative: bool, quoted: &str) -> Option<Reading11> {
+    if body.len() < 2 || !body.starts_with('0') || !is_digits(body, 10) {
+        return None;
+    }
+    let sign = if negative { "-" } else { "" };
+    let decimal = body.trim_start_matches('0');
+    let decimal = if decimal.is_empty() { "0" } else { decimal };
+    if !is_digits(body, 8) {
+        return Some(Reading11 {
+            detail: format!(
                 "a leading zero: YAML 1.1 does not read it as the decimal {sign}{decimal}, YAML 1.2 does"
             ),
-            format!("{sign}{decimal} for the number, or {quoted} for the string"),
-        );
+            suggestion: format!("{sign}{decimal} for the number, or {quoted} for the string"),
+        });
     }
-    if let Some(number) = sexagesimal(body) {
-        return reading(
-            format!(
-                "YAML 1.1 reads it as the base-60 number {sign}{number}, YAML 1.2 reads a string"
-            ),
-            format!("{quoted} for the string"),
-        );
-    }
-    None
+    let octal = magnitude(body, 8).map_or_else(|| "a large number".to_owned(), |m| m.to_string());
+    let suggestion = if negative {
+        format!(
+            "-{octal} for the octal value, -{decimal} for the decimal, or {quoted} for the string"
+        )
+    } else {
+        format!("0o{decimal} for the octal number {octal}, or {quoted} for the string")
+    };
+    Some(Reading11 {
+        detail: format!(
+            "YAML 1.1 reads it as the octal number {sign}{octal}, YAML 1.2 as the decimal {sign}{decimal}"
+        ),
+        suggestion,
+    })
 }
 
 /// The value of `digits` in `radix`, when it fits in 128 bits.
