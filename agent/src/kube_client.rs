@@ -8,6 +8,11 @@
 //! wave of Namespaces took 50 ms instead of 10 for their first answer, every run. Requests to an API server
 //! are small and latency-bound, which is what `TCP_NODELAY` is for (Go's net package sets it on every
 //! connection, the API server's included).
+//!
+//! Not carried over from kube's builder: its debug `HTTP` spans (the agent's own spans on apply, diff and heal
+//! stay) and the expiry stamp of an exec plugin's client certificate (the agent never read it). A kubeconfig
+//! that names a proxy is handed to kube's builder unchanged, which refuses it as before (this build has no
+//! proxy support), rather than connecting around the proxy.
 
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -18,6 +23,9 @@ use tower::retry::RetryLayer;
 
 /// A client for `config`, as kube builds one, with `TCP_NODELAY` on every connection.
 pub fn client(config: kube::Config) -> kube::Result<kube::Client> {
+    if config.proxy_url.is_some() {
+        return kube::Client::try_from(config);
+    }
     observed(config, |_| {})
 }
 
@@ -53,4 +61,19 @@ pub fn observed(
         .map_err(tower::BoxError::from)
         .service(hyper_client);
     Ok(kube::Client::new(service, config.default_namespace))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kubeconfig_naming_a_proxy_is_refused_not_connected_around() {
+        let mut config = kube::Config::new("https://127.0.0.1:6443".parse().expect("url"));
+        config.proxy_url = Some("http://proxy.example:3128".parse().expect("url"));
+        let Err(error) = client(config) else {
+            panic!("a proxy was accepted although this build cannot use one");
+        };
+        assert!(error.to_string().contains("proxy"), "{error}");
+    }
 }
