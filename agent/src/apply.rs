@@ -288,6 +288,7 @@ async fn apply_one(
             match cluster.apply_written(&object.id, &resolved, object.raw_body(), false).await {
                 Ok(written) => {
                     let applied = Baseline::of(&written.live);
+                    // The inventory needs it after the last apply; computed now, it is off that path.
                     applied.digest();
                     let applied = Some(applied);
                     (hooks.observe)(&written.live, written.text);

@@ -401,6 +401,11 @@ async fn unknown_seen(
     (unknown, looks)
 }
 
+/// The name of the `i`th simulated cluster.
+fn edge(i: usize) -> String {
+    format!("edge-{i:03}")
+}
+
 /// Waits until the fleet API of `url` shows exactly the clusters in `degraded` Degraded and every other one of
 /// the [`FLEET_SIZE`] Synced. Counts alone are not enough: a cluster whose recovery is not in yet can stand in
 /// for one whose degradation is not in yet, and the test would move on before the latter ever reported it.
@@ -416,7 +421,7 @@ async fn fleet_shows(http: &reqwest::Client, url: &str, degraded: std::ops::Rang
             }
         };
         let wrong: Vec<_> = (0..FLEET_SIZE)
-            .map(|i| (format!("edge-{i:03}"), expected(i)))
+            .map(|i| (edge(i), expected(i)))
             .filter(|(name, want)| states.get(name).map(String::as_str) != Some(*want))
             .collect();
         if wrong.is_empty() {
@@ -483,9 +488,7 @@ async fn a_replica_killed_under_load_loses_no_heartbeat_and_no_cluster_turns_unk
     script.set(DEGRADED_AFTER, SyncState::Synced);
     fleet_shows(&http, &survivor, 0..0).await;
     // The fleet keeps beating while the notifications are watched, so that silence cannot pass for a flap.
-    let changed = |range: std::ops::Range<usize>| -> Vec<String> {
-        range.map(|i| format!("edge-{i:03}")).collect()
-    };
+    let changed = |range: std::ops::Range<usize>| -> Vec<String> { range.map(edge).collect() };
     one_notification_per_state_change(
         &received,
         &changed(DEGRADED_BEFORE),
@@ -520,7 +523,7 @@ async fn start_fleet(
     let mut fleet = Vec::new();
     for i in 0..FLEET_SIZE {
         let seed = u8::try_from(i + 1).expect("a seed per cluster");
-        let mut agent = SimulatedAgent::new(&format!("edge-{i:03}"), seed, &[("env", "edge")]);
+        let mut agent = SimulatedAgent::new(&edge(i), seed, &[("env", "edge")]);
         agent.interval_seconds = BEAT.as_secs();
         assert_eq!(agent.enroll(http, lb).await.status(), 201);
         let run = report(agent, i, http.clone(), lb.to_owned(), Arc::clone(script));
