@@ -18,7 +18,7 @@ use tracing::warn;
 use windvane_shared::bundle::{Bundle, Policy};
 use windvane_shared::desired::DesiredObject;
 use windvane_shared::render::ClusterIdentity;
-use windvane_shared::sops::{Keyring, Sealed, open_app};
+use windvane_shared::sops::{Keyring, Sealed, is_encrypted, open_app};
 
 use crate::apply::{ObjectResult, Outcome};
 use crate::desired::Desired;
@@ -100,6 +100,15 @@ async fn operator_keyring(client: &kube::Client, namespace: &str, secret: Option
             Keyring::default()
         }
     }
+}
+
+/// True when an app selected for this cluster holds a SOPS object: only then is the keyring needed.
+pub fn any_sealed(bundle: &Bundle, identity: &ClusterIdentity) -> bool {
+    bundle
+        .apps
+        .iter()
+        .filter(|app| app.selector.matches(&identity.labels))
+        .any(|app| app.manifests.iter().any(|m| is_encrypted(&m.object)))
 }
 
 /// Opens the SOPS objects of the apps selected for this cluster, in place; those that do not open come back
@@ -185,6 +194,40 @@ mod tests {
         secret
     }
 
+    /// A bundle of two apps: `plain` (one ConfigMap, every cluster) and `vault` (one SOPS-encrypted
+    /// Secret, only clusters labelled `tier=secure`).
+    fn bundle_with_a_sealed_app() -> Bundle {
+        let config_map = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "plain", "namespace": "default"}, "data": {"a": "b"}});
+        let sealed = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "vault", "namespace": "default"},
+            "data": {"password": "ENC[AES256_GCM,data:…]"},
+            "sops": {"mac": "ENC[AES256_GCM,data:…]", "age": []}});
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "windvane.io/bundle/v1", "fleet": "acme", "apps": [
+                {"name": "plain", "manifests": [{"file": "cm.yaml", "document": 0, "object": config_map}]},
+                {"name": "vault", "selector": {"matchLabels": {"tier": "secure"}},
+                 "manifests": [{"file": "secret.yaml", "document": 0, "object": sealed}]},
+            ]
+        }))
+        .expect("bundle")
+    }
+
+    #[test]
+    fn the_keyring_is_needed_only_when_an_app_of_this_cluster_holds_a_sops_object() {
+        let bundle = bundle_with_a_sealed_app();
+        let cluster = |labels: &[(&str, &str)]| ClusterIdentity {
+            name: "edge-1".to_owned(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        assert!(any_sealed(&bundle, &cluster(&[("tier", "secure")])));
+        assert!(!any_sealed(&bundle, &cluster(&[("tier", "open")])));
+        assert!(!any_sealed(&bundle, &cluster(&[])));
+    }
+
     #[test]
     fn identities_come_from_every_agekey_entry_and_problems_name_the_key_only() {
         let (one, one_public) = Keyring::generate();
@@ -268,9 +311,7 @@ mod tests {
         assert_eq!(app.manifests.len(), 1);
         assert_eq!(app.manifests[0].object["data"]["password"], "aHVudGVyMg==");
         assert!(app.manifests[0].object.get("sops").is_none());
-        assert!(windvane_shared::sops::is_encrypted(
-            &bundle.apps[1].manifests[0].object
-        ));
+        assert!(is_encrypted(&bundle.apps[1].manifests[0].object));
         let result = failed_result(failed[0].0.clone(), failed[0].1.clone());
         assert!(matches!(result.outcome, Outcome::Failed(_)));
     }

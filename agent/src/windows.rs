@@ -22,13 +22,16 @@ pub struct AppWindows {
     pub windows: Vec<Window>,
 }
 
-/// Each app of this cluster's share, by name, to the digest of its definition in the bundle (its
-/// manifests, values, policy): two releases change an app when its digests differ.
+/// Each app of this cluster's share that has windows, by name, to the digest of its definition in the
+/// bundle (its manifests, values, policy, windows): two releases change an app when its digests differ. Only
+/// those apps, since only their windows can hold a release: an app that gains windows is new to this map,
+/// hence changed, as it should be. Digesting every app would serialize the whole release again on each
+/// acceptance, on the first sync's path.
 pub fn app_digests(bundle: &Bundle, labels: &Labels) -> BTreeMap<String, String> {
     bundle
         .apps
         .iter()
-        .filter(|app| app.selector.matches(labels))
+        .filter(|app| !app.windows.is_empty() && app.selector.matches(labels))
         .map(|app| {
             let json = serde_json::to_vec(app).unwrap_or_default();
             (app.name.clone(), sha256_hex(&json))

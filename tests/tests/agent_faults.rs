@@ -3,8 +3,10 @@
 //! apply and its bookkeeping (it recovers from the state Secrets and still prunes what it applied); a 409
 //! conflict and an immutable field (clear failures naming the object, the rest applied); a finalizer that
 //! blocks a prune (the survivor stays in the inventory until it is gone); a watch that expires with
-//! `410 Gone` (relisted without repeating any write or delete); and a leader handover (the standby takes over
-//! within the lease duration, writes nothing it need not, and the Lease does not flap).
+//! `410 Gone` (relisted without repeating any write or delete); a leader handover (the standby takes over
+//! within the lease duration, writes nothing it need not, and the Lease does not flap); and a release the
+//! agent cannot persist as last known good (an admission policy refuses the write): nothing of it is applied
+//! until the write goes through.
 //!
 //! Covered elsewhere and not repeated here: objects that fail without blocking the others and a basic
 //! standby takeover (`agent_sync.rs`), drift made while the agent was down (`agent_drift.rs`).
@@ -875,5 +877,133 @@ async fn the_standby_takes_over_within_the_lease_duration_without_rewrites_or_fl
         before,
         "objects rewritten by the handover"
     );
+    Ok(())
+}
+
+/// A ValidatingAdmissionPolicy (and its binding) that refuses every write of a Secret named
+/// `windvane-release`: the agent's last-known-good release state.
+fn release_state_refusal() -> (Value, Value) {
+    let policy = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "refuse-release-state"},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE"], "resources": ["secrets"],
+            }]},
+            "validations": [{
+                "expression": "object.metadata.name != 'windvane-release'",
+                "message": "release state writes refused by the test",
+            }],
+        },
+    });
+    let binding = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": "refuse-release-state"},
+        "spec": {"policyName": "refuse-release-state", "validationActions": ["Deny"]},
+    });
+    (policy, binding)
+}
+
+fn admission_api(kube: &LocalKube, kind: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+    Api::all_with(kube.client(), &ApiResource::from_gvk(&gvk))
+}
+
+/// How many times the agent has logged that it could not persist a new release.
+fn persist_refusals(agent: &Agent) -> usize {
+    plain(&agent.process.log())
+        .lines()
+        .filter(|l| l.contains("cannot persist the new release"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_cannot_be_persisted_as_last_known_good_is_not_applied() -> anyhow::Result<()>
+{
+    let cm = |name: &str, x: &str| {
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: default}}\ndata: {{x: '{x}'}}\n"
+        )
+    };
+    let kube = LocalKube::start().await?;
+    let publisher = Publisher::new(34)?;
+    let fleet = tree(&cm("a", "1"))?;
+    publisher.publish(&fleet, "stable")?;
+    let server = StoreServer::start(publisher.store()).await?;
+    let agent = Agent::start(
+        &kube,
+        &AgentOptions::new(&server.url(), &publisher.public_key_path(), "c1"),
+    )
+    .await?;
+    agent
+        .wait_status("release 1 synced", SYNC, |s| {
+            s["state"] == "Synced" && s["source"]["appliedSerial"] == 1
+        })
+        .await?;
+
+    // The API server now refuses every write of the release state; a probe Secret of that name elsewhere
+    // shows when the policy is in force (admission policies take effect asynchronously).
+    let (policy, binding) = release_state_refusal();
+    let apply = PatchParams::apply("test").force();
+    admission_api(&kube, "ValidatingAdmissionPolicy")
+        .patch("refuse-release-state", &apply, &Patch::Apply(&policy))
+        .await?;
+    admission_api(&kube, "ValidatingAdmissionPolicyBinding")
+        .patch("refuse-release-state", &apply, &Patch::Apply(&binding))
+        .await?;
+    let probes = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(kube.client(), "default");
+    let probe: k8s_openapi::api::core::v1::Secret =
+        serde_json::from_value(json!({"metadata": {"name": "windvane-release"}}))?;
+    wait_for("the refusal in force", SYNC, || async {
+        Ok(probes
+            .patch("windvane-release", &apply, &Patch::Apply(&probe))
+            .await
+            .is_err()
+            .then_some(()))
+    })
+    .await?;
+
+    // Release 2 changes `a` and adds `b`. The agent fetches and verifies it, but cannot persist it: nothing
+    // of it may be applied. Two refusals logged means the first attempt, and anything it could have done
+    // after, is over.
+    fleet.write(
+        "app/objects.yaml",
+        &[cm("a", "2"), cm("b", "1")].join("---\n"),
+    )?;
+    publisher.publish(&fleet, "stable")?;
+    wait_for("two refused persists", SYNC, || async {
+        Ok((persist_refusals(&agent) >= 2).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        data(config_map(&kube, "default", "a").await?.as_ref(), "x"),
+        Some("1")
+    );
+    assert!(config_map(&kube, "default", "b").await?.is_none());
+    let status = agent.status().await?;
+    assert_eq!(status["source"]["appliedSerial"], 1, "{status}");
+    assert!(status["source"]["staleSince"].is_string(), "{status}");
+    assert!(
+        status["lastError"]
+            .as_str()
+            .is_some_and(|e| e.contains("windvane-release") && e.contains("refused by the test")),
+        "the error names the state object and the API server's reason: {status}"
+    );
+
+    // Writable again: the next poll persists release 2 and applies it.
+    admission_api(&kube, "ValidatingAdmissionPolicyBinding")
+        .delete("refuse-release-state", &DeleteParams::default())
+        .await?;
+    agent
+        .wait_status("release 2 synced", SYNC, |s| {
+            s["state"] == "Synced" && s["source"]["appliedSerial"] == 2
+        })
+        .await?;
+    wait_config_map(&kube, "default", "a", |cm| data(cm, "x") == Some("2")).await?;
+    assert!(config_map(&kube, "default", "b").await?.is_some());
     Ok(())
 }

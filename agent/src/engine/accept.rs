@@ -5,11 +5,11 @@
 //! ([`crate::fetcher`]).
 
 use jiff::Timestamp;
-use tracing::{info, warn};
+use tracing::{Instrument, info, info_span, warn};
 use windvane_shared::bundle::{Bundle, BundleLimits};
 use windvane_shared::release::{self, AcceptedRelease};
 
-use super::{Enforced, Engine};
+use super::{Enforced, Engine, Fresh};
 use crate::fetcher::{Fetched, FetcherConfig, NewRelease};
 use crate::state::KnownGood;
 use crate::{Error, Result};
@@ -94,7 +94,18 @@ impl Engine {
             pointer: pointer_bytes,
             bundle: bundle_bytes,
         };
-        if let Err(error) = self.state.save_known_good(&known_good).await {
+        // Rendered while the write that persists it is out: nothing of it is applied before that write
+        // succeeded, but the rendering no longer waits for it. The render yields first, so that the write
+        // leaves the process (the agent runs on one thread).
+        let enforced_apps = crate::windows::app_digests(&bundle, &self.config.identity.labels);
+        let state = self.state.clone();
+        let render = async {
+            tokio::task::yield_now().await;
+            self.render_bundle(bundle).await
+        }
+        .instrument(info_span!("render", serial = accepted.pointer.serial));
+        let (saved, rendered) = futures::join!(state.save_known_good(&known_good), render);
+        if let Err(error) = saved {
             self.metrics.source_fetch(error.reason());
             warn!(%error, "cannot persist the new release; enforcing the last known good one");
             self.mark_source_stale(&error);
@@ -109,8 +120,8 @@ impl Engine {
             accepted,
             bundle: crate::packed::PackedBundle::new(known_good.bundle),
         });
-        self.enforced_apps = crate::windows::app_digests(&bundle, &self.config.identity.labels);
-        self.fresh_bundle = Some(bundle);
+        self.enforced_apps = enforced_apps;
+        self.fresh = Some(Fresh::Rendered(rendered));
         self.clear_refusal();
         self.mark_source_fresh();
         self.status.send_modify(|status| {

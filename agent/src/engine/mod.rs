@@ -98,8 +98,8 @@ pub struct Engine {
     live: LiveCache,
     changes: mpsc::UnboundedReceiver<Change>,
     enforced: Option<Enforced>,
-    /// The enforced bundle, parsed while verifying it, until the next sync renders it.
-    fresh_bundle: Option<Bundle>,
+    /// The enforced release as last taken in, until the next sync uses it.
+    fresh: Option<Fresh>,
     inventory: Inventory,
     /// The backstop and the retry of an incomplete sync.
     timers: Timers,
@@ -108,13 +108,22 @@ pub struct Engine {
     healer: Healer,
     /// A verified release waiting for this cluster's rollout wave.
     pending: Option<pending::Pending>,
-    /// The digest of each app of the enforced release ([`crate::windows::app_digests`]): a new release's
-    /// maintenance windows hold it only for the apps it changes.
+    /// The digest of each app with windows of the enforced release ([`crate::windows::app_digests`]): a new
+    /// release's maintenance windows hold it only for the apps it changes.
     enforced_apps: BTreeMap<String, String>,
     /// The prevention policy kept in the cluster.
     prevention: prevent::Prevention,
     /// The apps whose drift is only reported now, in a `heal: report` deny window.
     report_only: BTreeSet<String>,
+}
+
+/// A release just taken in, before the next sync renders it again from its bytes.
+#[derive(Debug)]
+enum Fresh {
+    /// Parsed while verifying it (the release the cluster remembered, at start).
+    Parsed(Bundle),
+    /// Rendered while it was being persisted (a release accepted from the source).
+    Rendered(reconcile::RenderedRelease),
 }
 
 impl Engine {
@@ -142,7 +151,10 @@ impl Engine {
             ContestTracker::default(),
             metrics.clone(),
         );
-        let inventory = state.load_inventory().await?;
+        // Both reads at once: they stand between becoming the leader and the first poll.
+        let (inventory, known_good) =
+            futures::join!(state.load_inventory(), state.load_known_good());
+        let inventory = inventory?;
         let timers = Timers::new(config.backstop_interval, Instant::now(), random_unit());
         status.send_modify(|status| status.source.channel = config.channel.clone());
         let mut engine = Self {
@@ -153,7 +165,7 @@ impl Engine {
             live,
             changes,
             enforced: None,
-            fresh_bundle: None,
+            fresh: None,
             inventory,
             timers,
             status,
@@ -164,7 +176,7 @@ impl Engine {
             prevention: prevent::Prevention::default(),
             report_only: BTreeSet::new(),
         };
-        match engine.state.load_known_good().await {
+        match known_good {
             Ok(Some(known_good)) => match engine.verify_known_good(&known_good) {
                 Ok(bundle) => {
                     let enforced = Enforced {
@@ -178,7 +190,7 @@ impl Engine {
                     engine.enforced = Some(enforced);
                     engine.enforced_apps =
                         crate::windows::app_digests(&bundle.1, &engine.config.identity.labels);
-                    engine.fresh_bundle = Some(bundle.1);
+                    engine.fresh = Some(Fresh::Parsed(bundle.1));
                 }
                 Err(error) => {
                     error!(%error, "the persisted last known good release does not verify; ignoring it")

@@ -213,32 +213,48 @@ impl Engine {
         Ok(())
     }
 
-    /// Deletes the binding, then the policy (once per agent start, and whenever they were applied).
+    /// Deletes the policy and its binding unless they are known absent (once per agent start, and whenever
+    /// they were applied).
     async fn remove_prevention(&mut self) -> Result<(), String> {
-        if self.prevention.settled && self.prevention.applied.is_none() {
+        if !self.prevention_may_exist() {
             return Ok(());
         }
-        // Both at once: after a start this runs inside the first sync, whether or not they ever existed.
-        let engine = &*self;
+        self.delete_prevention().await?;
+        self.prevention_removed();
+        Ok(())
+    }
+
+    /// False once the policy is known absent (removed, or found missing by the first sync).
+    pub(super) fn prevention_may_exist(&self) -> bool {
+        !self.prevention.settled || self.prevention.applied.is_some()
+    }
+
+    /// Deletes the policy and its binding, both at once; objects already gone count as removed. After a start
+    /// this runs in the first sync, whether or not they ever existed.
+    pub(super) async fn delete_prevention(&self) -> Result<(), String> {
         let removals = [BINDING_KIND, POLICY_KIND].map(|kind| async move {
-            let id = engine.prevention_ref(kind);
+            let id = self.prevention_ref(kind);
             // A cluster without the API has nothing to remove.
-            let Ok(resolved) = engine.cluster.resolve(API_VERSION, kind).await else {
+            let Ok(resolved) = self.cluster.resolve(API_VERSION, kind).await else {
                 return Ok(());
             };
-            match engine.cluster.delete(&id, &resolved).await {
+            match self.cluster.delete(&id, &resolved).await {
                 Ok(Deletion::Gone | Deletion::Pending { .. }) => Ok(()),
                 Err(error) => Err(error.to_string()),
             }
         });
-        for removed in futures::future::join_all(removals).await {
-            removed?;
-        }
+        futures::future::join_all(removals)
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    /// Records that the policy and its binding are gone.
+    pub(super) fn prevention_removed(&mut self) {
         if self.prevention.applied.take().is_some() {
             info!("prevention turned off: policy removed");
         }
         self.prevention.settled = true;
-        Ok(())
     }
 
     fn prevention_ref(&self, kind: &str) -> ObjectRef {

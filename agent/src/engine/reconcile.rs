@@ -18,7 +18,7 @@ use windvane_shared::release;
 use windvane_shared::render::ClusterIdentity;
 
 use super::timers::Next;
-use super::{Enforced, Engine};
+use super::{Enforced, Engine, Fresh};
 use crate::apply::{ApplyReport, Hooks, ObjectResult, Outcome, apply_all};
 use crate::cluster::Deletion;
 use crate::desired::Desired;
@@ -35,7 +35,8 @@ use windvane_shared::status::SyncState;
 type RenderError = (String, String);
 
 /// A release rendered for this cluster, ready to apply.
-struct RenderedRelease {
+#[derive(Debug)]
+pub(super) struct RenderedRelease {
     desired: Vec<Desired>,
     unrendered: Vec<RenderError>,
     /// SOPS objects that did not open, with why: never sent.
@@ -43,6 +44,8 @@ struct RenderedRelease {
     order: super::ordered::AppOrder,
     /// Apps a deny window holds to reporting drift.
     report_only: BTreeSet<String>,
+    /// When a window next starts or ends, changing which apps only report.
+    policy_change: Option<Timestamp>,
     /// Apps not all of whose objects are there to apply, with why (their dependants wait).
     unready: BTreeMap<String, String>,
     /// Nothing at all for this cluster.
@@ -107,9 +110,17 @@ impl Engine {
         };
         let enforced = &*enforced;
         let rendered = started.elapsed();
-        let mut report = self
-            .apply_ordered(release.desired, release.order, &release.unready)
-            .await;
+        // A release that guards nothing needs no prevention policy: a policy left by an earlier release or an
+        // earlier agent is deleted while the objects are applied, not after them.
+        let remove_prevention =
+            self.prevention_may_exist() && !release.desired.iter().any(|object| object.prevent);
+        let (mut report, prevention_removed) = futures::join!(
+            self.apply_ordered(release.desired, release.order, &release.unready),
+            async { remove_prevention && self.delete_prevention().await.is_ok() }
+        );
+        if prevention_removed {
+            self.prevention_removed();
+        }
         let applied_by = started.elapsed();
         // Objects that did not open are Failed, never sent; their apps' prunes wait like any failure's.
         report.results.extend(
@@ -138,16 +149,39 @@ impl Engine {
         concluded.next
     }
 
-    /// This cluster's share of the enforced release, rendered (SOPS objects opened with the cluster's key),
-    /// with the apps a deny window holds to reporting marked so. `None` when the bundle cannot be read.
+    /// This cluster's share of the enforced release: as rendered when it was accepted, or rendered now from
+    /// its bundle. `None` when the bundle cannot be read.
     async fn render_release(&mut self, enforced: &mut Enforced) -> Option<RenderedRelease> {
-        let bundle = self.take_bundle(enforced)?;
-        let keyring = crate::secrets::load_keyring(
-            self.cluster.client(),
-            &self.config.namespace,
-            self.config.age_key_secret.as_deref(),
-        )
-        .await;
+        let release = match self.fresh.take() {
+            Some(Fresh::Rendered(release)) => release,
+            Some(Fresh::Parsed(bundle)) => self.render_bundle(bundle).await,
+            None => {
+                let bundle = self.parse_enforced(enforced)?;
+                self.render_bundle(bundle).await
+            }
+        };
+        self.timers
+            .policy_changes_at(release.policy_change.map(instant_at));
+        // Read again only to render it once more (a retried sync): kept compressed from now on.
+        enforced.bundle.pack();
+        Some(release)
+    }
+
+    /// This cluster's share of `bundle`, rendered (SOPS objects opened with the cluster's key), with the apps
+    /// a deny window holds to reporting marked so.
+    pub(super) async fn render_bundle(&self, bundle: Bundle) -> RenderedRelease {
+        // Read only for a release that has something sealed for this cluster: a request less on every other
+        // sync, and no key material in memory that nothing needs.
+        let keyring = if crate::secrets::any_sealed(&bundle, &self.config.identity) {
+            crate::secrets::load_keyring(
+                self.cluster.client(),
+                &self.config.namespace,
+                self.config.age_key_secret.as_deref(),
+            )
+            .await
+        } else {
+            windvane_shared::sops::Keyring::default()
+        };
         let order = super::ordered::AppOrder::of(&bundle, &self.config.identity);
         let (report_only, policy_change) = crate::windows::report_only_apps(
             &bundle,
@@ -155,12 +189,10 @@ impl Engine {
             Timestamp::now(),
         );
         let (mut desired, unrendered, sealed) = render(bundle, &self.config.identity, &keyring);
+        drop(keyring);
         for object in desired.iter_mut().filter(|o| report_only.contains(&o.app)) {
             object.self_heal = false;
         }
-        self.timers.policy_changes_at(policy_change.map(instant_at));
-        drop(keyring);
-        enforced.bundle.pack();
         let empty = desired.is_empty() && unrendered.is_empty() && sealed.is_empty();
         let mut unready: BTreeMap<String, String> = unrendered
             .iter()
@@ -171,15 +203,16 @@ impl Engine {
                 .entry(object.app.clone())
                 .or_insert_with(|| format!("{} did not open (SOPS)", object.id));
         }
-        Some(RenderedRelease {
+        RenderedRelease {
             desired,
             unrendered,
             sealed,
             order,
             report_only,
+            policy_change,
             unready,
             empty,
-        })
+        }
     }
 
     /// After the applies: prunes what left the release, persists the next inventory (beside the prevention
@@ -204,12 +237,16 @@ impl Engine {
             complete,
         );
         // The prevention policy is kept beside the inventory's write, and the objects' statuses (their health,
-        // read from the live cache) are judged while both requests are out: none waits for another.
+        // read from the live cache) are judged while both requests are out: none waits for another. The agent
+        // runs on one thread, so the judging first yields: until it does, no request leaves the process.
         let (state, live) = (self.state.clone(), self.live.clone());
         let (saved, prevention, objects) = futures::join!(
             state.save_inventory(&next),
             self.keep_prevention(&report.results, serial),
-            async { object_statuses(&live, report) }
+            async {
+                tokio::task::yield_now().await;
+                object_statuses(&live, report)
+            }
         );
         if let Err(error) = saved {
             error!(%error, "cannot persist the inventory");
@@ -317,11 +354,8 @@ impl Engine {
         }
     }
 
-    /// The enforced bundle, parsed: as verified on acceptance, or parsed again from its bytes.
-    fn take_bundle(&mut self, enforced: &Enforced) -> Option<Bundle> {
-        if let Some(bundle) = self.fresh_bundle.take() {
-            return Some(bundle);
-        }
+    /// The enforced bundle, parsed again from its bytes.
+    fn parse_enforced(&self, enforced: &Enforced) -> Option<Bundle> {
         let Some(bytes) = enforced.bundle.bytes() else {
             error!("the enforced bundle no longer decompresses");
             return None;
@@ -592,8 +626,9 @@ fn inventory_record(result: &ObjectResult) -> Applied {
     })
 }
 
-/// Where a sync's time went: reading the keyring and rendering; applying; pruning and persisting the
-/// inventory (with the prevention policy); and in all.
+/// Where a sync's time went: reading the keyring and rendering (a release accepted from the source was
+/// rendered while it was persisted, so only what is left of that shows); applying; pruning and persisting
+/// the inventory (with the prevention policy); and in all.
 struct Phases {
     render: std::time::Duration,
     apply: std::time::Duration,

@@ -51,6 +51,11 @@ fn only_the_apps_a_release_changes_bring_their_windows() {
         ("tools", "2", vec![]),
     ]);
     let enforced = app_digests(&one, &labels);
+    // Apps without windows can never hold a release: they are not digested.
+    assert_eq!(
+        enforced.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["payments", "search"]
+    );
     assert_eq!(
         names(&changed_app_windows(&enforced, &two, &labels)),
         ["payments"]
