@@ -57,6 +57,13 @@ fn names(prefix: &str, range: std::ops::Range<usize>) -> BTreeSet<String> {
     range.map(|i| format!("{prefix}-{i}")).collect()
 }
 
+/// A ConfigMap `default/name` with data `x`, and `extra_metadata` (`, key: value`) in its metadata.
+fn config_map_with_x(name: &str, extra_metadata: &str, x: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: default{extra_metadata}}}\ndata: {{x: '{x}'}}\n"
+    )
+}
+
 /// The agent as a supervisor (kubelet, systemd) runs it: started again whenever it exits. Leader election
 /// makes the agent exit when it cannot renew its Lease, e.g. while the API server is down.
 struct Supervised {
@@ -352,11 +359,7 @@ async fn an_agent_killed_between_apply_and_bookkeeping_recovers_and_prunes_what_
 async fn a_conflict_and_an_immutable_field_fail_clearly_and_the_rest_applies() -> anyhow::Result<()>
 {
     const DEPLOYMENT: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: default}\nspec:\n  replicas: 1\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec: {containers: [{name: web, image: registry.example.com/web:1.0}]}\n";
-    let cm = |name: &str, extra_metadata: &str, x: &str| {
-        format!(
-            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: default{extra_metadata}}}\ndata: {{x: '{x}'}}\n"
-        )
-    };
+    let cm = config_map_with_x;
     let kube = LocalKube::start().await?;
     let publisher = Publisher::new(33)?;
     let fleet = tree(&[DEPLOYMENT.to_owned(), cm("a", "", "1"), cm("b", "", "1")].join("---\n"))?;
@@ -924,11 +927,7 @@ fn persist_refusals(agent: &Agent) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_that_cannot_be_persisted_as_last_known_good_is_not_applied() -> anyhow::Result<()>
 {
-    let cm = |name: &str, x: &str| {
-        format!(
-            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: default}}\ndata: {{x: '{x}'}}\n"
-        )
-    };
+    let cm = |name: &str, x: &str| config_map_with_x(name, "", x);
     let kube = LocalKube::start().await?;
     let publisher = Publisher::new(34)?;
     let fleet = tree(&cm("a", "1"))?;
