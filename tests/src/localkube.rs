@@ -147,6 +147,13 @@ impl LocalKube {
         &self.config
     }
 
+    /// The cluster-wide API of an `admissionregistration.k8s.io/v1` kind (`ValidatingAdmissionPolicy`,
+    /// `ValidatingAdmissionPolicyBinding`), as cluster admin.
+    pub fn admission_api(&self, kind: &str) -> kube::Api<kube::api::DynamicObject> {
+        let gvk = kube::core::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+        kube::Api::all_with(self.client(), &kube::core::ApiResource::from_gvk(&gvk))
+    }
+
     /// One key of a ConfigMap's `data` ("" when the key is absent); an error names the ConfigMap.
     pub async fn config_value(&self, namespace: &str, name: &str, key: &str) -> Result<String> {
         let config = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(

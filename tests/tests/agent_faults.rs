@@ -911,11 +911,6 @@ fn release_state_refusal() -> (Value, Value) {
     (policy, binding)
 }
 
-fn admission_api(kube: &LocalKube, kind: &str) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
-    Api::all_with(kube.client(), &ApiResource::from_gvk(&gvk))
-}
-
 /// How many times the agent has logged that it could not persist a new release.
 fn persist_refusals(agent: &Agent) -> usize {
     plain(&agent.process.log())
@@ -948,10 +943,10 @@ async fn a_release_that_cannot_be_persisted_as_last_known_good_is_not_applied() 
     // shows when the policy is in force (admission policies take effect asynchronously).
     let (policy, binding) = release_state_refusal();
     let apply = PatchParams::apply("test").force();
-    admission_api(&kube, "ValidatingAdmissionPolicy")
+    kube.admission_api("ValidatingAdmissionPolicy")
         .patch("refuse-release-state", &apply, &Patch::Apply(&policy))
         .await?;
-    admission_api(&kube, "ValidatingAdmissionPolicyBinding")
+    kube.admission_api("ValidatingAdmissionPolicyBinding")
         .patch("refuse-release-state", &apply, &Patch::Apply(&binding))
         .await?;
     let probes = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(kube.client(), "default");
@@ -994,7 +989,7 @@ async fn a_release_that_cannot_be_persisted_as_last_known_good_is_not_applied() 
     );
 
     // Writable again: the next poll persists release 2 and applies it.
-    admission_api(&kube, "ValidatingAdmissionPolicyBinding")
+    kube.admission_api("ValidatingAdmissionPolicyBinding")
         .delete("refuse-release-state", &DeleteParams::default())
         .await?;
     agent

@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, DynamicObject, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use windvane_tests::fleet::{
     AGENT_NAMESPACE, Agent, AgentOptions, FleetTree, Publisher, object_state,
@@ -183,19 +182,13 @@ fn denial(serial: u64) -> String {
     )
 }
 
-fn admission(kind: &str) -> ApiResource {
-    let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
-    ApiResource::from_gvk(&gvk)
-}
-
 async fn policy_objects(kube: &LocalKube) -> anyhow::Result<Vec<Option<DynamicObject>>> {
     let mut found = Vec::new();
     for kind in [
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     ] {
-        let api: Api<DynamicObject> = Api::all_with(kube.client(), &admission(kind));
-        found.push(api.get_opt(POLICY).await?);
+        found.push(kube.admission_api(kind).get_opt(POLICY).await?);
     }
     Ok(found)
 }

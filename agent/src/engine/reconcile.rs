@@ -114,11 +114,11 @@ impl Engine {
         // earlier agent is deleted while the objects are applied, not after them.
         let remove_prevention =
             self.prevention_may_exist() && !release.desired.iter().any(|object| object.prevent);
-        let (mut report, prevention_removed) = futures::join!(
+        let (mut report, removed_early) = futures::join!(
             self.apply_ordered(release.desired, release.order, &release.unready),
             async { remove_prevention && self.delete_prevention().await.is_ok() }
         );
-        if prevention_removed {
+        if removed_early {
             self.prevention_removed();
         }
         let applied_by = started.elapsed();
