@@ -259,10 +259,11 @@ pub fn next(
     serial: u64,
     complete: bool,
 ) -> Inventory {
-    let mut entries = BTreeMap::new();
-    let mut desired_keys = BTreeSet::new();
-    for outcome in applied {
-        match outcome {
+    // Collected first and built in one go: sorting a sync's thousand entries at once costs a fraction of
+    // inserting them one by one, on the path between the last apply and the inventory's write.
+    let mut entries: BTreeMap<ObjectKey, InventoryEntry> = applied
+        .into_iter()
+        .filter_map(|outcome| match outcome {
             Applied::Yes(mut entry) => {
                 let key = entry.key();
                 if entry.owned_digest.is_none() {
@@ -271,17 +272,12 @@ pub fn next(
                         .get(&key)
                         .and_then(|e| e.owned_digest.clone());
                 }
-                desired_keys.insert(key.clone());
-                entries.insert(key, entry);
+                Some((key, entry))
             }
-            Applied::No(key) => {
-                if let Some(entry) = previous.entries.get(&key) {
-                    entries.insert(key.clone(), entry.clone());
-                }
-                desired_keys.insert(key);
-            }
-        }
-    }
+            // A failing object is still ours: its previous entry stays.
+            Applied::No(key) => previous.entries.get(&key).map(|entry| (key, entry.clone())),
+        })
+        .collect();
     let mut prunes_wait = !prune.postponed.is_empty();
     for entry in &prune.delete {
         match pruned.get(&entry.key()).copied().unwrap_or(Pruned::Pending) {
@@ -299,13 +295,12 @@ pub fn next(
         entries.insert(entry.key(), orphaned(entry));
     }
     // Objects that stay out of the release only because pruning waits remain managed; orphans stay reported
-    // until their object is gone.
-    let kept = prune.postponed.iter().chain(
-        previous
-            .entries
-            .values()
-            .filter(|e| e.orphaned && !desired_keys.contains(&e.key())),
-    );
+    // until their object is gone. (An orphan back in the release has its entry from this sync already: every
+    // desired key that the previous inventory holds is in `entries` by now.)
+    let kept = prune
+        .postponed
+        .iter()
+        .chain(previous.entries.values().filter(|e| e.orphaned));
     for entry in kept {
         entries.entry(entry.key()).or_insert_with(|| entry.clone());
     }

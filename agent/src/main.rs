@@ -197,6 +197,9 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
         &config.identity,
         LeaseTiming::default(),
     );
+    // Built on another thread while the lease is acquired: it is CPU work, and the lease requests are not.
+    let source_config = config.engine.clone();
+    let source = tokio::task::spawn_blocking(move || Engine::source_client(&source_config));
     let mut waiting = shutdown.clone();
     tokio::select! {
         () = elector.acquire() => {}
@@ -221,7 +224,10 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
                 url: r.server.clone(),
                 token: r.token.clone(),
             });
-    let engine = Engine::start(engine_config, client, status_tx, metrics).await?;
+    let source = source
+        .await
+        .context("building the source's HTTP client")??;
+    let engine = Engine::start(engine_config, client, source, status_tx, metrics).await?;
     tokio::select! {
         result = engine.run(shutdown) => result.context("sync engine")?,
         lost = elector.keep() => return Err(lost).context("stopping: leadership lost"),

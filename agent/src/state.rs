@@ -3,16 +3,23 @@
 //! the inventory. Each is one "blob": gzip-compressed, stored inline in one Secret when small, otherwise in
 //! chunk Secrets written first and switched to by rewriting the index Secret, so a crash mid-write leaves the
 //! previous blob readable. Readers check the blob's SHA-256 before using it.
+//!
+//! A Secret the store knows to exist (it read or wrote it) is replaced, one it does not know is created; only
+//! when the cluster disagrees (someone deleted or created it meanwhile) is the other request sent. A plain
+//! create or replace costs the API server about half of a server-side apply of the same large Secret, and
+//! these writes stand on a sync's path. Chunks that a save leaves unused are removed afterwards, by
+//! [`StateStore::collect_garbage`], which the engine calls once a sync has finished.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io::Read;
+use std::sync::{Arc, Mutex};
 
 use flate2::Compression;
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use serde::{Deserialize, Serialize};
 use windvane_shared::desired::FIELD_MANAGER;
 use windvane_shared::digest::sha256_hex;
@@ -44,6 +51,17 @@ pub struct StateStore {
     secrets: Api<Secret>,
     namespace: String,
     prefix: String,
+    /// Names of this store's Secrets known to exist, because it read or wrote them.
+    existing: Arc<Mutex<HashSet<String>>>,
+    /// Blobs saved since their unused chunks were last removed, by blob.
+    uncollected: Arc<Mutex<BTreeMap<String, Saved>>>,
+}
+
+/// What a save left: the name of the blob's index Secret and the chunks that index names.
+#[derive(Debug, Clone)]
+struct Saved {
+    index: String,
+    chunks: Vec<String>,
 }
 
 impl std::fmt::Debug for StateStore {
@@ -69,6 +87,8 @@ impl StateStore {
             secrets: Api::namespaced(client, namespace),
             namespace: namespace.to_owned(),
             prefix: prefix.to_owned(),
+            existing: Arc::default(),
+            uncollected: Arc::default(),
         }
     }
 
@@ -107,6 +127,7 @@ impl StateStore {
         else {
             return Ok(None);
         };
+        self.known_to_exist(&name);
         let data = secret.data.unwrap_or_default();
         let corrupt = |detail: String| Error::StateCorrupt {
             object: object.clone(),
@@ -187,13 +208,53 @@ impl StateStore {
             ByteString(serde_json::to_vec(&index).unwrap_or_default()),
         );
         self.put(&name, blob, data).await?;
-        // After the index write, not beside it: the kube client speaks HTTP/1.1, and a second request at once
-        // costs a new TLS connection (tens of milliseconds on a busy machine, on the first sync's path) where
-        // the list itself, served from the API server's cache, takes a millisecond or two.
-        let listed = self.list_blob(blob).await?;
-        self.remove_stale_chunks(&name, &chunks, listed).await
+        self.uncollected.lock().expect("state store lock").insert(
+            blob.to_owned(),
+            Saved {
+                index: name,
+                chunks,
+            },
+        );
+        Ok(())
     }
 
+    /// Removes the Secrets of each blob saved since the last call that its index no longer names: chunks of
+    /// an earlier save, or of a save cut short. Runs after a save rather than within it, so that the list it
+    /// needs is off the sync's path; a blob whose removal failed is tried again on the next call. Must not
+    /// run beside a save (the engine, the only writer, calls it between syncs).
+    pub async fn collect_garbage(&self) -> Result<()> {
+        let pending = std::mem::take(&mut *self.uncollected.lock().expect("state store lock"));
+        let mut result = Ok(());
+        for (blob, saved) in pending {
+            let removed = match self.list_blob(&blob).await {
+                Ok(listed) => {
+                    self.remove_stale_chunks(&saved.index, &saved.chunks, listed)
+                        .await
+                }
+                Err(error) => Err(error),
+            };
+            if let Err(error) = removed {
+                // Unless a save since has a newer account of the blob.
+                self.uncollected
+                    .lock()
+                    .expect("state store lock")
+                    .entry(blob)
+                    .or_insert(saved);
+                result = Err(error);
+            }
+        }
+        result
+    }
+
+    fn known_to_exist(&self, name: &str) {
+        self.existing
+            .lock()
+            .expect("state store lock")
+            .insert(name.to_owned());
+    }
+
+    /// Writes the Secret `name` whole: replaced when known to exist, else created; the other when the
+    /// cluster disagrees.
     async fn put(&self, name: &str, blob: &str, data: BTreeMap<String, ByteString>) -> Result<()> {
         let secret = Secret {
             metadata: ObjectMeta {
@@ -212,15 +273,33 @@ impl StateStore {
             type_: Some("Opaque".to_owned()),
             ..Secret::default()
         };
-        self.secrets
-            .patch(
-                name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&secret),
-            )
-            .await
-            .map(|_| ())
-            .map_err(|e| self.state_error(name, &e))
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        let exists = self
+            .existing
+            .lock()
+            .expect("state store lock")
+            .contains(name);
+        let written = if exists {
+            match self.secrets.replace(name, &params, &secret).await {
+                Err(kube::Error::Api(status)) if status.code == 404 => {
+                    self.secrets.create(&params, &secret).await
+                }
+                other => other,
+            }
+        } else {
+            match self.secrets.create(&params, &secret).await {
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    self.secrets.replace(name, &params, &secret).await
+                }
+                other => other,
+            }
+        };
+        written.map_err(|e| self.state_error(name, &e))?;
+        self.known_to_exist(name);
+        Ok(())
     }
 
     /// The names of the Secrets of `blob`, as the API server's cache has them: a consistent list waits for that
@@ -253,7 +332,12 @@ impl StateStore {
                 continue;
             }
             match self.secrets.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => {}
+                Ok(_) => {
+                    self.existing
+                        .lock()
+                        .expect("state store lock")
+                        .remove(&name);
+                }
                 Err(kube::Error::Api(status)) if status.code == 404 => {}
                 Err(error) => return Err(self.state_error(&name, &error)),
             }

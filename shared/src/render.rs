@@ -22,6 +22,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::fmt::Write as _;
 
 use serde_json::{Map, Value};
 
@@ -245,30 +246,17 @@ fn render_manifest(
     manifest: Cow<'_, Manifest>,
     context: &Variables,
 ) -> Result<(Value, String, usize)> {
-    let site = Site::new(app, &manifest);
-    let substituted = if substitutes(app, &manifest, &site)? {
-        Some(render_value(
-            &manifest.object,
-            context,
-            &site,
-            &mut String::new(),
-        )?)
-    } else {
-        None
-    };
+    let Manifest {
+        file,
+        document,
+        object: mut body,
+    } = manifest.into_owned();
+    let site = Site::new(app, &file, document, &body);
+    if substitutes(app, &body, &site)? {
+        render_in_place(&mut body, context, &site, &mut String::new())?;
+    }
     drop(site);
-    Ok(match manifest {
-        Cow::Borrowed(manifest) => (
-            substituted.unwrap_or_else(|| manifest.object.clone()),
-            manifest.file.clone(),
-            manifest.document,
-        ),
-        Cow::Owned(manifest) => (
-            substituted.unwrap_or(manifest.object),
-            manifest.file,
-            manifest.document,
-        ),
-    })
+    Ok((body, file, document))
 }
 
 /// The Namespace of an app's `createNamespace: true`, unless the app writes that Namespace out itself (it
@@ -305,9 +293,9 @@ pub const SUBSTITUTE_ANNOTATION: &str = "windvane.io/substitute";
 /// Whether a manifest's `${…}` variables are filled in: not when its app says `substitute: false` or the
 /// object carries `windvane.io/substitute: "disabled"` (files whose own `${…}` syntax collides with ours).
 /// Any other value than `disabled`/`enabled` is an error, so that a typo does not silently substitute.
-fn substitutes(app: &App, manifest: &Manifest, site: &Site) -> Result<bool> {
+fn substitutes(app: &App, object: &Value, site: &Site) -> Result<bool> {
     let pointer = "/metadata/annotations/windvane.io~1substitute";
-    match manifest.object.pointer(pointer) {
+    match object.pointer(pointer) {
         None => Ok(app.substitute),
         Some(Value::String(value)) if value == "disabled" => Ok(false),
         Some(Value::String(value)) if value == "enabled" => Ok(app.substitute),
@@ -417,13 +405,13 @@ struct Site<'a> {
 }
 
 impl<'a> Site<'a> {
-    fn new(app: &'a App, manifest: &'a Manifest) -> Self {
-        let object = ObjectRef::of(&manifest.object)
+    fn new(app: &'a App, file: &'a str, document: usize, object: &Value) -> Self {
+        let object = ObjectRef::of(object)
             .map_or_else(|| "unidentified object".to_owned(), |id| id.to_string());
         Self {
             app: &app.name,
-            file: &manifest.file,
-            document: manifest.document,
+            file,
+            document,
             object,
         }
     }
@@ -451,40 +439,43 @@ impl<'a> Site<'a> {
     }
 }
 
-/// Renders `value`, whose RFC 6901 pointer is `pointer` (extended in place while walking, to avoid building a
-/// string per node).
-fn render_value(
-    value: &Value,
+/// Substitutes the variables in `value` where it is, its RFC 6901 pointer being `pointer` (extended and cut
+/// back while walking, for the messages of errors: no string is built per node).
+fn render_in_place(
+    value: &mut Value,
     context: &Variables<'_>,
     site: &Site<'_>,
     pointer: &mut String,
-) -> Result<Value> {
+) -> Result<()> {
     match value {
-        Value::String(text) => render_string(text, context, site, pointer),
+        // Most strings hold no `$`: they are left where they are, not copied.
+        Value::String(text) if text.contains('$') => {
+            *value = render_string(text, context, site, pointer)?;
+        }
         Value::Array(items) => {
-            let mut out = Vec::with_capacity(items.len());
-            for (index, item) in items.iter().enumerate() {
+            for (index, item) in items.iter_mut().enumerate() {
                 let len = pointer.len();
-                pointer.push('/');
-                pointer.push_str(&index.to_string());
-                out.push(render_value(item, context, site, pointer)?);
+                let _ = write!(pointer, "/{index}");
+                render_in_place(item, context, site, pointer)?;
                 pointer.truncate(len);
             }
-            Ok(Value::Array(out))
         }
         Value::Object(map) => {
-            let mut out = Map::with_capacity(map.len());
-            for (key, item) in map {
+            for (key, item) in map.iter_mut() {
                 let len = pointer.len();
                 pointer.push('/');
-                pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
-                out.insert(key.clone(), render_value(item, context, site, pointer)?);
+                if key.contains(['~', '/']) {
+                    pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
+                } else {
+                    pointer.push_str(key);
+                }
+                render_in_place(item, context, site, pointer)?;
                 pointer.truncate(len);
             }
-            Ok(Value::Object(out))
         }
-        Value::Null | Value::Bool(_) | Value::Number(_) => Ok(value.clone()),
+        Value::String(_) | Value::Null | Value::Bool(_) | Value::Number(_) => {}
     }
+    Ok(())
 }
 
 /// Whether a `${...}` expression (or the start of an unterminated one) is ours: only the `cluster` and
@@ -785,11 +776,11 @@ mod tests {
             Err(Error::UndefinedVariable { .. })
         ));
         // The object in the message is the one as written, with the unrendered name.
-        let object = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "${values.name}"}, "data": {"a/b": "${values.x}"}});
+        let object = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "${values.name}"}, "data": {"a/b~c": "${values.x}"}});
         let err = render_app(&app(json!({"name": "cm"}), vec![object]), &cluster()).unwrap_err();
         let message = err.to_string();
         assert!(
-            message.contains("ConfigMap ${values.name}") && message.contains("/data/a~1b"),
+            message.contains("ConfigMap ${values.name}") && message.contains("/data/a~1b~0c"),
             "{message}"
         );
     }

@@ -41,7 +41,9 @@ const defaultControllers = "*," +
 
 // startAPIServer runs kube-apiserver in this process, serving on ln, until ctx
 // is cancelled. The returned channel receives Run's result once it returns.
-func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki) (<-chan error, error) {
+// With profiling, the apiserver serves /debug/pprof/: one process, so its CPU
+// profile covers etcd, the controllers and the fake node as well.
+func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki, profiling bool) (<-chan error, error) {
 	port := ln.Addr().(*net.TCPAddr).Port
 	args := []string{
 		"--etcd-servers=" + etcdURL,
@@ -60,7 +62,7 @@ func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki)
 		"--authorization-mode=Node,RBAC",
 		"--enable-admission-plugins=NodeRestriction",
 		"--allow-privileged=true",
-		"--profiling=false",
+		"--profiling=" + strconv.FormatBool(profiling),
 		"--shutdown-delay-duration=0s",
 	}
 

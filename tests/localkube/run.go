@@ -52,6 +52,7 @@ type config struct {
 	readyTimeout     time.Duration
 	exitWithStdin    bool
 	removeOnStdinEOF bool
+	profiling        bool
 }
 
 func parseFlags(args []string) (config, error) {
@@ -67,6 +68,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.logThreshold, "log-threshold", "WARNING", "least severe control plane log messages written (INFO, WARNING, ERROR); localkube's own messages are always written")
 	fs.DurationVar(&c.readyTimeout, "ready-timeout", 2*time.Minute, "give up (exit 1) if not ready within this time")
 	fs.BoolVar(&c.exitWithStdin, "exit-with-stdin", false, "shut down when stdin reaches end of file (the parent died or closed it)")
+	fs.BoolVar(&c.profiling, "profiling", false, "serve Go's profiles of the whole process (etcd and the control plane) at the apiserver's /debug/pprof/ (cluster-admin only)")
 	fs.BoolVar(&c.removeOnStdinEOF, "remove-data-dir-on-stdin-eof", false, "like --exit-with-stdin, and also delete --data-dir after shutting down that way")
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: localkube --data-dir DIR [flags]\n       localkube kubectl [kubectl args]\n\nflags:\n")
@@ -264,7 +266,7 @@ func run(ctx context.Context, c config, readyOut io.Writer) error {
 
 	apiCtx, stopAPI := context.WithCancel(context.Background())
 	defer stopAPI()
-	apiDone, err := startAPIServer(apiCtx, ln, etcdURL, p)
+	apiDone, err := startAPIServer(apiCtx, ln, etcdURL, p, c.profiling)
 	if err != nil {
 		ln.Close()
 		return err

@@ -147,6 +147,21 @@ async fn restarts_and_failovers_write_only_what_changed() -> anyhow::Result<()> 
 }
 
 /// The Secrets of the agent's state blob `release` in `namespace`, by name.
+/// Creates the namespace the state tests keep their Secrets in, and names it.
+async fn state_namespace(kube: &LocalKube) -> anyhow::Result<&'static str> {
+    let namespace = "windvane-state";
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(kube.client())
+        .patch(
+            namespace,
+            &PatchParams::apply("test"),
+            &Patch::Apply(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
+            ),
+        )
+        .await?;
+    Ok(namespace)
+}
+
 async fn release_secrets(kube: &LocalKube, namespace: &str) -> anyhow::Result<Vec<String>> {
     let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(kube.client(), namespace);
     let listed = secrets
@@ -176,23 +191,15 @@ fn incompressible(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// The state store keeps a release too big for one Secret in chunks, and a later save removes the chunks
-/// of the one before (it lists them from the API server's cache, so a chunk that list misses goes with the
-/// next save): the Secrets end up exactly the index and the chunks it names, and the release reads back.
+/// The state store keeps a release too big for one Secret in chunks, and the garbage collection after a
+/// later save removes the chunks of the one before (it lists them from the API server's cache, so a chunk
+/// that list misses goes with the next save's): the Secrets end up exactly the index and the chunks it
+/// names, and the release reads back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_saves_leave_only_the_chunks_in_use() -> anyhow::Result<()> {
     use windvane_agent::state::{KnownGood, StateStore};
     let kube = LocalKube::start().await?;
-    let namespace = "windvane-state";
-    Api::<k8s_openapi::api::core::v1::Namespace>::all(kube.client())
-        .patch(
-            namespace,
-            &PatchParams::apply("test"),
-            &Patch::Apply(
-                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
-            ),
-        )
-        .await?;
+    let namespace = state_namespace(&kube).await?;
     let store = StateStore::new(kube.client(), namespace, "windvane");
     let release = |seed: u8, len: usize| KnownGood {
         pointer: vec![seed; 16],
@@ -201,6 +208,7 @@ async fn state_saves_leave_only_the_chunks_in_use() -> anyhow::Result<()> {
 
     let first = release(1, 2_000_000);
     store.save_known_good(&first).await?;
+    store.collect_garbage().await?;
     let first_secrets = release_secrets(&kube, namespace).await?;
     assert!(
         first_secrets.len() >= 3,
@@ -211,6 +219,7 @@ async fn state_saves_leave_only_the_chunks_in_use() -> anyhow::Result<()> {
     let second = release(2, 1_500_000);
     let only_second = wait_for("only the second release's Secrets", SYNC, || async {
         store.save_known_good(&second).await?;
+        store.collect_garbage().await?;
         let names = release_secrets(&kube, namespace).await?;
         let stale = names
             .iter()
@@ -224,10 +233,44 @@ async fn state_saves_leave_only_the_chunks_in_use() -> anyhow::Result<()> {
     let small = release(3, 1_000);
     wait_for("only the index, the release inline", SYNC, || async {
         store.save_known_good(&small).await?;
+        store.collect_garbage().await?;
         let names = release_secrets(&kube, namespace).await?;
         Ok((names == ["windvane-release"]).then_some(()))
     })
     .await?;
     assert_eq!(store.load_known_good().await?, Some(small));
+    Ok(())
+}
+
+/// The state store replaces a Secret it knows and creates one it does not; when the cluster disagrees — the
+/// Secret was deleted behind the store's back, or a store that never read it (a new leader) writes over it —
+/// the other request follows and the save lands all the same.
+#[tokio::test]
+async fn state_saves_land_whatever_the_store_believes_exists() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Secret;
+    use windvane_agent::state::{KnownGood, StateStore};
+    let kube = LocalKube::start().await?;
+    let namespace = state_namespace(&kube).await?;
+    let release = |seed: u8| KnownGood {
+        pointer: vec![seed; 16],
+        bundle: incompressible(seed, 1_000),
+    };
+    let store = StateStore::new(kube.client(), namespace, "windvane");
+    store.save_known_good(&release(1)).await?;
+    assert_eq!(store.load_known_good().await?, Some(release(1)));
+
+    let newcomer = StateStore::new(kube.client(), namespace, "windvane");
+    newcomer.save_known_good(&release(2)).await?;
+    assert_eq!(store.load_known_good().await?, Some(release(2)));
+
+    Api::<Secret>::namespaced(kube.client(), namespace)
+        .delete("windvane-release", &Default::default())
+        .await?;
+    store.save_known_good(&release(3)).await?;
+    assert_eq!(newcomer.load_known_good().await?, Some(release(3)));
+    assert_eq!(
+        release_secrets(&kube, namespace).await?,
+        ["windvane-release"]
+    );
     Ok(())
 }

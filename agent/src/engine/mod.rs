@@ -127,21 +127,27 @@ enum Fresh {
 }
 
 impl Engine {
+    /// The client of the engine's source, as `config` describes it. Building it loads the system's trust roots
+    /// (milliseconds of CPU): the agent builds it on another thread while it becomes the leader.
+    pub fn source_client(config: &EngineConfig) -> Result<SourceClient> {
+        SourceClient::new(
+            &config.source_url,
+            &config.channel,
+            config.source_limits.clone(),
+        )
+    }
+
     /// Builds the engine and loads what the cluster remembers: the last known good release (re-verified) and
-    /// the inventory.
+    /// the inventory. `source` is the client of `config`'s source ([`Engine::source_client`]).
     pub async fn start(
         config: EngineConfig,
         client: kube::Client,
+        source: SourceClient,
         status: StatusTx,
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
         let cluster = Cluster::new(client.clone());
         let state = StateStore::new(client, &config.namespace, "windvane");
-        let source = SourceClient::new(
-            &config.source_url,
-            &config.channel,
-            config.source_limits.clone(),
-        )?;
         let (live, changes) = LiveCache::new(&config.fleet);
         let healer = Healer::new(
             cluster.clone(),
@@ -265,6 +271,10 @@ impl Engine {
         // A release's write may have closed held drift (taken in, or replaced): its records changed.
         self.publish_drift();
         self.timers.synced(next, Instant::now(), random_unit());
+        // The state chunks the sync's saves left unused, once the sync is done: not on its path.
+        if let Err(error) = self.state.collect_garbage().await {
+            warn!(%error, "cannot remove unused state chunks; trying again after the next sync");
+        }
     }
 
     /// The backstop and the retry of an incomplete sync, when they are due.

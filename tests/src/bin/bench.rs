@@ -53,6 +53,8 @@ mod idle;
 mod long_poll;
 #[path = "bench/pointer.rs"]
 mod pointer;
+#[path = "bench/pprof.rs"]
+mod pprof;
 #[path = "bench/prom.rs"]
 mod prom;
 #[path = "bench/replicas.rs"]
@@ -191,6 +193,12 @@ struct Args {
     /// profile it. Memory and CPU figures are then the wrapper's.
     #[arg(long = "agent-wrapper", value_name = "COMMAND")]
     agent_wrapper: Option<String>,
+    /// Write a Go CPU profile of the control plane (etcd, apiserver and controllers are one process) over
+    /// the first 2 s of every timed run of the first-sync comparison into DIR, as `<prefix>.pb.gz` (`bare0`,
+    /// `wv`, `wv1`, …), to see where its time went: `go tool pprof -top -diff_base=DIR/bare1.pb.gz
+    /// DIR/wv1.pb.gz`. Starts localkube with `--profiling`; a profiling run, not a reference one.
+    #[arg(long = "profile-control-plane", value_name = "DIR")]
+    profile_control_plane: Option<PathBuf>,
     /// The source server binary to measure. [default: target/release/windvane-server]
     #[arg(long, value_name = "PATH")]
     server: Option<PathBuf>,
@@ -240,6 +248,8 @@ struct Settings {
     agent: PathBuf,
     agent_env: Vec<(String, String)>,
     agent_wrapper: Vec<String>,
+    /// Where the control plane's profiles go (`--profile-control-plane`).
+    control_plane_profiles: Option<PathBuf>,
     quick: bool,
     keep_work: bool,
     server: PathBuf,
@@ -305,6 +315,7 @@ impl Settings {
                 .as_deref()
                 .map(|w| w.split_whitespace().map(str::to_owned).collect())
                 .unwrap_or_default(),
+            control_plane_profiles: args.profile_control_plane.clone(),
             quick: args.quick,
             keep_work: args.keep_work,
             server: args.server.clone().unwrap_or_else(server::default_binary),
@@ -677,6 +688,12 @@ fn binary_warnings(settings: &Settings, results: &mut Results) -> anyhow::Result
             settings.agent_env, settings.agent_wrapper
         ));
     }
+    if let Some(dir) = &settings.control_plane_profiles {
+        results.warnings.push(format!(
+            "the control plane was profiled into {} during the timed runs: a profiling run, not a reference one",
+            dir.display()
+        ));
+    }
     Ok(())
 }
 
@@ -814,7 +831,14 @@ impl ClusterBench<'_> {
             .prefix("windvane-bench-")
             .tempdir()?;
         progress("starting localkube");
-        let kube = LocalKube::start().await?;
+        let kube = match &settings.control_plane_profiles {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+                LocalKube::start_with(&["--profiling"]).await?
+            }
+            None => LocalKube::start().await?,
+        };
         progress("creating the agent's, kubectl's and the probe's identities and FlowSchemas");
         let bench = ClusterBench {
             settings,
@@ -946,8 +970,14 @@ impl ClusterBench<'_> {
         prefix: &str,
     ) -> anyhow::Result<(AgentProcess, AgentRound)> {
         let converging = CpuMeter::start(localkube_pid(&self.kube)?)?;
-        let (agent, first_sync) =
-            sync::agent_first_sync(&self.kube, &self.agent_identity, launch, prefix).await?;
+        let (agent, first_sync) = sync::agent_first_sync(
+            &self.kube,
+            &self.agent_identity,
+            launch,
+            prefix,
+            self.settings.control_plane_profiles.as_deref(),
+        )
+        .await?;
         progress(&format!(
             "sync: the agent's first sync finished after {:.2} s; waiting until all 1,000 objects are Synced",
             first_sync.elapsed.as_secs_f64()
@@ -1007,7 +1037,13 @@ impl ClusterBench<'_> {
             "sync: the same objects from a bare in-process SSA client, 16 at a time (the floor), into {prefix}-*"
         ));
         let client = self.probe_identity.client().await?;
-        let bare = sync::bare_client_apply(&self.kube, &client, prefix).await?;
+        let bare = sync::bare_client_apply(
+            &self.kube,
+            &client,
+            prefix,
+            self.settings.control_plane_profiles.as_deref(),
+        )
+        .await?;
         sync::wait_deployments_available(&self.kube, prefix, Duration::from_secs(300)).await?;
         sync::wait_control_plane_quiet(&self.kube).await?;
         Ok(bare)

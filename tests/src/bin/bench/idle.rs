@@ -100,7 +100,7 @@ pub async fn measure_backstop(
 ) -> anyhow::Result<BackstopPass> {
     let client = kube.client();
     let (mut agent, sync) =
-        crate::sync::agent_first_sync(kube, identity, launch, crate::workload::AGENT_PREFIX)
+        crate::sync::agent_first_sync(kube, identity, launch, crate::workload::AGENT_PREFIX, None)
             .await?;
     // Let the restart's watches list before counting.
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -39,6 +39,7 @@ use windvane_tests::poll::wait_for;
 use crate::agent::{AgentLaunch, AgentProcess};
 use crate::apiserver::{Identity, RequestCounts, scrape};
 use crate::cpu::{self, Contestant, CpuMeter, CpuUse};
+use crate::pprof::ControlPlaneProfile;
 use crate::prom;
 use crate::workload;
 
@@ -135,11 +136,13 @@ const BARE_CONCURRENCY: usize = 16;
 
 /// The floor on this machine: the same objects applied by a bare in-process server-side apply client,
 /// Namespaces first, then 16 at a time — no process start, no discovery, no release to verify, nothing
-/// persisted. What the apiserver allows, against which the agent's time is judged.
+/// persisted. What the apiserver allows, against which the agent's time is judged. With `profiles`, the
+/// control plane is profiled meanwhile ([`crate::pprof`]).
 pub async fn bare_client_apply(
     kube: &LocalKube,
     client: &kube::Client,
     prefix: &str,
+    profiles: Option<&Path>,
 ) -> anyhow::Result<(Duration, CpuUse)> {
     let objects = workload::rendered_objects(prefix)?;
     let apply = PatchParams::apply("bench-bare").force();
@@ -173,6 +176,7 @@ pub async fn bare_client_apply(
         }
     };
     let namespaces = objects.iter().filter(|o| o["kind"] == "Namespace").count();
+    let profile = ControlPlaneProfile::start(kube, profiles, prefix)?;
     let meter = CpuMeter::start(localkube_pid(kube)?)?;
     let started = Instant::now();
     let mut objects = objects.into_iter();
@@ -185,6 +189,9 @@ pub async fn bare_client_apply(
         .await?;
     let elapsed = started.elapsed();
     let cpu = meter.stop(localkube_pid(kube)?, Contestant::Benchmark)?;
+    if let Some(profile) = profile {
+        profile.finish().await?;
+    }
     let present = count_objects(kube, prefix).await?;
     anyhow::ensure!(
         present == workload::OBJECTS,
@@ -218,11 +225,13 @@ const SYNC_TIMEOUT: Duration = Duration::from_secs(300);
 /// Starts the agent and waits until its first sync finished: `windvane_sync_duration_seconds_count ≥ 1`,
 /// then checks that `/status` counts every object with none Failed and that they are all in the cluster,
 /// in the namespaces `prefix-*`. The CPU figures run until the bench noticed (up to [`SYNC_POLL`] later).
+/// With `profiles`, the control plane is profiled meanwhile ([`crate::pprof`]).
 pub async fn agent_first_sync(
     kube: &LocalKube,
     identity: &Identity,
     launch: &AgentLaunch,
     prefix: &str,
+    profiles: Option<&Path>,
 ) -> anyhow::Result<(AgentProcess, AgentSync)> {
     let admin = kube.client();
     AgentProcess::prepare_namespace(kube, &launch.namespace).await?;
@@ -230,12 +239,16 @@ pub async fn agent_first_sync(
     // Rendering its own /metrics costs the API server a good part of a CPU-second, and its garbage is
     // collected after: the timed run must not inherit that, nor the new namespace's controllers.
     wait_control_plane_quiet(kube).await?;
+    let profile = ControlPlaneProfile::start(kube, profiles, prefix)?;
     let meter = CpuMeter::start(localkube_pid(kube)?)?;
     let spawned = Timestamp::now();
     let mut agent = AgentProcess::start(launch)?;
     let elapsed = wait_first_sync(&mut agent, spawned).await?;
     let metrics = agent.metrics().await?;
     let cpu = meter.stop(localkube_pid(kube)?, Contestant::Process(agent.pid()?))?;
+    if let Some(profile) = profile {
+        profile.finish().await?;
+    }
     let requests = identity.requests(&scrape(&admin).await?).since(&before);
 
     let status = agent.status().await?;
