@@ -661,7 +661,7 @@ const OWN_RIGHTS: &[Access<'static>] = &[
     access("get", "", "secrets").in_ns(AGENT_NAMESPACE),
     access("list", "", "secrets").in_ns(AGENT_NAMESPACE),
     access("create", "", "secrets").in_ns(AGENT_NAMESPACE),
-    access("patch", "", "secrets").in_ns(AGENT_NAMESPACE),
+    access("update", "", "secrets").in_ns(AGENT_NAMESPACE),
     access("delete", "", "secrets").in_ns(AGENT_NAMESPACE),
     access("create", "events.k8s.io", "events").in_ns("default"),
     access("patch", "events.k8s.io", "events").in_ns("shop"),
@@ -669,7 +669,8 @@ const OWN_RIGHTS: &[Access<'static>] = &[
     access("get", "", "/api/v1"),
 ];
 
-/// Rights the agent never holds: it writes only with server-side apply, and its Lease only under its name.
+/// Rights the agent never holds: it writes a release's objects only with server-side apply (its own state Secrets
+/// it creates and replaces), and its Lease only under its name.
 const NEVER: &[Access<'static>] = &[
     access("update", "", "configmaps").in_ns("default"),
     access("update", "apps", "deployments"),
@@ -908,6 +909,42 @@ async fn the_agent_runs_as_its_service_account_with_the_documented_rights() -> a
     .await
     .with_context(|| tail(&agent.process.log(), 40))?;
     assert!(reasons.contains("DriftReverted"));
+
+    // A second release: its last-known-good and inventory writes replace the state Secrets, which the Role
+    // allows (`update`), and it applies.
+    let release = secrets
+        .get("windvane-release")
+        .await?
+        .metadata
+        .resource_version;
+    let tree = FleetTree::new()?;
+    tree.write("fleet.yaml", FLEET_YAML)?;
+    tree.write(
+        "apps/shop/objects.yaml",
+        &SHOP.replace("hello from", "welcome to"),
+    )?;
+    publisher.publish(&tree, "stable")?;
+    wait_for("the second release applied", WAIT, || async {
+        let cm = config_maps.get("settings").await?;
+        let greeting = cm.data.unwrap_or_default().remove("greeting");
+        Ok((greeting.as_deref() == Some("welcome to prod-eu")).then_some(()))
+    })
+    .await
+    .with_context(|| tail(&agent.process.log(), 40))?;
+    assert_ne!(
+        secrets
+            .get("windvane-release")
+            .await?
+            .metadata
+            .resource_version,
+        release,
+        "the second release was not persisted as last known good"
+    );
+    agent
+        .wait_status("the second release Synced", WAIT, |s| {
+            s["state"] == "Synced" && s["counts"]["Synced"] == 4
+        })
+        .await?;
     let log = agent.process.log();
     assert!(
         !log.contains("forbidden"),
