@@ -24,6 +24,13 @@ use crate::{Error, Result, clamp};
 /// but answers at once is still asked at most once a second.
 pub const MIN_LONG_POLL_SPACING: Duration = Duration::from_secs(1);
 
+/// How long to wait after the `failures`-th failure in a row (the store unreachable, or a release the engine
+/// could not persist), `unit` drawing the jitter: exponential from half an interval up to ten intervals, so
+/// that a fleet does not hammer a store that is coming back. Pure.
+pub fn failure_wait(failures: u32, interval: Duration, unit: f64) -> Duration {
+    full_jitter(failures, interval / 2, interval.saturating_mul(10), unit)
+}
+
 /// How long to wait before the next poll of a store that holds polls, after one that took `took`. Pure.
 pub fn long_poll_gap(took: Duration) -> Duration {
     MIN_LONG_POLL_SPACING.saturating_sub(took)
@@ -105,7 +112,7 @@ impl Fetcher {
         loop {
             let started = Instant::now();
             let (fetched, taken) = self.poll_once().await;
-            let wait = self.wait_after(&fetched, started.elapsed());
+            let mut wait = self.wait_after(&fetched, started.elapsed());
             let offered = match &fetched {
                 Fetched::Release(release) => Some((
                     release.accepted.pointer.serial,
@@ -117,12 +124,14 @@ impl Fetcher {
                 return;
             }
             if let (Some(offered), Some(taken)) = (offered, taken) {
-                if taken.await.unwrap_or(false) {
+                let taken = taken.await.unwrap_or(false);
+                if taken {
                     self.highest = Some(offered);
                 } else {
                     // Not persisted: read the pointer whole next time, to offer the release again.
                     self.source.forget_etag();
                 }
+                wait = self.wait_after_offer(taken, wait);
             }
             let until = clamp::after(Instant::now(), wait);
             tokio::select! {
@@ -141,16 +150,13 @@ impl Fetcher {
             Fetched::Unavailable(Error::SourceBusy { retry_after, .. }) => {
                 after_busy(*retry_after, Duration::ZERO, random_unit())
             }
-            // Up to ten intervals, so a fleet does not hammer a store that is coming back.
             Fetched::Unavailable(_) => {
                 self.failures = self.failures.saturating_add(1);
-                full_jitter(
-                    self.failures,
-                    interval / 2,
-                    interval.saturating_mul(10),
-                    random_unit(),
-                )
+                failure_wait(self.failures, interval, random_unit())
             }
+            // Whether it counts as a failure is known once the engine answers (`wait_after_offer`).
+            Fetched::Release(_) if self.source.holds_polls() => long_poll_gap(took),
+            Fetched::Release(_) => jittered(interval, 0.2, random_unit()),
             _ if self.source.holds_polls() => {
                 self.failures = 0;
                 long_poll_gap(took)
@@ -160,6 +166,18 @@ impl Fetcher {
                 jittered(interval, 0.2, random_unit())
             }
         }
+    }
+
+    /// The wait after offering a release: `planned` when the engine took it; when it could not persist it, a
+    /// backoff as after an unreachable store. Each offer downloads the bundle again, and a store that holds
+    /// polls would otherwise be asked within a second, again and again, by every agent whose writes fail.
+    fn wait_after_offer(&mut self, taken: bool, planned: Duration) -> Duration {
+        if taken {
+            self.failures = 0;
+            return planned;
+        }
+        self.failures = self.failures.saturating_add(1);
+        failure_wait(self.failures, self.config.poll_interval, random_unit())
     }
 
     /// One poll: the pointer, and the bundle when the pointer names a new release (with the channel the
@@ -247,6 +265,45 @@ impl Fetcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failures_in_a_row_wait_longer_up_to_ten_intervals() {
+        let interval = Duration::from_secs(30);
+        let longest: Vec<Duration> = (1..=6).map(|n| failure_wait(n, interval, 1.0)).collect();
+        assert_eq!(longest[0], Duration::from_secs(30));
+        assert_eq!(longest[1], Duration::from_secs(60));
+        assert!(longest.windows(2).all(|w| w[0] <= w[1]), "{longest:?}");
+        assert_eq!(longest[5], Duration::from_secs(300));
+        assert_eq!(failure_wait(40, interval, 1.0), Duration::from_secs(300));
+        assert!(failure_wait(3, interval, 0.0) >= Duration::from_millis(1500));
+    }
+
+    #[tokio::test]
+    async fn a_release_the_engine_could_not_persist_is_offered_again_only_after_a_backoff() {
+        let config = FetcherConfig {
+            trusted: TrustedKeys::default(),
+            fleet: "fleet".to_owned(),
+            channel: "stable".to_owned(),
+            poll_interval: Duration::from_secs(30),
+            max_pointer_bytes: 1024,
+            max_bundle_bytes: 1024,
+        };
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let source = SourceClient::new("http://127.0.0.1:1", "stable", Default::default())
+            .expect("a client");
+        let mut fetcher = Fetcher::new(config, source, None);
+        let planned = Duration::from_millis(900);
+        // Not taken, time after time: the waits are failures', their ceiling doubling (drawn at random
+        // below it, never under a twentieth of an interval), not the second a holding store would allow.
+        for _ in 0..3 {
+            let wait = fetcher.wait_after_offer(false, planned);
+            assert!(wait >= Duration::from_millis(1500), "{wait:?}");
+        }
+        assert_eq!(fetcher.failures, 3);
+        // Taken: the planned wait, and the count starts over.
+        assert_eq!(fetcher.wait_after_offer(true, planned), planned);
+        assert_eq!(fetcher.failures, 0);
+    }
 
     #[test]
     fn a_store_that_holds_polls_is_asked_again_at_once_but_at_most_once_a_second() {
