@@ -155,16 +155,21 @@ impl Fetcher {
                 failure_wait(self.failures, interval, random_unit())
             }
             // Whether it counts as a failure is known once the engine answers (`wait_after_offer`).
-            Fetched::Release(_) if self.source.holds_polls() => long_poll_gap(took),
-            Fetched::Release(_) => jittered(interval, 0.2, random_unit()),
-            _ if self.source.holds_polls() => {
-                self.failures = 0;
-                long_poll_gap(took)
-            }
+            Fetched::Release(_) => self.next_poll_wait(took),
             _ => {
                 self.failures = 0;
-                jittered(interval, 0.2, random_unit())
+                self.next_poll_wait(took)
             }
+        }
+    }
+
+    /// The wait after a poll that went well: at once (at most once a second) for a store that holds polls,
+    /// else the interval, jittered.
+    fn next_poll_wait(&self, took: Duration) -> Duration {
+        if self.source.holds_polls() {
+            long_poll_gap(took)
+        } else {
+            jittered(self.config.poll_interval, 0.2, random_unit())
         }
     }
 

@@ -747,12 +747,17 @@ async fn install_and_publish(
     })
     .await?;
     let publisher = Publisher::new(seed)?;
-    let tree = FleetTree::new()?;
-    tree.write("fleet.yaml", FLEET_YAML)?;
-    tree.write("apps/shop/objects.yaml", SHOP)?;
-    publisher.publish(&tree, "stable")?;
+    publisher.publish(&shop_tree(SHOP)?, "stable")?;
     let server = SourceServer::start(&publisher.store(), &[]).await?;
     Ok((publisher, server))
+}
+
+/// The fleet tree of the shop app with `objects` as its manifests.
+fn shop_tree(objects: &str) -> anyhow::Result<FleetTree> {
+    let tree = FleetTree::new()?;
+    tree.write("fleet.yaml", FLEET_YAML)?;
+    tree.write("apps/shop/objects.yaml", objects)?;
+    Ok(tree)
 }
 
 /// Agent options as the DaemonSet runs it: the ConfigMap's config file, whose source, trust and identity the
@@ -881,11 +886,11 @@ async fn the_agent_runs_as_its_service_account_with_the_documented_rights() -> a
             &Patch::Merge(json!({"data": {"greeting": "edited by hand"}})),
         )
         .await?;
-    wait_for("the drift to be reverted", WAIT, || async {
-        let cm = config_maps.get("settings").await?;
-        let greeting = cm.data.unwrap_or_default().remove("greeting");
-        Ok((greeting.as_deref() == Some("hello from prod-eu")).then_some(()))
-    })
+    wait_greeting(
+        &config_maps,
+        "hello from prod-eu",
+        "the drift to be reverted",
+    )
     .await
     .with_context(|| tail(&agent.process.log(), 40))?;
     let events: Api<Event> = Api::namespaced(kube.client(), "shop");
@@ -917,18 +922,15 @@ async fn the_agent_runs_as_its_service_account_with_the_documented_rights() -> a
         .await?
         .metadata
         .resource_version;
-    let tree = FleetTree::new()?;
-    tree.write("fleet.yaml", FLEET_YAML)?;
-    tree.write(
-        "apps/shop/objects.yaml",
-        &SHOP.replace("hello from", "welcome to"),
+    publisher.publish(
+        &shop_tree(&SHOP.replace("hello from", "welcome to"))?,
+        "stable",
     )?;
-    publisher.publish(&tree, "stable")?;
-    wait_for("the second release applied", WAIT, || async {
-        let cm = config_maps.get("settings").await?;
-        let greeting = cm.data.unwrap_or_default().remove("greeting");
-        Ok((greeting.as_deref() == Some("welcome to prod-eu")).then_some(()))
-    })
+    wait_greeting(
+        &config_maps,
+        "welcome to prod-eu",
+        "the second release applied",
+    )
     .await
     .with_context(|| tail(&agent.process.log(), 40))?;
     assert_ne!(
@@ -952,6 +954,20 @@ async fn the_agent_runs_as_its_service_account_with_the_documented_rights() -> a
         tail(&log, 40)
     );
     Ok(())
+}
+
+/// Waits until the shop's ConfigMap `settings` greets with `greeting`.
+async fn wait_greeting(
+    config_maps: &Api<ConfigMap>,
+    greeting: &str,
+    what: &str,
+) -> anyhow::Result<()> {
+    wait_for(what, WAIT, || async {
+        let cm = config_maps.get("settings").await?;
+        let found = cm.data.unwrap_or_default().remove("greeting");
+        Ok((found.as_deref() == Some(greeting)).then_some(()))
+    })
+    .await
 }
 
 /// The kinds `WINDVANE_ALLOW_KINDS` of the agent's container names, as (group, Kind); `core` is "".
