@@ -1,10 +1,11 @@
 //! A verified bundle's bytes as the engine keeps them while it enforces the release: as received until the
-//! release has rendered, then gzip-compressed. They are needed again only to render the release once more
+//! release has rendered, then gzip-compressed (on a blocking thread, while the sync applies). They are needed again only to render the release once more
 //! (a retried sync), and a bundle of several MB held as it came would cost its whole size for as long as it
 //! is enforced.
 
 use std::borrow::Cow;
 use std::io::{Read, Write};
+use std::sync::Arc;
 
 use flate2::Compression;
 use flate2::read::GzDecoder;
@@ -27,18 +28,22 @@ impl PackedBundle {
         }
     }
 
-    /// Compresses the bytes (once; a failure to compress keeps them as they are).
-    pub fn pack(&mut self) {
+    /// Compresses the bytes (once; a failure to compress keeps them as they are), on a blocking thread:
+    /// beside the caller's other work (a sync's applies), not before it.
+    pub async fn pack_aside(&mut self) {
         if self.packed_from.is_some() {
             return;
         }
-        let mut encoder = GzEncoder::new(Vec::new(), Compression::fast());
-        if let Ok(packed) = encoder
-            .write_all(&self.bytes)
-            .and_then(|()| encoder.finish())
-        {
-            self.packed_from = Some(self.bytes.len());
-            self.bytes = packed;
+        let received = Arc::new(std::mem::take(&mut self.bytes));
+        let reading = Arc::clone(&received);
+        let packed = tokio::task::spawn_blocking(move || compress(&reading)).await;
+        match packed {
+            Ok(Ok(packed)) => {
+                self.packed_from = Some(received.len());
+                self.bytes = packed;
+            }
+            // The blocking task is over (done, failed or never run): its handle on the bytes is gone.
+            _ => self.bytes = Arc::try_unwrap(received).unwrap_or_else(|shared| shared.to_vec()),
         }
     }
 
@@ -62,21 +67,27 @@ impl PackedBundle {
     }
 }
 
+fn compress(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut encoder = GzEncoder::new(Vec::new(), Compression::fast());
+    encoder.write_all(bytes)?;
+    encoder.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn packed_bytes_come_back_as_received() {
+    #[tokio::test]
+    async fn packed_bytes_come_back_as_received() {
         let received: Vec<u8> = (0..100_000u32)
             .flat_map(|i| (i % 251).to_le_bytes())
             .collect();
         let mut bundle = PackedBundle::new(received.clone());
         assert_eq!(bundle.bytes().as_deref(), Some(received.as_slice()));
-        bundle.pack();
+        bundle.pack_aside().await;
         assert!(bundle.held() < received.len() / 4);
         assert_eq!(bundle.bytes().as_deref(), Some(received.as_slice()));
-        bundle.pack();
+        bundle.pack_aside().await;
         assert_eq!(bundle.bytes().as_deref(), Some(received.as_slice()));
     }
 }

@@ -158,6 +158,7 @@ func runLocalkube(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	go collectOnRequest(ctx, c.dataDir)
 	var orphaned atomic.Bool
 	if c.exitWithStdin || c.removeOnStdinEOF {
 		go func() {

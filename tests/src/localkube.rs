@@ -61,6 +61,10 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 const READY_PREFIX: &str = "LOCALKUBE_READY ";
 const LOG_FILE: &str = "localkube.log";
+/// Where localkube counts the garbage collections SIGUSR1 asked for.
+const COLLECTIONS_FILE: &str = "garbage-collections";
+/// The longest [`LocalKube::collect_garbage`] waits.
+const COLLECT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How much of the log start and stop errors carry.
 const LOG_TAIL_LINES: usize = 40;
 
@@ -204,6 +208,27 @@ impl LocalKube {
     /// Process id of the running localkube, if it is running.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// Runs a full garbage collection of the control plane (SIGUSR1) and waits until it is complete:
+    /// localkube then counts it in `<data dir>/garbage-collections`. A timed run that starts after one does
+    /// not pay for the garbage of what ran before it.
+    pub async fn collect_garbage(&self) -> Result<()> {
+        let pid = self.pid().context("localkube is not running")?;
+        let counter = self.data_dir.path().join(COLLECTIONS_FILE);
+        let before = collections(&counter)?;
+        signal(pid, "USR1", false)?;
+        let deadline = Instant::now() + COLLECT_TIMEOUT;
+        while collections(&counter)? <= before {
+            if Instant::now() >= deadline {
+                bail!(
+                    "localkube did not finish a garbage collection within {COLLECT_TIMEOUT:?} of SIGUSR1; log tail:\n{}",
+                    tail_file(&self.log_path(), LOG_TAIL_LINES)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
     }
 
     /// The bundled kubectl (same Kubernetes release) with `--kubeconfig` set
@@ -450,6 +475,18 @@ fn signal(pid: u32, sig: &str, group: bool) -> Result<()> {
         bail!("kill -{sig} -- {target} failed: {status}");
     }
     Ok(())
+}
+
+/// How many collections localkube counted in `path` (none before the first).
+fn collections(path: &Path) -> Result<u64> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => text
+            .trim()
+            .parse()
+            .with_context(|| format!("{} holds {text:?}, not a count", path.display())),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(error) => Err(error).with_context(|| format!("reading {}", path.display())),
+    }
 }
 
 /// SIGKILLs the child's process group (the child leads it) and reaps the

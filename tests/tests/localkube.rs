@@ -502,3 +502,27 @@ async fn the_api_server_reports_the_release_it_was_built_from() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_garbage_collection_asked_for_completes_and_is_counted() -> Result<()> {
+    let kube = LocalKube::start().await?;
+    let counter = kube.data_dir().join("garbage-collections");
+    ensure!(
+        !counter.exists(),
+        "{} exists before any collection was asked for",
+        counter.display()
+    );
+    for expected in ["1", "2"] {
+        kube.collect_garbage().await?;
+        let counted = std::fs::read_to_string(&counter)?;
+        ensure!(
+            counted.trim() == expected,
+            "{} holds {counted:?} after collection {expected}",
+            counter.display()
+        );
+    }
+    // The control plane serves on as before.
+    let namespaces: Api<Namespace> = Api::all(kube.client());
+    namespaces.get("default").await?;
+    Ok(())
+}

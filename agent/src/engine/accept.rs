@@ -95,16 +95,14 @@ impl Engine {
             bundle: bundle_bytes,
         };
         // Rendered while the write that persists it is out: nothing of it is applied before that write
-        // succeeded, but the rendering no longer waits for it. The render yields first, so that the write
-        // leaves the process (the agent runs on one thread).
+        // succeeded, but the rendering no longer waits for it. The render is polled first: it hands its work
+        // to a blocking thread, so that it runs beside the compression of the write on the agent's own one.
         let enforced_apps = crate::windows::app_digests(&bundle, &self.config.identity.labels);
         let state = self.state.clone();
-        let render = async {
-            tokio::task::yield_now().await;
-            self.render_bundle(bundle).await
-        }
-        .instrument(info_span!("render", serial = accepted.pointer.serial));
-        let (saved, rendered) = futures::join!(state.save_known_good(&known_good), render);
+        let render = self
+            .render_bundle(bundle)
+            .instrument(info_span!("render", serial = accepted.pointer.serial));
+        let (rendered, saved) = futures::join!(render, state.save_known_good(&known_good));
         if let Err(error) = saved {
             self.metrics.source_fetch(error.reason());
             warn!(%error, "cannot persist the new release; enforcing the last known good one");

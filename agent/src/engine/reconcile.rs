@@ -1,8 +1,9 @@
 //! One sync of the enforced release, as a flow of steps: render this cluster's share (the shared
 //! pipeline), apply it in stages, plan and carry out the prunes, compute the next inventory
-//! ([`inventory::next`], pure) and persist it, record the status ([`AgentStatus::record_sync`]), and hand the
-//! objects as applied to the healer. Returns what the loop should do next ([`Next`]). The steps that decide
-//! are pure; the ones here that talk to the cluster are thin.
+//! ([`inventory::next`], pure), record the status ([`AgentStatus::record_sync`]) — the sync is finished
+//! then — persist the inventory, watch what was applied and hand it to the healer. Returns what the loop
+//! should do next ([`Next`]). The steps that decide are pure; the ones here that talk to the cluster are
+//! thin.
 //!
 //! [`AgentStatus::record_sync`]: crate::report::AgentStatus::record_sync
 
@@ -11,7 +12,7 @@ use std::time::Instant;
 
 use jiff::Timestamp;
 
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 use windvane_shared::bundle::{Bundle, BundleLimits};
 use windvane_shared::desired::cluster_share_into;
 use windvane_shared::release;
@@ -57,8 +58,6 @@ struct Concluded {
     next: Next,
     prune: PrunePlan,
     complete: bool,
-    /// When the inventory was persisted.
-    persisted: Instant,
 }
 
 /// How a sync went, as far as the next step is concerned.
@@ -108,16 +107,18 @@ impl Engine {
         let Some(release) = self.render_release(enforced).await else {
             return Next::Retry;
         };
-        let enforced = &*enforced;
         let rendered = started.elapsed();
         // A release that guards nothing needs no prevention policy: a policy left by an earlier release or an
-        // earlier agent is deleted while the objects are applied, not after them.
+        // earlier agent is deleted while the objects are applied, not after them. The bundle's bytes, read
+        // again only to render it once more (a retried sync), are compressed meanwhile too.
         let remove_prevention =
             self.prevention_may_exist() && !release.desired.iter().any(|object| object.prevent);
-        let (mut report, removed_early) = futures::join!(
+        let (mut report, removed_early, ()) = futures::join!(
             self.apply_ordered(release.desired, release.order, &release.unready),
-            async { remove_prevention && self.delete_prevention().await.is_ok() }
+            async { remove_prevention && self.delete_prevention().await.is_ok() },
+            enforced.bundle.pack_aside()
         );
+        let enforced = &*enforced;
         if removed_early {
             self.prevention_removed();
         }
@@ -129,6 +130,8 @@ impl Engine {
                 .into_iter()
                 .map(|(object, message)| crate::secrets::failed_result(object, message)),
         );
+        // Counted before the status says the sync is done, so that whoever reads both sees them agree.
+        self.count_outcomes(&report);
         let concluded = self
             .conclude(enforced, &report, &release.unrendered, release.empty)
             .await;
@@ -137,13 +140,14 @@ impl Engine {
         let phases = Phases {
             render: rendered,
             apply: applied_by.saturating_sub(rendered),
-            prune_and_persist: concluded
-                .persisted
-                .saturating_duration_since(started)
-                .saturating_sub(applied_by),
+            prune: elapsed.saturating_sub(applied_by),
             total: elapsed,
         };
         log_sync(&report, &concluded.prune, concluded.complete, phases);
+        self.persist_inventory().await;
+        // After the inventory is safe: the watches' first lists of what was just applied are the heaviest
+        // reads of a sync, and would only delay that write. Drift meanwhile is in those lists.
+        self.watch_applied(&report).await;
         self.hand_to_healer(report.results).await;
         self.heal_after_window(release.report_only).await;
         concluded.next
@@ -162,8 +166,6 @@ impl Engine {
         };
         self.timers
             .policy_changes_at(release.policy_change.map(instant_at));
-        // Read again only to render it once more (a retried sync): kept compressed from now on.
-        enforced.bundle.pack();
         Some(release)
     }
 
@@ -188,8 +190,8 @@ impl Engine {
             &self.config.identity.labels,
             Timestamp::now(),
         );
-        let (mut desired, unrendered, sealed) = render(bundle, &self.config.identity, &keyring);
-        drop(keyring);
+        let (mut desired, unrendered, sealed) =
+            render_aside(bundle, &self.config.identity, keyring).await;
         for object in desired.iter_mut().filter(|o| report_only.contains(&o.app)) {
             object.self_heal = false;
         }
@@ -236,26 +238,16 @@ impl Engine {
             serial,
             complete,
         );
-        // The prevention policy is kept beside the inventory's write, and the objects' statuses (their health,
-        // read from the live cache) are judged while both requests are out: none waits for another. The agent
-        // runs on one thread, so the judging first yields: until it does, no request leaves the process.
-        let (state, live) = (self.state.clone(), self.live.clone());
-        let (saved, prevention, objects) = futures::join!(
-            state.save_inventory(&next),
-            self.keep_prevention(&report.results, serial),
-            async {
+        // The objects' statuses (their health, read from the live cache) are judged while the prevention
+        // policy's write is out. The agent runs on one thread, so the judging first yields: until it does, no
+        // request leaves the process.
+        let live = self.live.clone();
+        let (prevention, objects) =
+            futures::join!(self.keep_prevention(&report.results, serial), async {
                 tokio::task::yield_now().await;
                 object_statuses(&live, report)
-            }
-        );
-        if let Err(error) = saved {
-            error!(%error, "cannot persist the inventory");
-        }
-        let persisted = Instant::now();
+            });
         self.inventory = next;
-        // After the inventory is safe: the watches' first lists of what was just applied are the heaviest
-        // reads of a sync, and would only delay that write. Drift meanwhile is in those lists.
-        self.watch_applied(report).await;
 
         let mut errors: Vec<String> = unrendered
             .iter()
@@ -285,7 +277,6 @@ impl Engine {
             next: verdict.next(),
             prune,
             complete,
-            persisted,
         }
     }
 
@@ -411,20 +402,24 @@ impl Engine {
             .is_some_and(|live| entry.owned_digest.as_deref() == Some(Baseline::of(&live).digest()))
     }
 
-    /// Counts the outcomes and makes sure every applied kind is watched, its lists paged for the largest
-    /// object of the kind.
-    async fn watch_applied(&self, report: &ApplyReport) {
-        // By (group, kind): the version first applied, and the largest body of any version.
-        let mut largest: BTreeMap<(&str, &str), (&str, usize)> = BTreeMap::new();
+    /// Counts the objects' outcomes (`windvane_apply_total`).
+    fn count_outcomes(&self, report: &ApplyReport) {
         for result in &report.results {
-            let counted = match result.outcome {
+            self.metrics.apply(match result.outcome {
                 Outcome::Applied { written: true } => "written",
                 Outcome::Applied { written: false } => "unchanged",
                 Outcome::Refused(_) => "refused",
                 Outcome::Failed(_) => "failed",
                 Outcome::Waiting(_) => "waiting",
-            };
-            self.metrics.apply(counted);
+            });
+        }
+    }
+
+    /// Makes sure every applied kind is watched, its lists paged for the largest object of the kind.
+    async fn watch_applied(&self, report: &ApplyReport) {
+        // By (group, kind): the version first applied, and the largest body of any version.
+        let mut largest: BTreeMap<(&str, &str), (&str, usize)> = BTreeMap::new();
+        for result in &report.results {
             if applied(result) {
                 let id = &result.object.id;
                 let (_, size) = largest
@@ -437,6 +432,22 @@ impl Engine {
             if let Ok(resolved) = self.cluster.resolve(api_version, kind).await {
                 self.live.ensure_watch(&self.cluster, &resolved, Some(size));
             }
+        }
+    }
+
+    /// Persists the inventory as the sync left it, once the sync is finished: the release is on the cluster and
+    /// its status recorded before this write, not after it. Nothing is lost should the agent stop before it
+    /// lands: every object the sync applied is in the release persisted as last known good before any of it
+    /// was applied, and a restarted agent syncs that release first — recording what it applied and pruning
+    /// what left — before it takes a newer one.
+    async fn persist_inventory(&self) {
+        let started = Instant::now();
+        match self.state.save_inventory(&self.inventory).await {
+            Ok(()) => debug!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "inventory persisted"
+            ),
+            Err(error) => error!(%error, "cannot persist the inventory"),
         }
     }
 
@@ -627,12 +638,12 @@ fn inventory_record(result: &ObjectResult) -> Applied {
 }
 
 /// Where a sync's time went: reading the keyring and rendering (a release accepted from the source was
-/// rendered while it was persisted, so only what is left of that shows); applying; pruning and persisting
-/// the inventory (with the prevention policy); and in all.
+/// rendered while it was persisted, so only what is left of that shows); applying; pruning, keeping the
+/// prevention policy and recording the status; and in all. The inventory's write follows.
 struct Phases {
     render: std::time::Duration,
     apply: std::time::Duration,
-    prune_and_persist: std::time::Duration,
+    prune: std::time::Duration,
     total: std::time::Duration,
 }
 
@@ -647,9 +658,26 @@ fn log_sync(report: &ApplyReport, prune: &PrunePlan, complete: bool, phases: Pha
         elapsed_ms = ms(phases.total),
         render_ms = ms(phases.render),
         apply_ms = ms(phases.apply),
-        prune_and_persist_ms = ms(phases.prune_and_persist),
+        prune_ms = ms(phases.prune),
         "sync finished"
     );
+}
+
+/// [`render`] on a blocking thread: it is the longest CPU work before a release is applied, and a new release
+/// renders while the agent's own thread compresses and sends the write that persists it.
+async fn render_aside(
+    bundle: Bundle,
+    identity: &ClusterIdentity,
+    keyring: windvane_shared::sops::Keyring,
+) -> (Vec<Desired>, Vec<RenderError>, Vec<(Desired, String)>) {
+    let identity = identity.clone();
+    match tokio::task::spawn_blocking(move || render(bundle, &identity, &keyring)).await {
+        Ok(rendered) => rendered,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        // Cancelled: only when the runtime shuts down, which drops this future too. Never an empty release,
+        // which would prune.
+        Err(_) => std::future::pending().await,
+    }
 }
 
 /// This cluster's desired objects: every selected app rendered, with Windvane's labels, each object made

@@ -6,7 +6,9 @@
 //! cold — kubectl with an empty discovery cache, the agent with nothing in the cluster — and both are
 //! timed as a user experiences them, process start-up and discovery included. The agent's time also
 //! includes what kubectl does not do: leader election, fetching and verifying the signed release,
-//! persisting it as last known good and persisting the inventory. kubectl runs first; the agent then
+//! persisting it as last known good and recording the sync's status; the write of its inventory follows
+//! the sync (the release persisted before it was applied covers a stop before that write lands, see
+//! `Engine::persist_inventory`). kubectl runs first; the agent then
 //! syncs into a cluster that already holds kubectl's objects and pods (a slight handicap for the agent).
 //! Neither waits for Deployments to become Available: kubectl returns once its objects are applied, and the
 //! agent's sync is finished then too.
@@ -18,7 +20,11 @@
 //! namespaces and state) followed by another bare run, every run into namespaces of its own. Each round
 //! compares the agent with the mean of the bare runs just before and just after it (the machine's speed
 //! drifts over a run, and the cluster grows), and the row reports the median round: identical runs of the
-//! control plane here differ by more than the goal's 5 %, so one round alone cannot judge it. CPU use of
+//! control plane here differ by more than the goal's 5 %, so one round alone cannot judge it. Every timed
+//! run starts right after a full garbage collection of the control plane
+//! ([`LocalKube::collect_garbage`]): one of its collection cycles costs a good part of a CPU-second, and
+//! without it, whether a run paid for one more of them depended on the garbage the runs (and the metrics
+//! scrapes) before it left behind, not on the contestant. CPU use of
 //! the control plane, the contestant and everything else on the machine is recorded for each run
 //! ([`crate::cpu`]), so a miss can be traced to the agent, the apiserver or a noisy neighbour.
 
@@ -74,6 +80,7 @@ pub async fn kubectl_apply(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    kube.collect_garbage().await?;
     let meter = CpuMeter::start(localkube_pid(kube)?)?;
     let started = Instant::now();
     let output = tokio::process::Command::from(command)
@@ -176,6 +183,7 @@ pub async fn bare_client_apply(
         }
     };
     let namespaces = objects.iter().filter(|o| o["kind"] == "Namespace").count();
+    kube.collect_garbage().await?;
     let profile = ControlPlaneProfile::start(kube, profiles, prefix)?;
     let meter = CpuMeter::start(localkube_pid(kube)?)?;
     let started = Instant::now();
@@ -239,6 +247,7 @@ pub async fn agent_first_sync(
     // Rendering its own /metrics costs the API server a good part of a CPU-second, and its garbage is
     // collected after: the timed run must not inherit that, nor the new namespace's controllers.
     wait_control_plane_quiet(kube).await?;
+    kube.collect_garbage().await?;
     let profile = ControlPlaneProfile::start(kube, profiles, prefix)?;
     let meter = CpuMeter::start(localkube_pid(kube)?)?;
     let spawned = Timestamp::now();
