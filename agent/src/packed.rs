@@ -1,7 +1,7 @@
 //! A verified bundle's bytes as the engine keeps them while it enforces the release: as received until the
-//! release has rendered, then gzip-compressed (on a blocking thread, while the sync applies). They are needed again only to render the release once more
-//! (a retried sync), and a bundle of several MB held as it came would cost its whole size for as long as it
-//! is enforced.
+//! release has rendered, then gzip-compressed (on a blocking thread, while the sync applies). They are
+//! needed again only to render the release once more (a retried sync), and a bundle of several MB held as
+//! it came would cost its whole size for as long as it is enforced.
 
 use std::borrow::Cow;
 use std::io::{Read, Write};

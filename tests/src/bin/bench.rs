@@ -1173,14 +1173,20 @@ fn sync_results(sync: &SyncComparison, results: &mut Results) {
     let run = &sync.rounds[median];
     let (before, before_cpu) = sync.bare[median];
     let (after, after_cpu) = sync.bare[median + 1];
+    // With the control plane's CPU on each side: a round's verdict is mostly how much work it did.
     let every_round: Vec<String> = rounds
         .iter()
-        .map(|r| {
+        .zip(&sync.rounds)
+        .zip(sync.bare.windows(2))
+        .map(|((r, run), pair)| {
+            let bare_control_plane = (pair[0].1.control_plane + pair[1].1.control_plane) / 2;
             format!(
-                "{:.2}× ({:.2} s vs {:.2} s)",
+                "{:.2}× ({:.2} s vs {:.2} s; control plane {:.1} vs {:.1} CPU-s)",
                 r.ratio(),
                 r.agent.as_secs_f64(),
-                r.bare.as_secs_f64()
+                r.bare.as_secs_f64(),
+                run.sync.cpu.control_plane.as_secs_f64(),
+                bare_control_plane.as_secs_f64()
             )
         })
         .collect();

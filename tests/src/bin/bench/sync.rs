@@ -22,11 +22,11 @@
 //! drifts over a run, and the cluster grows), and the row reports the median round: identical runs of the
 //! control plane here differ by more than the goal's 5 %, so one round alone cannot judge it. Every timed
 //! run starts right after a full garbage collection of the control plane
-//! ([`LocalKube::collect_garbage`]): one of its collection cycles costs a good part of a CPU-second, and
-//! without it, whether a run paid for one more of them depended on the garbage the runs (and the metrics
-//! scrapes) before it left behind, not on the contestant. CPU use of
-//! the control plane, the contestant and everything else on the machine is recorded for each run
-//! ([`crate::cpu`]), so a miss can be traced to the agent, the apiserver or a noisy neighbour.
+//! ([`LocalKube::collect_garbage`]): one of its collection cycles costs 0.2–0.6 CPU-seconds, and without
+//! it, how soon the next one came depended on the garbage left by what ran before — for the agent's runs
+//! only, the bench's scrape of the API server's metrics. CPU use of the control plane, the contestant and
+//! everything else on the machine is recorded for each run ([`crate::cpu`]), so a miss can be traced to the
+//! agent, the apiserver or a noisy neighbour.
 
 use std::path::Path;
 use std::process::Stdio;
