@@ -15,18 +15,18 @@
 //!
 //! The baseline the agent is judged against applies the same objects from a bare in-process server-side apply
 //! client at the agent's concurrency (16): no process start, no discovery, nothing verified or persisted. It
-//! is the floor this machine's apiserver allows any client. The comparison runs in rounds (three by default,
+//! is the floor this machine's apiserver allows any client. The comparison runs in rounds (five by default,
 //! `--sync-rounds`), interleaved: a bare run, then per round a fresh agent's first sync (its own fleet,
 //! namespaces and state) followed by another bare run, every run into namespaces of its own. Each round
 //! compares the agent with the mean of the bare runs just before and just after it (the machine's speed
 //! drifts over a run, and the cluster grows), and the row reports the median round: identical runs of the
 //! control plane here differ by more than the goal's 5 %, so one round alone cannot judge it. Every timed
-//! run starts right after a full garbage collection of the control plane
-//! ([`LocalKube::collect_garbage`]): one of its collection cycles costs 0.2–0.6 CPU-seconds, and without
-//! it, how soon the next one came depended on the garbage left by what ran before — for the agent's runs
-//! only, the bench's scrape of the API server's metrics. CPU use of the control plane, the contestant and
-//! everything else on the machine is recorded for each run ([`crate::cpu`]), so a miss can be traced to the
-//! agent, the apiserver or a noisy neighbour.
+//! run starts the same way: once the control plane has been quiet for a second, right after a full garbage
+//! collection of it ([`LocalKube::collect_garbage`]). One of its collection cycles costs 0.2–0.6
+//! CPU-seconds, and without the collection, how soon the next one came depended on the garbage left by
+//! what ran before — for the agent's runs only, the bench's scrape of the API server's metrics. CPU use of
+//! the control plane, the contestant and everything else on the machine is recorded for each run
+//! ([`crate::cpu`]), so a miss can be traced to the agent, the apiserver or a noisy neighbour.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -183,6 +183,8 @@ pub async fn bare_client_apply(
         }
     };
     let namespaces = objects.iter().filter(|o| o["kind"] == "Namespace").count();
+    // Started as the agent's runs are: after a second of a quiet control plane, then a collection.
+    wait_control_plane_quiet(kube).await?;
     kube.collect_garbage().await?;
     let profile = ControlPlaneProfile::start(kube, profiles, prefix)?;
     let meter = CpuMeter::start(localkube_pid(kube)?)?;
