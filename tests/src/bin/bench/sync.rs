@@ -138,6 +138,13 @@ pub async fn wait_control_plane_quiet(kube: &LocalKube) -> anyhow::Result<()> {
     }
 }
 
+/// How the bare client's and the agent's timed runs start: once the control plane has been quiet for a second,
+/// right after a full garbage collection of it (see the module's doc).
+async fn settle_control_plane(kube: &LocalKube) -> anyhow::Result<()> {
+    wait_control_plane_quiet(kube).await?;
+    kube.collect_garbage().await
+}
+
 /// Objects the bare client applies at once: the agent's default apply concurrency.
 const BARE_CONCURRENCY: usize = 16;
 
@@ -183,9 +190,7 @@ pub async fn bare_client_apply(
         }
     };
     let namespaces = objects.iter().filter(|o| o["kind"] == "Namespace").count();
-    // Started as the agent's runs are: after a second of a quiet control plane, then a collection.
-    wait_control_plane_quiet(kube).await?;
-    kube.collect_garbage().await?;
+    settle_control_plane(kube).await?;
     let profile = ControlPlaneProfile::start(kube, profiles, prefix)?;
     let meter = CpuMeter::start(localkube_pid(kube)?)?;
     let started = Instant::now();
@@ -248,8 +253,7 @@ pub async fn agent_first_sync(
     let before = identity.requests(&scrape(&admin).await?);
     // Rendering its own /metrics costs the API server a good part of a CPU-second, and its garbage is
     // collected after: the timed run must not inherit that, nor the new namespace's controllers.
-    wait_control_plane_quiet(kube).await?;
-    kube.collect_garbage().await?;
+    settle_control_plane(kube).await?;
     let profile = ControlPlaneProfile::start(kube, profiles, prefix)?;
     let meter = CpuMeter::start(localkube_pid(kube)?)?;
     let spawned = Timestamp::now();
