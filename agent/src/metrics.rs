@@ -233,108 +233,9 @@ impl Metrics {
     pub fn render(&self) -> String {
         let values = self.lock();
         let mut text = String::new();
+        render_source(&mut text, &values);
+        render_rollout(&mut text, &values);
         let out = &mut text;
-        by_result(
-            out,
-            "windvane_source_fetch_total",
-            "Polls of the release source, by result.",
-            &values.source_fetch,
-        );
-        by_result(
-            out,
-            "windvane_enrolments_total",
-            "Enrolments at the source server, by result (more than one `enrolled` means the server forgot \
-             this cluster and it enrolled again).",
-            &values.enrolments,
-        );
-        by_result(
-            out,
-            "windvane_apply_total",
-            "Object applies, by result.",
-            &values.apply,
-        );
-        header(
-            out,
-            "windvane_release_serial",
-            "gauge",
-            "Serial of the release being enforced.",
-        );
-        if let Some(serial) = values.release_serial {
-            let _ = writeln!(out, "windvane_release_serial {serial}");
-        }
-        header(
-            out,
-            "windvane_rollout_waiting_wave",
-            "gauge",
-            "The rollout wave (1-based) a verified newer release waits for on this cluster, 0 when none waits.",
-        );
-        let _ = writeln!(
-            out,
-            "windvane_rollout_waiting_wave {}",
-            values.rollout_waiting_wave
-        );
-        header(
-            out,
-            "windvane_window_waiting",
-            "gauge",
-            "1 while a verified newer release waits for the maintenance windows of the apps it changes, else 0.",
-        );
-        let _ = writeln!(
-            out,
-            "windvane_window_waiting {}",
-            u8::from(values.window_waiting)
-        );
-        header(
-            out,
-            "windvane_window_report_only_apps",
-            "gauge",
-            "Apps whose drift is only reported, not healed, because a deny window with heal: report is active.",
-        );
-        let _ = writeln!(
-            out,
-            "windvane_window_report_only_apps {}",
-            values.window_report_only_apps
-        );
-        header(
-            out,
-            "windvane_approvals_required",
-            "gauge",
-            "Approvals the verified release waiting for approval needs, 0 when none waits.",
-        );
-        let _ = writeln!(
-            out,
-            "windvane_approvals_required {}",
-            values.approvals_required
-        );
-        header(
-            out,
-            "windvane_approvals_valid",
-            "gauge",
-            "Approvals of the waiting release that count (trusted approver keys, not the publisher's).",
-        );
-        let _ = writeln!(out, "windvane_approvals_valid {}", values.approvals_valid);
-        header(
-            out,
-            "windvane_approvals_refused_total",
-            "counter",
-            "Approval signatures refused: bad signature, another release, the publisher's key or an unknown key.",
-        );
-        let _ = writeln!(
-            out,
-            "windvane_approvals_refused_total {}",
-            values.approvals_refused
-        );
-        header(
-            out,
-            "windvane_source_stale",
-            "gauge",
-            "1 while the release source cannot be reached (the last known good release is enforced), else 0.",
-        );
-        let _ = writeln!(
-            out,
-            "windvane_source_stale {}",
-            u8::from(values.source_stale)
-        );
         header(
             out,
             "windvane_objects",
@@ -355,6 +256,84 @@ impl Metrics {
     }
 }
 
+/// What the agent fetched and applied: polls, enrolments, applies, the release enforced and the source's state.
+fn render_source(out: &mut String, values: &Values) {
+    by_result(
+        out,
+        "windvane_source_fetch_total",
+        "Polls of the release source, by result.",
+        &values.source_fetch,
+    );
+    by_result(
+        out,
+        "windvane_enrolments_total",
+        "Enrolments at the source server, by result (more than one `enrolled` means the server forgot \
+         this cluster and it enrolled again).",
+        &values.enrolments,
+    );
+    by_result(
+        out,
+        "windvane_apply_total",
+        "Object applies, by result.",
+        &values.apply,
+    );
+    header(
+        out,
+        "windvane_release_serial",
+        "gauge",
+        "Serial of the release being enforced.",
+    );
+    if let Some(serial) = values.release_serial {
+        let _ = writeln!(out, "windvane_release_serial {serial}");
+    }
+    single(
+        out,
+        ("windvane_source_stale", "gauge"),
+        "1 while the release source cannot be reached (the last known good release is enforced), else 0.",
+        u8::from(values.source_stale),
+    );
+}
+
+/// What holds a newer release back: its rollout wave, maintenance windows and approvals.
+fn render_rollout(out: &mut String, values: &Values) {
+    single(
+        out,
+        ("windvane_rollout_waiting_wave", "gauge"),
+        "The rollout wave (1-based) a verified newer release waits for on this cluster, 0 when none waits.",
+        values.rollout_waiting_wave,
+    );
+    single(
+        out,
+        ("windvane_window_waiting", "gauge"),
+        "1 while a verified newer release waits for the maintenance windows of the apps it changes, else 0.",
+        u8::from(values.window_waiting),
+    );
+    single(
+        out,
+        ("windvane_window_report_only_apps", "gauge"),
+        "Apps whose drift is only reported, not healed, because a deny window with heal: report is active.",
+        values.window_report_only_apps,
+    );
+    single(
+        out,
+        ("windvane_approvals_required", "gauge"),
+        "Approvals the verified release waiting for approval needs, 0 when none waits.",
+        values.approvals_required,
+    );
+    single(
+        out,
+        ("windvane_approvals_valid", "gauge"),
+        "Approvals of the waiting release that count (trusted approver keys, not the publisher's).",
+        values.approvals_valid,
+    );
+    single(
+        out,
+        ("windvane_approvals_refused_total", "counter"),
+        "Approval signatures refused: bad signature, another release, the publisher's key or an unknown key.",
+        values.approvals_refused,
+    );
+}
+
 fn render_drift(out: &mut String, values: &Values) {
     let help = format!(
         "Drift detected on managed objects, by kind and the field manager that made it (`{UNKNOWN_MANAGER}` \
@@ -368,40 +347,29 @@ fn render_drift(out: &mut String, values: &Values) {
             "windvane_drift_detected_total{{kind=\"{kind}\",manager=\"{manager}\"}} {count}"
         );
     }
-    header(
+    single(
         out,
-        "windvane_drift_reverted_total",
-        "counter",
+        ("windvane_drift_reverted_total", "counter"),
         "Drifts reverted by the healer.",
-    );
-    let _ = writeln!(
-        out,
-        "windvane_drift_reverted_total {}",
-        values.drift_reverted
+        values.drift_reverted,
     );
     values.drift_repair.render(
         out,
         "windvane_drift_repair_seconds",
         "Time from a drift's detection to its revert being applied (grace periods, holds and back-offs included).",
     );
-    header(
+    single(
         out,
-        "windvane_drift_contested_objects",
-        "gauge",
+        ("windvane_drift_contested_objects", "gauge"),
         "Objects whose drift is not reverted for a back-off because another manager keeps taking their fields.",
+        values.drift_contested,
     );
-    let _ = writeln!(
+    single(
         out,
-        "windvane_drift_contested_objects {}",
-        values.drift_contested
-    );
-    header(
-        out,
-        "windvane_drift_held_objects",
-        "gauge",
+        ("windvane_drift_held_objects", "gauge"),
         "Objects whose drift is not reverted because an operator holds them (windvane.io/hold-until).",
+        values.drift_held,
     );
-    let _ = writeln!(out, "windvane_drift_held_objects {}", values.drift_held);
 }
 
 /// The `manager` label for drift by `manager`, given the managers labelled so far. The cluster, not the
@@ -447,6 +415,12 @@ fn escape_label(value: &str) -> String {
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// A metric of one unlabelled series: its `(name, type)`, help and value.
+fn single(out: &mut String, (name, kind): (&str, &str), help: &str, value: impl std::fmt::Display) {
+    header(out, name, kind, help);
+    let _ = writeln!(out, "{name} {value}");
 }
 
 /// A counter labelled by `result` (results are the agent's own words, never escaped).

@@ -104,6 +104,9 @@ pub struct Engine {
     /// The backstop and the retry of an incomplete sync.
     timers: Timers,
     status: StatusTx,
+    /// What of the status the metrics and the drift records were last published from (see
+    /// [`Engine::publish_drift`]).
+    published: Published,
     metrics: Arc<Metrics>,
     healer: Healer,
     /// A verified release waiting for this cluster's rollout wave.
@@ -115,6 +118,15 @@ pub struct Engine {
     prevention: prevent::Prevention,
     /// The apps whose drift is only reported now, in a `heal: report` deny window.
     report_only: BTreeSet<String>,
+}
+
+/// What [`Engine::publish_drift`] last published from.
+#[derive(Debug)]
+struct Published {
+    /// The healer's drift records' revision then (`None`: not yet published).
+    records: Option<u64>,
+    /// The status, seen once for every change: the object counts are counted again only after one.
+    status: crate::report::StatusRx,
 }
 
 /// A release just taken in, before the next sync renders it again from its bytes.
@@ -174,6 +186,10 @@ impl Engine {
             fresh: None,
             inventory,
             timers,
+            published: Published {
+                records: None,
+                status: status.subscribe(),
+            },
             status,
             metrics,
             healer,
@@ -355,10 +371,20 @@ impl Engine {
         }
     }
 
-    fn publish_drift(&self) {
-        self.status
-            .send_modify(|status| status.drift = self.healer.records());
-        self.metrics.set_objects(&self.status.borrow().counts());
+    /// Copies the healer's drift records into the status and counts the objects by state for the metrics —
+    /// each only after it changed: this runs after every watch event, and both are as long as the release
+    /// (up to a thousand records, every object).
+    fn publish_drift(&mut self) {
+        let revision = self.healer.records_revision();
+        if self.published.records != Some(revision) {
+            self.published.records = Some(revision);
+            self.status
+                .send_modify(|status| status.drift = self.healer.records());
+        }
+        if self.published.status.has_changed().unwrap_or(false) {
+            let counts = self.published.status.borrow_and_update().counts();
+            self.metrics.set_objects(&counts);
+        }
     }
 }
 

@@ -88,7 +88,7 @@ pub enum Action {
 /// One drift of one object, from detection until it is reverted or goes away.
 #[derive(Debug, Clone)]
 struct Episode {
-    /// The sequence number of its drift record (see [`DriftMachine::record_mut`]).
+    /// The sequence number of its drift record (see [`DriftRecords`]).
     record: u64,
     phase: Phase,
     /// When it was detected, for the time to repair.
@@ -146,10 +146,7 @@ pub struct DriftMachine {
     episodes: HashMap<ObjectKey, Episode>,
     contest: ContestTracker,
     timers: BTreeMap<Instant, BTreeSet<ObjectKey>>,
-    records: VecDeque<DriftRecord>,
-    /// The sequence number of `records[0]`: records are numbered as they are made, so an episode whose record
-    /// was evicted finds none instead of a younger one.
-    first_record: u64,
+    records: DriftRecords,
     hold_cap: Duration,
 }
 
@@ -162,8 +159,7 @@ impl DriftMachine {
             episodes: HashMap::new(),
             contest,
             timers: BTreeMap::new(),
-            records: VecDeque::new(),
-            first_record: 0,
+            records: DriftRecords::default(),
             hold_cap,
         }
     }
@@ -219,7 +215,7 @@ impl DriftMachine {
                 .iter()
                 .all(|field| drift::value_at(held, field) == drift::value_at(live, field))
         });
-        let Some(record) = record_mut(&mut self.records, self.first_record, episode.record) else {
+        let Some(record) = self.records.get_mut(episode.record) else {
             return Vec::new();
         };
         record.reverted_at = Some(now.wall);
@@ -291,7 +287,13 @@ impl DriftMachine {
 
     /// Drift records, newest last.
     pub fn records(&self) -> Vec<DriftRecord> {
-        self.records.iter().cloned().collect()
+        self.records.kept.iter().cloned().collect()
+    }
+
+    /// Changes whenever a drift record is made or changed: whoever copies the records out copies them again
+    /// only when it moved.
+    pub fn records_revision(&self) -> u64 {
+        self.records.revision
     }
 
     /// Judges `key` as `live` shows it now (`None`: deleted).
@@ -340,7 +342,7 @@ impl DriftMachine {
     fn revert_on_request(&mut self, key: &ObjectKey, drift: &Drift, who: &str) -> Vec<Action> {
         info!(requested_by = %who, "manual revert requested");
         if let Some(episode) = self.episodes.get(key)
-            && let Some(record) = record_mut(&mut self.records, self.first_record, episode.record)
+            && let Some(record) = self.records.get_mut(episode.record)
         {
             record.revert_requested_by = Some(who.to_owned());
         }
@@ -461,7 +463,7 @@ impl DriftMachine {
         }
         if let Some(names) = break_glass
             && let Some(episode) = self.episodes.get(key)
-            && let Some(record) = record_mut(&mut self.records, self.first_record, episode.record)
+            && let Some(record) = self.records.get_mut(episode.record)
         {
             record.break_glass = Some(BreakGlassRecord {
                 by: names.by,
@@ -610,7 +612,7 @@ impl DriftMachine {
         now: Now,
     ) -> Vec<Action> {
         if let Some(episode) = self.episodes.get(key)
-            && let Some(record) = record_mut(&mut self.records, self.first_record, episode.record)
+            && let Some(record) = self.records.get_mut(episode.record)
         {
             record.reverted_at = Some(now.wall);
             record.action = DriftAction::Reverted;
@@ -656,12 +658,7 @@ impl DriftMachine {
 
     /// The record of the drift open on `key`, if any.
     pub fn open_drift(&self, key: &ObjectKey) -> Option<&DriftRecord> {
-        let index = self
-            .episodes
-            .get(key)?
-            .record
-            .checked_sub(self.first_record)?;
-        self.records.get(usize::try_from(index).ok()?)
+        self.records.get(self.episodes.get(key)?.record)
     }
 
     /// How long the drift open on `key` has been known at `now`.
@@ -705,7 +702,7 @@ impl DriftMachine {
 
     fn set_action(&mut self, key: &ObjectKey, action: DriftAction) {
         if let Some(episode) = self.episodes.get(key)
-            && let Some(record) = record_mut(&mut self.records, self.first_record, episode.record)
+            && let Some(record) = self.records.get_mut(episode.record)
         {
             record.action = action;
         }
@@ -713,12 +710,8 @@ impl DriftMachine {
 
     /// Adds a drift record (evicting the oldest past [`MAX_DRIFT_RECORDS`]); its sequence number.
     fn record(&mut self, desired: &Desired, drift: &Drift, now: Timestamp) -> u64 {
-        if self.records.len() >= MAX_DRIFT_RECORDS {
-            self.records.pop_front();
-            self.first_record += 1;
-        }
         let who = drift.who.as_ref();
-        self.records.push_back(DriftRecord {
+        self.records.push(DriftRecord {
             app: desired.app.clone(),
             group: desired.id.group().to_owned(),
             kind: desired.id.kind.clone(),
@@ -734,8 +727,7 @@ impl DriftMachine {
             action: DriftAction::Reported,
             break_glass: None,
             revert_requested_by: None,
-        });
-        self.first_record + self.records.len() as u64 - 1
+        })
     }
 }
 
@@ -746,13 +738,43 @@ fn has_hold(live: &Value) -> bool {
         .is_some()
 }
 
-/// The record with sequence number `number`, if it is still kept.
-fn record_mut(
-    records: &mut VecDeque<DriftRecord>,
+/// The drift records kept, oldest first, numbered as they are made; at most [`MAX_DRIFT_RECORDS`].
+#[derive(Debug, Default)]
+struct DriftRecords {
+    kept: VecDeque<DriftRecord>,
+    /// The sequence number of `kept[0]`: an episode whose record was evicted finds none instead of a younger
+    /// one.
     first: u64,
-    number: u64,
-) -> Option<&mut DriftRecord> {
-    records.get_mut(usize::try_from(number.checked_sub(first)?).ok()?)
+    /// Moves on every record made or taken to change.
+    revision: u64,
+}
+
+impl DriftRecords {
+    /// The record with sequence number `number`, if it is still kept.
+    fn get(&self, number: u64) -> Option<&DriftRecord> {
+        self.kept
+            .get(usize::try_from(number.checked_sub(self.first)?).ok()?)
+    }
+
+    /// The record with sequence number `number`, to change: the revision moves.
+    fn get_mut(&mut self, number: u64) -> Option<&mut DriftRecord> {
+        let record = self
+            .kept
+            .get_mut(usize::try_from(number.checked_sub(self.first)?).ok()?)?;
+        self.revision += 1;
+        Some(record)
+    }
+
+    /// Adds `record`, evicting the oldest past [`MAX_DRIFT_RECORDS`]; its sequence number.
+    fn push(&mut self, record: DriftRecord) -> u64 {
+        if self.kept.len() >= MAX_DRIFT_RECORDS {
+            self.kept.pop_front();
+            self.first += 1;
+        }
+        self.kept.push_back(record);
+        self.revision += 1;
+        self.first + self.kept.len() as u64 - 1
+    }
 }
 
 fn uid(live: &Value) -> Option<String> {

@@ -168,6 +168,11 @@ impl Healer {
         self.machine.records()
     }
 
+    /// Changes whenever a drift record is made or changed.
+    pub fn records_revision(&self) -> u64 {
+        self.machine.records_revision()
+    }
+
     /// Re-checks the objects whose timers are due.
     pub async fn on_timers(&mut self, status: &StatusTx) {
         for key in self.machine.due(tokio::time::Instant::now()) {

@@ -201,6 +201,37 @@ async fn drift_is_reverted_at_once_and_recorded_with_who_did_it() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_records_revision_moves_when_a_record_is_made_or_changed_and_only_then() {
+    let clock = Clock::new();
+    let mut machine = machine(desired(true, None));
+    let start = machine.records_revision();
+    machine.on_event(&key(), Some(&in_step(1)), clock.now(), Cause::Watch);
+    assert_eq!(
+        machine.records_revision(),
+        start,
+        "an object as Windvane left it"
+    );
+    machine.on_event(
+        &key(),
+        Some(&taken_by("kubectl-edit", 2)),
+        clock.now(),
+        Cause::Watch,
+    );
+    let detected = machine.records_revision();
+    assert_ne!(detected, start, "a drift is recorded");
+    let fields = ["/data/mode".to_owned()];
+    machine.reverted(&key(), &in_step(3), &fields, clock.now());
+    let reverted = machine.records_revision();
+    assert_ne!(reverted, detected, "its record says it was reverted");
+    machine.on_event(&key(), Some(&in_step(3)), clock.now(), Cause::Watch);
+    assert_eq!(
+        machine.records_revision(),
+        reverted,
+        "the revert's own event"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_deleted_object_is_recreated_and_a_stale_event_says_nothing() {
     let clock = Clock::new();
     let mut machine = machine(desired(true, None));

@@ -113,7 +113,7 @@ impl<const N: usize> Histogram<N> {
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        header(out, name, "histogram", help);
         let mut cumulative = 0;
         for (bound, count) in self.bounds.iter().zip(&self.counts) {
             cumulative += count.load(Ordering::Relaxed);
@@ -170,39 +170,67 @@ pub struct FleetGauges {
     pub ages: Vec<Duration>,
 }
 
-fn counter(out: &mut String, name: &str, help: &str, value: u64) {
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-    );
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// A metric of one unlabelled series: its `(name, type)`, help and value.
+fn single(out: &mut String, (name, kind): (&str, &str), help: &str, value: impl std::fmt::Display) {
+    header(out, name, kind, help);
+    let _ = writeln!(out, "{name} {value}");
+}
+
+/// A counter with one label, a series per `(label value, count)`.
+fn labelled<'a>(
+    out: &mut String,
+    (name, label): (&str, &str),
+    help: &str,
+    series: impl IntoIterator<Item = (&'a str, u64)>,
+) {
+    header(out, name, "counter", help);
+    for (value, count) in series {
+        let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {count}");
+    }
+}
+
+fn load(value: &AtomicU64) -> u64 {
+    value.load(Ordering::Relaxed)
 }
 
 /// The exposition text.
 pub fn render(metrics: &Metrics, fleet: &FleetGauges) -> String {
     let mut out = String::with_capacity(4096);
-    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    render_fleet(&mut out, metrics, fleet);
+    render_deliveries(&mut out, metrics);
+    render_ingest(&mut out, metrics);
+    out
+}
 
-    out.push_str("# HELP windvane_clusters Enrolled clusters by the state the server shows.\n");
-    out.push_str("# TYPE windvane_clusters gauge\n");
+/// The clusters: their states, their heartbeats and how long ago each last sent one.
+fn render_fleet(out: &mut String, metrics: &Metrics, fleet: &FleetGauges) {
+    header(
+        out,
+        "windvane_clusters",
+        "gauge",
+        "Enrolled clusters by the state the server shows.",
+    );
     for (state, count) in &fleet.counts {
         let _ = writeln!(out, "windvane_clusters{{state=\"{state}\"}} {count}");
     }
-
-    out.push_str("# HELP windvane_heartbeats_total Heartbeats received, by outcome.\n");
-    out.push_str("# TYPE windvane_heartbeats_total counter\n");
-    for result in HeartbeatResult::ALL {
-        let _ = writeln!(
-            out,
-            "windvane_heartbeats_total{{result=\"{}\"}} {}",
-            result.as_str(),
-            metrics.heartbeat_count(result)
-        );
-    }
-
+    labelled(
+        out,
+        ("windvane_heartbeats_total", "result"),
+        "Heartbeats received, by outcome.",
+        HeartbeatResult::ALL.map(|result| (result.as_str(), metrics.heartbeat_count(result))),
+    );
     let mut ages: Vec<f64> = fleet.ages.iter().map(Duration::as_secs_f64).collect();
     ages.sort_by(f64::total_cmp);
-    out.push_str("# HELP windvane_heartbeat_age_seconds Time since each cluster's last heartbeat, across the fleet.\n");
-    out.push_str("# TYPE windvane_heartbeat_age_seconds summary\n");
+    header(
+        out,
+        "windvane_heartbeat_age_seconds",
+        "summary",
+        "Time since each cluster's last heartbeat, across the fleet.",
+    );
     for q in [0.5, 0.9, 0.99, 1.0] {
         let value = quantile(&ages, q);
         let _ = writeln!(
@@ -216,103 +244,95 @@ pub fn render(metrics: &Metrics, fleet: &FleetGauges) -> String {
         ages.iter().sum::<f64>()
     );
     let _ = writeln!(out, "windvane_heartbeat_age_seconds_count {}", ages.len());
+}
 
-    out.push_str("# HELP windvane_drift_events_total Drift records received in accepted heartbeats, by severity.\n");
-    out.push_str("# TYPE windvane_drift_events_total counter\n");
+/// What came in and went out besides heartbeats: drift records, enrolments, notifications.
+fn render_deliveries(out: &mut String, metrics: &Metrics) {
     let critical = load(&metrics.drift_critical);
-    let _ = writeln!(
+    labelled(
         out,
-        "windvane_drift_events_total{{severity=\"critical\"}} {critical}"
+        ("windvane_drift_events_total", "severity"),
+        "Drift records received in accepted heartbeats, by severity.",
+        [
+            ("critical", critical),
+            (
+                "warning",
+                load(&metrics.drift_events).saturating_sub(critical),
+            ),
+        ],
     );
-    let _ = writeln!(
+    labelled(
         out,
-        "windvane_drift_events_total{{severity=\"warning\"}} {}",
-        load(&metrics.drift_events).saturating_sub(critical)
+        ("windvane_enrollments_total", "result"),
+        "Enrolment requests, by outcome.",
+        [
+            ("accepted", load(&metrics.enrollments_ok)),
+            ("refused", load(&metrics.enrollments_refused)),
+        ],
     );
+    labelled(
+        out,
+        ("windvane_notifications_total", "result"),
+        "Notifications, by outcome per sink delivery.",
+        [
+            ("sent", load(&metrics.notifications_sent)),
+            ("failed", load(&metrics.notifications_failed)),
+            ("dropped", load(&metrics.notifications_dropped)),
+        ],
+    );
+    single(
+        out,
+        ("windvane_notification_sender_leader", "gauge"),
+        "1 on the replica that sends the fleet's notifications.",
+        u8::from(metrics.notification_sender_leader.load(Ordering::Relaxed)),
+    );
+}
 
-    out.push_str("# HELP windvane_enrollments_total Enrolment requests, by outcome.\n");
-    out.push_str("# TYPE windvane_enrollments_total counter\n");
-    let _ = writeln!(
+/// The server's own work: heartbeat batches, held polls, rollout views.
+fn render_ingest(out: &mut String, metrics: &Metrics) {
+    single(
         out,
-        "windvane_enrollments_total{{result=\"accepted\"}} {}",
-        load(&metrics.enrollments_ok)
-    );
-    let _ = writeln!(
-        out,
-        "windvane_enrollments_total{{result=\"refused\"}} {}",
-        load(&metrics.enrollments_refused)
-    );
-
-    out.push_str(
-        "# HELP windvane_notifications_total Notifications, by outcome per sink delivery.\n",
-    );
-    out.push_str("# TYPE windvane_notifications_total counter\n");
-    for (result, value) in [
-        ("sent", &metrics.notifications_sent),
-        ("failed", &metrics.notifications_failed),
-        ("dropped", &metrics.notifications_dropped),
-    ] {
-        let _ = writeln!(
-            out,
-            "windvane_notifications_total{{result=\"{result}\"}} {}",
-            load(value)
-        );
-    }
-    out.push_str("# HELP windvane_notification_sender_leader 1 on the replica that sends the fleet's notifications.\n");
-    out.push_str("# TYPE windvane_notification_sender_leader gauge\n");
-    let _ = writeln!(
-        out,
-        "windvane_notification_sender_leader {}",
-        u8::from(metrics.notification_sender_leader.load(Ordering::Relaxed))
-    );
-
-    counter(
-        &mut out,
-        "windvane_ingest_batches_total",
+        ("windvane_ingest_batches_total", "counter"),
         "Heartbeat batches committed.",
         load(&metrics.ingest_batches),
     );
-    out.push_str("# HELP windvane_ingest_queue_depth Heartbeats waiting for a batch.\n");
-    out.push_str("# TYPE windvane_ingest_queue_depth gauge\n");
-    let _ = writeln!(
+    single(
         out,
-        "windvane_ingest_queue_depth {}",
-        load(&metrics.ingest_queue_depth)
+        ("windvane_ingest_queue_depth", "gauge"),
+        "Heartbeats waiting for a batch.",
+        load(&metrics.ingest_queue_depth),
     );
-    out.push_str(
-        "# HELP windvane_held_polls Channel pointer polls held until the pointer changes.\n",
+    single(
+        out,
+        ("windvane_held_polls", "gauge"),
+        "Channel pointer polls held until the pointer changes.",
+        load(&metrics.held_polls),
     );
-    out.push_str("# TYPE windvane_held_polls gauge\n");
-    let _ = writeln!(out, "windvane_held_polls {}", load(&metrics.held_polls));
-    counter(
-        &mut out,
-        "windvane_rollout_view_builds_total",
+    single(
+        out,
+        ("windvane_rollout_view_builds_total", "counter"),
         "Rollout views built from the database (at most one per channel and second; reads in between are served from the cache).",
         load(&metrics.rollout_view_builds),
     );
-    out.push_str("# HELP windvane_rollout_view_reads_total Reads of a channel's rollout view (JSON), by answer.\n");
-    out.push_str("# TYPE windvane_rollout_view_reads_total counter\n");
-    for (answer, value) in [
-        ("ok", &metrics.rollout_view_sent),
-        ("not_modified", &metrics.rollout_view_not_modified),
-    ] {
-        let _ = writeln!(
-            out,
-            "windvane_rollout_view_reads_total{{answer=\"{answer}\"}} {}",
-            load(value)
-        );
-    }
+    labelled(
+        out,
+        ("windvane_rollout_view_reads_total", "answer"),
+        "Reads of a channel's rollout view (JSON), by answer.",
+        [
+            ("ok", load(&metrics.rollout_view_sent)),
+            ("not_modified", load(&metrics.rollout_view_not_modified)),
+        ],
+    );
     metrics.ingest_commit_seconds.render(
-        &mut out,
+        out,
         "windvane_ingest_commit_duration_seconds",
         "Time to store one batch of heartbeats (one transaction, fsync included).",
     );
     metrics.signature_batch_size.render(
-        &mut out,
+        out,
         "windvane_signature_batch_size",
         "Heartbeat signatures checked together in one batch.",
     );
-    out
 }
 
 /// The `q` quantile of sorted values (nearest rank); zero when there are none.

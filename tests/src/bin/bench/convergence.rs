@@ -368,21 +368,7 @@ pub async fn measure_with(
     )
     .await?;
     let pid = server.pid()?;
-
-    crate::progress(&format!("{name}: enrolling {} agents", s.agents));
-    let identities: Vec<ClusterIdentity> = (0..s.agents).map(identity).collect();
-    let keys: Arc<Vec<SigningKey>> = Arc::new(
-        (0..s.agents as u64)
-            .map(crate::heartbeat::cluster_key)
-            .collect(),
-    );
-    let enrolling = Instant::now();
-    let clusters: Vec<crate::heartbeat::Enrolment> = identities
-        .iter()
-        .map(|id| (id.name.clone(), id.labels.clone()))
-        .collect();
-    crate::heartbeat::enroll_all(server.addr, &clusters, &keys).await?;
-    let enrol = enrolling.elapsed();
+    let (identities, keys, enrol) = enroll(server.addr, s, name).await?;
     let memory_before = tree_memory(pid)?;
 
     let shared = Arc::new(Shared {
@@ -418,64 +404,14 @@ pub async fn measure_with(
         s.idle.as_secs()
     ));
     let (idle_cores, idle_length) = crate::cpu::cores_over(pid, s.idle).await?;
-
-    let before = shared.counters.snapshot();
-    let gate_before = [
-        shared.counters.gate_reads.load(Ordering::Relaxed),
-        shared.counters.gate_not_modified.load(Ordering::Relaxed),
-    ];
-    let split = crate::server::CpuSplit::start(pid);
-    let publish_ms = shared.now_ms();
-    let published_at = Instant::now();
-    let published_wall = Timestamp::now();
-    let second = publisher.publish(second, CHANNEL)?;
-    crate::progress(&format!(
-        "{name}: published serial {}; waiting for every agent's acknowledgement",
-        second.serial
-    ));
-    let sampler = RssSampler::start(pid);
-    // A release in waves takes its soaks longer.
-    let soaks: Duration = second
-        .rollout
-        .as_ref()
-        .map(|r| r.waves.iter().map(|w| w.soak).sum())
-        .unwrap_or_default();
-    let converged = wait_converged(&db, second.serial, s.agents, deadline + soaks, &mut server)
-        .await?
-        - published_at;
-    let (server_cpu, bench_cpu, others_cpu) = split.stop(pid);
-    let per_second = |d: Duration| d.as_secs_f64() / converged.as_secs_f64().max(0.001);
-    let converging_cores = per_second(server_cpu);
-    let (bench_cores, others_cores) = (per_second(bench_cpu), per_second(others_cpu));
-    let rss_peak_converging_mib = sampler.stop().await;
-    let during = {
-        let after = shared.counters.snapshot();
-        let mut d = [0; 8];
-        for (i, slot) in d.iter_mut().enumerate() {
-            *slot = after[i] - before[i];
-        }
-        d
+    let timeline = Timeline {
+        publisher: &publisher,
+        shared: &shared,
+        db: &db,
+        deadline,
+        name,
     };
-    let since_publish = |ms: Option<u64>| {
-        Duration::from_millis(
-            ms.map_or(u64::MAX, |m| m.saturating_sub(publish_ms))
-                .min(u64::MAX / 2),
-        )
-    };
-    let last_saw = since_publish(Moments::last(&shared.moments.saw, second.serial));
-    let last_acked = since_publish(Moments::last(&shared.moments.acked, second.serial));
-    let saw_p99 = crate::drift::quantile(
-        &Moments::since(&shared.moments.saw, second.serial, publish_ms),
-        0.99,
-    );
-    let published = Published {
-        pointer: second.clone(),
-        at: published_wall,
-        acked: Moments::since_by_agent(&shared.moments.acked, second.serial, publish_ms),
-        gate_reads: shared.counters.gate_reads.load(Ordering::Relaxed) - gate_before[0],
-        gate_not_modified: shared.counters.gate_not_modified.load(Ordering::Relaxed)
-            - gate_before[1],
-    };
+    let rollout = timeline.publish(second, &mut server).await?;
     let memory_end = tree_memory(pid)?;
     stop_tx.send_replace(true);
     for task in tasks {
@@ -486,23 +422,144 @@ pub async fn measure_with(
         agents: s.agents,
         enrol,
         cold_start,
-        converged,
-        last_saw,
-        saw_p99,
-        last_acked,
-        converging_cores,
-        bench_cores,
-        others_cores,
+        converged: rollout.converged,
+        last_saw: rollout.last_saw,
+        saw_p99: rollout.saw_p99,
+        last_acked: rollout.last_acked,
+        converging_cores: rollout.cores[0],
+        bench_cores: rollout.cores[1],
+        others_cores: rollout.cores[2],
         idle_cores,
         idle_length,
         memory_before,
-        rss_peak_converging_mib,
+        rss_peak_converging_mib: rollout.rss_peak_mib,
         memory_end,
-        during,
-        bundle_bytes: second.bundle.size,
-        objects_per_agent: during[7] as f64 / s.agents as f64,
+        during: rollout.during,
+        bundle_bytes: rollout.published.pointer.bundle.size,
+        objects_per_agent: rollout.during[7] as f64 / s.agents as f64,
     };
-    Ok((convergence, published))
+    Ok((convergence, rollout.published))
+}
+
+/// Enrols `s.agents` simulated clusters at the server: their identities, their keys and how long it took.
+async fn enroll(
+    addr: SocketAddr,
+    s: Settings,
+    name: &str,
+) -> anyhow::Result<(Vec<ClusterIdentity>, Arc<Vec<SigningKey>>, Duration)> {
+    crate::progress(&format!("{name}: enrolling {} agents", s.agents));
+    let identities: Vec<ClusterIdentity> = (0..s.agents).map(identity).collect();
+    let keys: Arc<Vec<SigningKey>> = Arc::new(
+        (0..s.agents as u64)
+            .map(crate::heartbeat::cluster_key)
+            .collect(),
+    );
+    let enrolling = Instant::now();
+    let clusters: Vec<crate::heartbeat::Enrolment> = identities
+        .iter()
+        .map(|id| (id.name.clone(), id.labels.clone()))
+        .collect();
+    crate::heartbeat::enroll_all(addr, &clusters, &keys).await?;
+    Ok((identities, keys, enrolling.elapsed()))
+}
+
+/// What the second release's timeline needs: the fleet running, its server's database to watch.
+struct Timeline<'a> {
+    publisher: &'a Publisher,
+    shared: &'a Arc<Shared>,
+    db: &'a SqliteDb,
+    /// How long the fleet may take to converge, soaks aside.
+    deadline: Duration,
+    name: &'a str,
+}
+
+/// The second release's convergence, as [`Timeline::publish`] measured it.
+struct Rollout {
+    converged: Duration,
+    last_saw: Duration,
+    saw_p99: Duration,
+    last_acked: Duration,
+    /// Cores used meanwhile by the server, this bench and other processes.
+    cores: [f64; 3],
+    rss_peak_mib: f64,
+    /// The agents' counters' increase meanwhile.
+    during: [u64; 8],
+    published: Published,
+}
+
+impl Timeline<'_> {
+    /// Publishes `second` and waits until every cluster acknowledged it, measuring the server meanwhile.
+    async fn publish(
+        &self,
+        second: &FleetTree,
+        server: &mut ServerProcess,
+    ) -> anyhow::Result<Rollout> {
+        let shared = self.shared;
+        let pid = server.pid()?;
+        let before = shared.counters.snapshot();
+        let gate_before = [
+            shared.counters.gate_reads.load(Ordering::Relaxed),
+            shared.counters.gate_not_modified.load(Ordering::Relaxed),
+        ];
+        let split = crate::server::CpuSplit::start(pid);
+        let publish_ms = shared.now_ms();
+        let published_at = Instant::now();
+        let published_wall = Timestamp::now();
+        let second = self.publisher.publish(second, CHANNEL)?;
+        crate::progress(&format!(
+            "{}: published serial {}; waiting for every agent's acknowledgement",
+            self.name, second.serial
+        ));
+        let sampler = RssSampler::start(pid);
+        // A release in waves takes its soaks longer.
+        let soaks: Duration = second
+            .rollout
+            .as_ref()
+            .map(|r| r.waves.iter().map(|w| w.soak).sum())
+            .unwrap_or_default();
+        let agents = shared.settings.agents;
+        let converged = wait_converged(
+            self.db,
+            second.serial,
+            agents,
+            self.deadline + soaks,
+            server,
+        )
+        .await?
+            - published_at;
+        let (server_cpu, bench_cpu, others_cpu) = split.stop(pid);
+        let per_second = |d: Duration| d.as_secs_f64() / converged.as_secs_f64().max(0.001);
+        let rss_peak_mib = sampler.stop().await;
+        let after = shared.counters.snapshot();
+        let during: [u64; 8] = std::array::from_fn(|i| after[i] - before[i]);
+        let since_publish = |ms: Option<u64>| {
+            Duration::from_millis(
+                ms.map_or(u64::MAX, |m| m.saturating_sub(publish_ms))
+                    .min(u64::MAX / 2),
+            )
+        };
+        let moments = &shared.moments;
+        Ok(Rollout {
+            converged,
+            last_saw: since_publish(Moments::last(&moments.saw, second.serial)),
+            saw_p99: crate::drift::quantile(
+                &Moments::since(&moments.saw, second.serial, publish_ms),
+                0.99,
+            ),
+            last_acked: since_publish(Moments::last(&moments.acked, second.serial)),
+            cores: [server_cpu, bench_cpu, others_cpu].map(per_second),
+            rss_peak_mib,
+            during,
+            published: Published {
+                at: published_wall,
+                acked: Moments::since_by_agent(&moments.acked, second.serial, publish_ms),
+                gate_reads: shared.counters.gate_reads.load(Ordering::Relaxed) - gate_before[0],
+                gate_not_modified: shared.counters.gate_not_modified.load(Ordering::Relaxed)
+                    - gate_before[1],
+                pointer: second,
+            },
+        })
+    }
 }
 
 /// Reads the server's database four times a second until every cluster reports `serial`; returns when it
@@ -958,6 +1015,15 @@ impl SimAgent {
 /// The rows: convergence against the poll schedule (goal), the server's own delay (goal), its CPU and memory,
 /// and the enrolment.
 pub fn report(m: &Convergence, s: Settings, results: &mut crate::Results) {
+    results.rows.push(convergence_row(m, s));
+    results.rows.extend(server_rows(m));
+    results
+        .details
+        .insert("convergence".into(), details_json(m, s));
+}
+
+/// Publish until every cluster acknowledged, against the poll schedule's floor.
+fn convergence_row(m: &Convergence, s: Settings) -> Row {
     let secs = |d: Duration| d.as_secs_f64();
     let interval = s.poll_interval.as_secs_f64();
     let longest_wait = interval * (1.0 + JITTER);
@@ -972,31 +1038,35 @@ pub fn report(m: &Convergence, s: Settings, results: &mut crate::Results) {
         _,
     ] = m.during;
     let agents = format_count(m.agents);
-    results.rows.push(
-        Row::new(
-            "convergence",
-            "convergence_seconds",
-            &format!("fleet convergence, {agents} simulated agents"),
-            Unit::Seconds,
-            secs(m.converged),
-        )
-        .baseline("poll schedule: last agent's first poll after publish", secs(m.last_saw))
-        .goal(Goal::AtMost(longest_wait + 5.0))
-        .note(format!(
-            "publish until the server's database shows every cluster on the new serial (read 4×/s); poll \
-             interval {interval:.0} s with the agent's ±20 % jitter, so an agent may wait up to {longest_wait:.0} s: \
-             the goal is that longest poll interval + 5 s. The last 2xx to a heartbeat with the new serial came \
-             {:.1} s after the publish. While converging: {polls} polls ({not_modified} answered 304), {bundles} \
-             bundle downloads ({} bytes each), {heartbeats} heartbeats, {shed} shed with 429, {errors} failed \
-             requests retried, {reconnects} connections (re)opened; each agent rendered {:.0} objects for its \
-             labels. Cold start (agents starting at random phases on the first release): {:.1} s",
-            secs(m.last_acked),
-            m.bundle_bytes,
-            m.objects_per_agent,
-            secs(m.cold_start),
-        )),
-    );
-    results.rows.push(
+    Row::new(
+        "convergence",
+        "convergence_seconds",
+        &format!("fleet convergence, {agents} simulated agents"),
+        Unit::Seconds,
+        secs(m.converged),
+    )
+    .baseline("poll schedule: last agent's first poll after publish", secs(m.last_saw))
+    .goal(Goal::AtMost(longest_wait + 5.0))
+    .note(format!(
+        "publish until the server's database shows every cluster on the new serial (read 4×/s); poll \
+         interval {interval:.0} s with the agent's ±20 % jitter, so an agent may wait up to {longest_wait:.0} s: \
+         the goal is that longest poll interval + 5 s. The last 2xx to a heartbeat with the new serial came \
+         {:.1} s after the publish. While converging: {polls} polls ({not_modified} answered 304), {bundles} \
+         bundle downloads ({} bytes each), {heartbeats} heartbeats, {shed} shed with 429, {errors} failed \
+         requests retried, {reconnects} connections (re)opened; each agent rendered {:.0} objects for its \
+         labels. Cold start (agents starting at random phases on the first release): {:.1} s",
+        secs(m.last_acked),
+        m.bundle_bytes,
+        m.objects_per_agent,
+        secs(m.cold_start),
+    ))
+}
+
+/// What the server added and spent: its delay beyond the schedule, its CPU and memory, the enrolment.
+fn server_rows(m: &Convergence) -> [Row; 4] {
+    let secs = |d: Duration| d.as_secs_f64();
+    let agents = format_count(m.agents);
+    [
         Row::new(
             "convergence",
             "convergence_server_delay_seconds",
@@ -1009,8 +1079,6 @@ pub fn report(m: &Convergence, s: Settings, results: &mut crate::Results) {
             "convergence minus the schedule's floor: the last bundle download, verification, render and \
              heartbeat round trip, and the database read's resolution (0.25 s)",
         ),
-    );
-    results.rows.push(
         Row::new(
             "convergence",
             "convergence_server_cores",
@@ -1027,8 +1095,6 @@ pub fn report(m: &Convergence, s: Settings, results: &mut crate::Results) {
             m.bench_cores,
             m.others_cores
         )),
-    );
-    results.rows.push(
         Row::new(
             "convergence",
             "convergence_server_rss_mib",
@@ -1043,8 +1109,6 @@ pub fn report(m: &Convergence, s: Settings, results: &mut crate::Results) {
             m.memory_before.describe(),
             m.memory_end.describe()
         )),
-    );
-    results.rows.push(
         Row::new(
             "convergence",
             "enrolment_seconds",
@@ -1056,33 +1120,46 @@ pub fn report(m: &Convergence, s: Settings, results: &mut crate::Results) {
             "16 at a time, one SQLite transaction (fsync) each: {:.0} enrolments/s",
             m.agents as f64 / secs(m.enrol).max(0.001)
         )),
-    );
-    results.details.insert(
-        "convergence".into(),
-        serde_json::json!({
-            "agents": m.agents,
-            "pollIntervalSeconds": interval,
-            "jitter": JITTER,
-            "enrolSeconds": secs(m.enrol),
-            "coldStartSeconds": secs(m.cold_start),
-            "convergedSeconds": secs(m.converged),
-            "lastSawSeconds": secs(m.last_saw),
-            "sawP99Seconds": secs(m.saw_p99),
-            "lastAckedSeconds": secs(m.last_acked),
-            "convergingCores": m.converging_cores,
-            "agentsCores": m.bench_cores,
-            "otherProcessesCores": m.others_cores,
-            "idleCores": m.idle_cores,
-            "rssBeforeMiB": m.memory_before.rss_mib,
-            "rssPeakConvergingMiB": m.rss_peak_converging_mib,
-            "rssEndMiB": m.memory_end.rss_mib,
-            "hwmEndMiB": m.memory_end.peak_mib,
-            "polls": polls, "notModified": not_modified, "bundles": bundles, "heartbeats": heartbeats,
-            "shed": shed, "errors": errors, "reconnects": reconnects,
-            "bundleBytes": m.bundle_bytes,
-            "objectsPerAgent": m.objects_per_agent,
-        }),
-    );
+    ]
+}
+
+/// The run's figures for `results.json`.
+fn details_json(m: &Convergence, s: Settings) -> serde_json::Value {
+    let secs = |d: Duration| d.as_secs_f64();
+    let interval = s.poll_interval.as_secs_f64();
+    let [
+        polls,
+        not_modified,
+        bundles,
+        heartbeats,
+        shed,
+        errors,
+        reconnects,
+        _,
+    ] = m.during;
+    serde_json::json!({
+        "agents": m.agents,
+        "pollIntervalSeconds": interval,
+        "jitter": JITTER,
+        "enrolSeconds": secs(m.enrol),
+        "coldStartSeconds": secs(m.cold_start),
+        "convergedSeconds": secs(m.converged),
+        "lastSawSeconds": secs(m.last_saw),
+        "sawP99Seconds": secs(m.saw_p99),
+        "lastAckedSeconds": secs(m.last_acked),
+        "convergingCores": m.converging_cores,
+        "agentsCores": m.bench_cores,
+        "otherProcessesCores": m.others_cores,
+        "idleCores": m.idle_cores,
+        "rssBeforeMiB": m.memory_before.rss_mib,
+        "rssPeakConvergingMiB": m.rss_peak_converging_mib,
+        "rssEndMiB": m.memory_end.rss_mib,
+        "hwmEndMiB": m.memory_end.peak_mib,
+        "polls": polls, "notModified": not_modified, "bundles": bundles, "heartbeats": heartbeats,
+        "shed": shed, "errors": errors, "reconnects": reconnects,
+        "bundleBytes": m.bundle_bytes,
+        "objectsPerAgent": m.objects_per_agent,
+    })
 }
 
 /// `10,000`.

@@ -507,7 +507,18 @@ pub fn serve_trivial(addr: SocketAddr) -> anyhow::Result<()> {
 
 /// The rows: rate, p99, loss (with goals) and CPU per heartbeat.
 pub fn report(m: &Ingestion, s: Settings, results: &mut crate::Results) {
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    results.rows.push(rate_row(m, s));
+    warn_noisy(m, results);
+    results.rows.push(latency_row(m));
+    results.rows.push(lost_row(m));
+    results.rows.push(cpu_row(m));
+    results
+        .details
+        .insert("heartbeat".into(), details_json(m, s));
+}
+
+/// Heartbeats stored per second, against the trivial handler under the same load.
+fn rate_row(m: &Ingestion, s: Settings) -> Row {
     let w = &m.windvane;
     let t = &m.trivial;
     let load = format!(
@@ -518,35 +529,38 @@ pub fn report(m: &Ingestion, s: Settings, results: &mut crate::Results) {
         s.connections.min(s.clusters),
         m.body_bytes
     );
-    results.rows.push(
-        Row::new(
-            "heartbeat",
-            "heartbeat_rate",
-            "signed heartbeats stored per second",
-            Unit::PerSecond,
-            w.rate(),
-        )
-        .baseline("trivial 200 handler, same load", t.rate())
-        .goal(Goal::AtLeast(10_000.0))
-        .note(format!(
-            "{load}; 2xx answers over the time from the first heartbeat's due time to the last answer: {} of {} \
-             answered 2xx, {} refused (429 = shed); {:.0} heartbeats per SQLite transaction (group commit, \
-             synchronous=FULL; {:.2} ms per transaction, fsync included), {:.1} signatures per batched check. \
-             Baseline: the same bodies, connections and schedule against a handler on the \
-             same hyper stack that only reads the body and answers 200. CPU during the run: server {:.1} s, \
-             load generator {:.1} s, other processes {:.2} cores (trivial run: {:.2} cores)",
-            w.ok,
-            w.offered,
-            w.refused,
-            m.mean_batch,
-            m.mean_commit_ms,
-            m.mean_signature_batch,
-            w.cpu.as_secs_f64(),
-            w.bench_cpu.as_secs_f64(),
-            w.others_cores(),
-            t.others_cores(),
-        )),
-    );
+    Row::new(
+        "heartbeat",
+        "heartbeat_rate",
+        "signed heartbeats stored per second",
+        Unit::PerSecond,
+        w.rate(),
+    )
+    .baseline("trivial 200 handler, same load", t.rate())
+    .goal(Goal::AtLeast(10_000.0))
+    .note(format!(
+        "{load}; 2xx answers over the time from the first heartbeat's due time to the last answer: {} of {} \
+         answered 2xx, {} refused (429 = shed); {:.0} heartbeats per SQLite transaction (group commit, \
+         synchronous=FULL; {:.2} ms per transaction, fsync included), {:.1} signatures per batched check. \
+         Baseline: the same bodies, connections and schedule against a handler on the \
+         same hyper stack that only reads the body and answers 200. CPU during the run: server {:.1} s, \
+         load generator {:.1} s, other processes {:.2} cores (trivial run: {:.2} cores)",
+        w.ok,
+        w.offered,
+        w.refused,
+        m.mean_batch,
+        m.mean_commit_ms,
+        m.mean_signature_batch,
+        w.cpu.as_secs_f64(),
+        w.bench_cpu.as_secs_f64(),
+        w.others_cores(),
+        t.others_cores(),
+    ))
+}
+
+/// A run that shared the machine with other busy processes is flagged.
+fn warn_noisy(m: &Ingestion, results: &mut crate::Results) {
+    let (w, t) = (&m.windvane, &m.trivial);
     for (who, run) in [("windvane-server", w), ("the trivial handler", t)] {
         if run.others_cores() > crate::NOISY_CORES {
             results.warnings.push(format!(
@@ -557,90 +571,102 @@ pub fn report(m: &Ingestion, s: Settings, results: &mut crate::Results) {
             ));
         }
     }
-    results.rows.push(
-        Row::new(
-            "heartbeat",
-            "heartbeat_p99_ms",
-            "heartbeat latency p99 (from due time)",
-            Unit::Millis,
-            ms(w.p(0.99)),
-        )
-        .baseline("trivial 200 handler, p99", ms(t.p(0.99)))
-        .goal(Goal::AtMost(50.0))
-        .note(format!(
-            "p50 {:.1} ms, p90 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms (trivial handler: p50 {:.1} ms, max {:.1} ms); \
-             latency counts from when the heartbeat was due, so queueing in the generator counts too. Storage \
-             stalls: {} of {} transactions took over 10 ms, {} over 50 ms (each holds up every heartbeat queued \
-             behind it)",
-            ms(w.p(0.5)),
-            ms(w.p(0.9)),
-            ms(w.p(0.999)),
-            ms(w.p(1.0)),
-            ms(t.p(0.5)),
-            ms(t.p(1.0)),
-            m.commits_over_10ms,
-            m.commits,
-            m.commits_over_50ms,
-        )),
-    );
-    results.rows.push(
-        Row::new(
-            "heartbeat",
-            "heartbeat_lost",
-            "heartbeats lost (answered 2xx, not in the database)",
-            Unit::Count,
-            m.lost() as f64,
-        )
-        .goal(Goal::AtMost(0.0))
-        .note(format!(
-            "the server was killed with SIGKILL after the run; {} rows in its heartbeat log for {} 2xx answers",
-            m.stored, w.ok
-        )),
-    );
-    results.rows.push(
-        Row::new(
-            "heartbeat",
-            "heartbeat_cpu_us",
-            "server CPU per heartbeat",
-            Unit::Micros,
-            w.cpu_us(),
-        )
-        .baseline(
-            "trivial handler per request + one Ed25519 verify_strict",
-            t.cpu_us() + m.verify_us,
-        )
-        .note(format!(
-            "server CPU (/proc) over the run per request answered ({} with 2xx, {} with 429, which costs far less); \
-             the floor: the trivial handler's {:.1} µs per request on the same stack and load, plus {:.1} µs for \
-             one verify_strict of the same bodies (median, one core, this process) — the signature check no \
-             server can skip",
-            w.ok,
-            w.refused,
-            t.cpu_us(),
-            m.verify_us
-        )),
-    );
-    results.details.insert(
-        "heartbeat".into(),
-        serde_json::json!({
-            "offeredPerSecond": s.rate,
-            "seconds": s.length.as_secs(),
-            "clusters": s.clusters,
-            "connections": s.connections,
-            "bodyBytes": m.body_bytes,
-            "windvane": run_json(w),
-            "trivial": run_json(t),
-            "stored": m.stored,
-            "lost": m.lost(),
-            "meanBatch": m.mean_batch,
-            "meanCommitMs": m.mean_commit_ms,
-            "commits": m.commits,
-            "commitsOver10ms": m.commits_over_10ms,
-            "commitsOver50ms": m.commits_over_50ms,
-            "meanSignatureBatch": m.mean_signature_batch,
-            "verifyStrictUs": m.verify_us,
-        }),
-    );
+}
+
+/// Latency from each heartbeat's due time, p99.
+fn latency_row(m: &Ingestion) -> Row {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (w, t) = (&m.windvane, &m.trivial);
+    Row::new(
+        "heartbeat",
+        "heartbeat_p99_ms",
+        "heartbeat latency p99 (from due time)",
+        Unit::Millis,
+        ms(w.p(0.99)),
+    )
+    .baseline("trivial 200 handler, p99", ms(t.p(0.99)))
+    .goal(Goal::AtMost(50.0))
+    .note(format!(
+        "p50 {:.1} ms, p90 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms (trivial handler: p50 {:.1} ms, max {:.1} ms); \
+         latency counts from when the heartbeat was due, so queueing in the generator counts too. Storage \
+         stalls: {} of {} transactions took over 10 ms, {} over 50 ms (each holds up every heartbeat queued \
+         behind it)",
+        ms(w.p(0.5)),
+        ms(w.p(0.9)),
+        ms(w.p(0.999)),
+        ms(w.p(1.0)),
+        ms(t.p(0.5)),
+        ms(t.p(1.0)),
+        m.commits_over_10ms,
+        m.commits,
+        m.commits_over_50ms,
+    ))
+}
+
+/// Heartbeats answered 2xx that the database does not hold after a SIGKILL.
+fn lost_row(m: &Ingestion) -> Row {
+    let w = &m.windvane;
+    Row::new(
+        "heartbeat",
+        "heartbeat_lost",
+        "heartbeats lost (answered 2xx, not in the database)",
+        Unit::Count,
+        m.lost() as f64,
+    )
+    .goal(Goal::AtMost(0.0))
+    .note(format!(
+        "the server was killed with SIGKILL after the run; {} rows in its heartbeat log for {} 2xx answers",
+        m.stored, w.ok
+    ))
+}
+
+/// The server's CPU per heartbeat, against the floor no server can go below.
+fn cpu_row(m: &Ingestion) -> Row {
+    let (w, t) = (&m.windvane, &m.trivial);
+    Row::new(
+        "heartbeat",
+        "heartbeat_cpu_us",
+        "server CPU per heartbeat",
+        Unit::Micros,
+        w.cpu_us(),
+    )
+    .baseline(
+        "trivial handler per request + one Ed25519 verify_strict",
+        t.cpu_us() + m.verify_us,
+    )
+    .note(format!(
+        "server CPU (/proc) over the run per request answered ({} with 2xx, {} with 429, which costs far less); \
+         the floor: the trivial handler's {:.1} µs per request on the same stack and load, plus {:.1} µs for \
+         one verify_strict of the same bodies (median, one core, this process) — the signature check no \
+         server can skip",
+        w.ok,
+        w.refused,
+        t.cpu_us(),
+        m.verify_us
+    ))
+}
+
+/// The run's figures for `results.json`.
+fn details_json(m: &Ingestion, s: Settings) -> serde_json::Value {
+    let (w, t) = (&m.windvane, &m.trivial);
+    serde_json::json!({
+        "offeredPerSecond": s.rate,
+        "seconds": s.length.as_secs(),
+        "clusters": s.clusters,
+        "connections": s.connections,
+        "bodyBytes": m.body_bytes,
+        "windvane": run_json(w),
+        "trivial": run_json(t),
+        "stored": m.stored,
+        "lost": m.lost(),
+        "meanBatch": m.mean_batch,
+        "meanCommitMs": m.mean_commit_ms,
+        "commits": m.commits,
+        "commitsOver10ms": m.commits_over_10ms,
+        "commitsOver50ms": m.commits_over_50ms,
+        "meanSignatureBatch": m.mean_signature_batch,
+        "verifyStrictUs": m.verify_us,
+    })
 }
 
 fn run_json(r: &Run) -> serde_json::Value {

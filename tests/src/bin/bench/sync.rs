@@ -15,7 +15,7 @@
 //!
 //! The baseline the agent is judged against applies the same objects from a bare in-process server-side apply
 //! client at the agent's concurrency (16): no process start, no discovery, nothing verified or persisted. It
-//! is the floor this machine's apiserver allows any client. The comparison runs in rounds (five by default,
+//! is the floor this machine's apiserver allows any client. The comparison runs in rounds (nine by default,
 //! `--sync-rounds`), interleaved: a bare run, then per round a fresh agent's first sync (its own fleet,
 //! namespaces and state) followed by another bare run, every run into namespaces of its own. Each round
 //! compares the agent with the mean of the bare runs just before and just after it (the machine's speed
