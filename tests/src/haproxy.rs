@@ -22,7 +22,8 @@ pub struct LoadBalancer {
     _dir: tempfile::TempDir,
 }
 
-fn haproxy_binary() -> PathBuf {
+/// HAProxy's binary: `$WINDVANE_HAPROXY`, or Debian's.
+pub fn haproxy_binary() -> PathBuf {
     std::env::var_os("WINDVANE_HAPROXY")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/usr/sbin/haproxy"))

@@ -17,9 +17,11 @@ pub struct Postgres {
     as_postgres: bool,
 }
 
-fn pg_bin() -> PathBuf {
+/// The directory of PostgreSQL's server binaries (`initdb`, `pg_ctl`): `$WINDVANE_PG_BIN`, or the newest
+/// Debian installs under `/usr/lib/postgresql`; `None` when there is none.
+pub fn find_bin() -> Option<PathBuf> {
     if let Ok(dir) = std::env::var("WINDVANE_PG_BIN") {
-        return PathBuf::from(dir);
+        return Some(PathBuf::from(dir));
     }
     let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
         .map(|rd| {
@@ -30,7 +32,11 @@ fn pg_bin() -> PathBuf {
         })
         .unwrap_or_default();
     versions.sort();
-    versions.pop().unwrap_or_else(|| {
+    versions.pop()
+}
+
+fn pg_bin() -> PathBuf {
+    find_bin().unwrap_or_else(|| {
         panic!(
             "PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin (install Debian's `postgresql` \
              package, or set WINDVANE_PG_BIN)"

@@ -55,6 +55,8 @@ mod long_poll;
 mod pointer;
 #[path = "bench/pprof.rs"]
 mod pprof;
+#[path = "bench/preflight.rs"]
+mod preflight;
 #[path = "bench/prom.rs"]
 mod prom;
 #[path = "bench/replicas.rs"]
@@ -143,6 +145,16 @@ impl Section {
                 | Self::LongPoll
                 | Self::Waves
         )
+    }
+
+    /// The programs from outside the project the section runs.
+    fn programs(self) -> Vec<preflight::Program> {
+        use preflight::Program;
+        match self {
+            Self::Pointer304 => vec![Program::nginx(), Program::wrk()],
+            Self::HeartbeatReplicas => vec![Program::haproxy(), Program::postgres()],
+            _ => Vec::new(),
+        }
     }
 
     /// Sections that need the agent managing the large release on a localkube.
@@ -425,6 +437,19 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let missing = preflight::missing(
+        settings.sections.iter().map(|s| (s.name(), s.programs())),
+        std::path::Path::exists,
+    );
+    if !missing.is_empty() {
+        for line in missing {
+            eprintln!("error: {line}");
+        }
+        eprintln!(
+            "install them with `tests/prereqs.sh tests` (Debian, as root), or leave those sections out with --only"
+        );
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

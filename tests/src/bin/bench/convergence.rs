@@ -1123,21 +1123,22 @@ fn server_rows(m: &Convergence) -> [Row; 4] {
     ]
 }
 
+/// The names of [`Convergence::during`]'s counters in `results.json`, in its order.
+const DURING_NAMES: [&str; 7] = [
+    "polls",
+    "notModified",
+    "bundles",
+    "heartbeats",
+    "shed",
+    "errors",
+    "reconnects",
+];
+
 /// The run's figures for `results.json`.
 fn details_json(m: &Convergence, s: Settings) -> serde_json::Value {
     let secs = |d: Duration| d.as_secs_f64();
     let interval = s.poll_interval.as_secs_f64();
-    let [
-        polls,
-        not_modified,
-        bundles,
-        heartbeats,
-        shed,
-        errors,
-        reconnects,
-        _,
-    ] = m.during;
-    serde_json::json!({
+    let mut details = serde_json::json!({
         "agents": m.agents,
         "pollIntervalSeconds": interval,
         "jitter": JITTER,
@@ -1155,11 +1156,13 @@ fn details_json(m: &Convergence, s: Settings) -> serde_json::Value {
         "rssPeakConvergingMiB": m.rss_peak_converging_mib,
         "rssEndMiB": m.memory_end.rss_mib,
         "hwmEndMiB": m.memory_end.peak_mib,
-        "polls": polls, "notModified": not_modified, "bundles": bundles, "heartbeats": heartbeats,
-        "shed": shed, "errors": errors, "reconnects": reconnects,
         "bundleBytes": m.bundle_bytes,
         "objectsPerAgent": m.objects_per_agent,
-    })
+    });
+    for (name, count) in DURING_NAMES.iter().zip(m.during) {
+        details[*name] = count.into();
+    }
+    details
 }
 
 /// `10,000`.

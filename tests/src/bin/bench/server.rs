@@ -134,7 +134,7 @@ pub struct Nginx {
 }
 
 /// Where Debian's package puts nginx.
-const NGINX: &str = "/usr/sbin/nginx";
+pub const NGINX: &str = "/usr/sbin/nginx";
 
 impl Nginx {
     pub async fn start(root: &Path, work: &Path) -> anyhow::Result<Self> {
