@@ -62,7 +62,8 @@ for target in "${targets[@]}"; do
   # -timeout: one input taking this long is a finding (a hang or an unbounded expansion).
   # The corpus directory comes first: libFuzzer writes new inputs there; the committed seeds are read only.
   set +e
-  "$bin_dir/$target" "$corpus" "fuzz/seeds/$target" \
+  # Built with the network above; each target runs where only loopback exists (tests/loopback-only).
+  tests/loopback-only "$bin_dir/$target" "$corpus" "fuzz/seeds/$target" \
     -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$artifacts/" >"$log" 2>&1
   status=$?

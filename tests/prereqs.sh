@@ -31,6 +31,8 @@ requirements=(
   "tests|the pointer benchmark's baseline|/usr/sbin/nginx|nginx-light"
   "tests|the pointer benchmark's load generator|wrk|wrk"
   "tests|the load balancer in front of the server replicas test|/usr/sbin/haproxy|haproxy"
+  "tests|the loopback-only network namespace the tests run in (tests/loopback-only)|unshare|util-linux"
+  "tests|bringing loopback up in that namespace|ip|iproute2"
 )
 
 found() {

@@ -40,10 +40,10 @@ const defaultControllers = "*," +
 	"-selinux-warning-controller"
 
 // startAPIServer runs kube-apiserver in this process, serving on ln, until ctx
-// is cancelled. The returned channel receives Run's result once it returns.
+// is cancelled; egressConfig is the egress guard's configuration. The returned channel receives Run's result once it returns.
 // With profiling, the apiserver serves /debug/pprof/: one process, so its CPU
 // profile covers etcd, the controllers and the fake node as well.
-func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki, profiling bool) (<-chan error, error) {
+func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki, egressConfig string, profiling bool) (<-chan error, error) {
 	port := ln.Addr().(*net.TCPAddr).Port
 	args := []string{
 		"--etcd-servers=" + etcdURL,
@@ -64,6 +64,10 @@ func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki,
 		"--allow-privileged=true",
 		"--profiling=" + strconv.FormatBool(profiling),
 		"--shutdown-delay-duration=0s",
+		// Every connection into the cluster's network (webhooks, aggregated
+		// APIs, the service proxy) goes through the loopback-only guard
+		// (egress.go).
+		"--egress-selector-config-file=" + egressConfig,
 	}
 
 	if err := beforeAPIServerFlags(); err != nil {

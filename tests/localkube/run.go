@@ -265,9 +265,18 @@ func run(ctx context.Context, c config, readyOut io.Writer) error {
 		return err
 	}
 
+	egress, egressConfig, err := startEgressGuard(c.dataDir)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	// Deferred first, so it runs last: the API server stops dialling before
+	// its way out closes.
+	defer egress.stop()
+
 	apiCtx, stopAPI := context.WithCancel(context.Background())
 	defer stopAPI()
-	apiDone, err := startAPIServer(apiCtx, ln, etcdURL, p, c.profiling)
+	apiDone, err := startAPIServer(apiCtx, ln, etcdURL, p, egressConfig, c.profiling)
 	if err != nil {
 		ln.Close()
 		return err
