@@ -1,6 +1,7 @@
 //! `windvane`: the release engineer's and SRE's command line. Parses arguments, sets up logging, and hands
 //! each subcommand to its module; every failure ends as one line on stderr and a non-zero exit.
 
+mod diff;
 mod engines;
 mod fleet;
 mod keygen;

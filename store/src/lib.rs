@@ -24,9 +24,10 @@ mod aws_profile;
 mod control;
 mod error;
 mod files;
+pub mod history;
 
 pub use approval::approve;
-pub use control::{history_path, previous_bundle, set_halted};
+pub use control::set_halted;
 
 pub use error::{Error, Result};
 pub use files::{Bucket, Store};
@@ -100,6 +101,9 @@ pub struct PreparedPublish<'s> {
     bundle_bytes: Vec<u8>,
     current_version: Option<Version>,
     previous_serial: Option<u64>,
+    /// The current pointer as read and verified, recorded in the signed history if it is not there yet (a
+    /// store written before the history was kept gains it with its next publish).
+    previous: Option<(ReleasePointer, Vec<u8>)>,
 }
 
 /// Publishes `request.bundle` on a channel: verifies the current pointer, writes the bundle, then a pointer
@@ -140,19 +144,23 @@ pub async fn prepare_publish<'s>(
         )
         .await?;
     let previous = match &current {
-        Some(stored) => Some(verify_current(store, &stored.bytes, request)?),
+        Some(stored) => Some(verify_current(store, &stored.bytes, request).await?),
         None => None,
     };
     let bundle_bytes = request.bundle.to_json_bytes();
     let pointer = next_pointer(request, previous.as_ref(), &bundle_bytes)?;
+    let (current_version, current_bytes) = current
+        .map(|stored| (Some(stored.version), stored.bytes))
+        .unwrap_or_default();
     Ok(PreparedPublish {
         store,
         hold,
         envelope_bytes: pointer.sign(request.key).to_json_bytes(),
         pointer,
         bundle_bytes,
-        current_version: current.map(|stored| stored.version),
-        previous_serial: previous.map(|p| p.serial),
+        current_version,
+        previous_serial: previous.as_ref().map(|p| p.serial),
+        previous: previous.map(|p| (p, current_bytes)),
     })
 }
 
@@ -187,9 +195,20 @@ impl PreparedPublish<'_> {
             }
             return Err(error);
         }
-        // The history only serves `windvane rollback`: a failure to record it does not undo the release.
-        if let Err(error) = control::record(store, channel, &self.pointer).await {
-            eprintln!("warning: could not record the channel history: {error}");
+        // The release is out once its pointer is written; a failure to record the signed history does not
+        // undo it, but rollback cannot go back to a release that is not recorded, so it is said.
+        let entries = self
+            .previous
+            .iter()
+            .map(|(pointer, bytes)| (pointer, bytes.as_slice()))
+            .chain([(&self.pointer, self.envelope_bytes.as_slice())]);
+        for (pointer, bytes) in entries {
+            if let Err(error) = history::record(store, pointer, bytes).await {
+                eprintln!(
+                    "warning: could not record serial {} in the channel's signed history: {error}",
+                    pointer.serial
+                );
+            }
         }
         self.hold.keep();
         Ok(Published {
@@ -228,24 +247,21 @@ fn next_pointer(
 }
 
 /// Verifies the channel's current pointer (expired is fine: publishing renews it) with the publishing key
-/// and the keys trusted besides it.
-fn verify_current(
+/// and the keys trusted besides it, and checks it against the channel's signed history
+/// ([`history::check_read`]): the next serial is numbered from it.
+async fn verify_current(
     store: &Store,
     bytes: &[u8],
     request: &PublishRequest<'_>,
 ) -> Result<ReleasePointer> {
-    let unverifiable = |source| Error::CurrentPointerUnverifiable {
-        path: store.describe(&channel_path(request.channel)),
-        source,
+    let trusted = with_key(store, request.channel, request.key, request.also_trusted)?;
+    let asked = history::Asked {
+        channel: request.channel,
+        fleet: None,
+        now: request.now,
+        expired_ok: true,
     };
-    let mut trusted = request.also_trusted.clone();
-    trusted
-        .insert(request.key.verifying_key())
-        .map_err(unverifiable)?;
-    let pointer =
-        release::verify_signed_pointer(bytes, &trusted, release::DEFAULT_MAX_POINTER_BYTES)
-            .map_err(unverifiable)?
-            .pointer;
+    let pointer = history::read_current(store, bytes, &trusted, &asked).await?;
     if pointer.fleet != request.bundle.fleet {
         return Err(Error::OtherFleetInStore {
             channel: request.channel.to_owned(),
@@ -253,13 +269,24 @@ fn verify_current(
             offered: request.bundle.fleet.clone(),
         });
     }
-    if pointer.channel != request.channel {
-        return Err(unverifiable(windvane_shared::Error::OtherChannel {
-            expected: request.channel.to_owned(),
-            found: pointer.channel,
-        }));
-    }
     Ok(pointer)
+}
+
+/// `also_trusted` with the signing key's own public key.
+pub(crate) fn with_key(
+    store: &Store,
+    channel: &str,
+    key: &SigningKey,
+    also_trusted: &TrustedKeys,
+) -> Result<TrustedKeys> {
+    let mut trusted = also_trusted.clone();
+    trusted
+        .insert(key.verifying_key())
+        .map_err(|source| Error::CurrentPointerUnverifiable {
+            path: store.describe(&channel_path(channel)),
+            source,
+        })?;
+    Ok(trusted)
 }
 
 /// Whether the store already holds exactly these bundle bytes (a file of another size or digest is not it,
