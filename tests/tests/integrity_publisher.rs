@@ -1,0 +1,322 @@
+//! The publisher's own tools against a hostile store and a hostile fleet tree, each test running the real
+//! `windvane` binary (issue 42): rollback signs only a bundle an earlier signed pointer of the channel named
+//! (an edited unsigned history and a planted bundle are never enough) and does not toggle back; promote,
+//! approve and `rollout halt` refuse a pointer that is another channel's, or older than the channel's signed
+//! history; the build-time engines (the real helm and kustomize) never take flags or files from the tree.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use tempfile::TempDir;
+use windvane_shared::digest::sha256_hex;
+use windvane_shared::dsse::Envelope;
+use windvane_tests::process::binary;
+
+fn windvane(args: &[&str]) -> Output {
+    Command::new(binary("windvane").expect("the windvane binary"))
+        .args(args)
+        .env_remove("WINDVANE_FLEET")
+        .output()
+        .expect("run windvane")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = windvane(args);
+    assert!(
+        out.status.success(),
+        "windvane {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `windvane args`, asserting it fails; its stderr.
+fn fails(args: &[&str]) -> String {
+    let out = windvane(args);
+    assert!(
+        !out.status.success(),
+        "windvane {args:?} should have failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn pointer(store: &Path, channel: &str) -> serde_json::Value {
+    let bytes = std::fs::read(store.join(format!("channels/{channel}.json"))).expect("pointer");
+    let envelope = Envelope::from_json_slice(&bytes).expect("envelope");
+    serde_json::from_slice(&envelope.payload_bytes().expect("payload")).expect("json")
+}
+
+/// A fleet tree with one ConfigMap carrying `greeting`, and a two-wave rollout when `rollout`.
+fn tree(dir: &Path, greeting: &str, rollout: bool) {
+    let mut fleet = "fleet: acme\napps:\n  - name: web\n    path: web\n".to_owned();
+    if rollout {
+        fleet.push_str(
+            "rollout:\n  waves:\n    - {name: canary, percent: 10, soak: 10m}\n    - {}\n",
+        );
+    }
+    std::fs::create_dir_all(dir.join("web")).expect("dir");
+    std::fs::write(dir.join("fleet.yaml"), fleet).expect("fleet.yaml");
+    std::fs::write(
+        dir.join("web/config.yaml"),
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: web, namespace: web}}\ndata: {{greeting: {greeting}}}\n"
+        ),
+    )
+    .expect("manifest");
+}
+
+struct Workspace {
+    dir: TempDir,
+}
+
+impl Workspace {
+    fn new() -> Self {
+        let dir = TempDir::new().expect("dir");
+        let ws = Self { dir };
+        ok(&["keygen", "--out", &ws.path("release")]);
+        ws
+    }
+
+    fn path(&self, relative: &str) -> String {
+        self.dir.path().join(relative).display().to_string()
+    }
+
+    fn store(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    fn publish(&self, greeting: &str, channel: &str, rollout: bool) -> String {
+        let src = self.dir.path().join(format!("src-{greeting}"));
+        tree(&src, greeting, rollout);
+        ok(&[
+            "publish",
+            &src.display().to_string(),
+            "--root",
+            &self.path("store"),
+            "--channel",
+            channel,
+            "--key",
+            &self.path("release.key"),
+        ])
+    }
+}
+
+#[test]
+fn rollback_signs_only_a_bundle_an_earlier_signed_pointer_of_the_channel_named() {
+    let ws = Workspace::new();
+    let store = ws.store();
+    ws.publish("good", "prod", false);
+    let good = pointer(&store, "prod");
+    ws.publish("bad", "prod", false);
+
+    // A store writer plants a bundle (any content, named by its own digest) and names it in the unsigned
+    // history file, as the issue reproduced.
+    let hostile = ws.dir.path().join("src-hostile");
+    tree(&hostile, "owned", false);
+    let built = ws.path("hostile.json");
+    ok(&["build", &hostile.display().to_string(), "--output", &built]);
+    let bytes = std::fs::read(&built).expect("bundle");
+    let sha = sha256_hex(&bytes);
+    std::fs::write(store.join(format!("bundles/{sha}.json")), &bytes).expect("plant");
+    std::fs::write(
+        store.join("channels/prod.history"),
+        format!(
+            "1 {}\n9 {sha}\n",
+            good["bundle"]["sha256"].as_str().expect("sha")
+        ),
+    )
+    .expect("history");
+
+    let rollback = [
+        "rollback",
+        "--root",
+        &ws.path("store"),
+        "--channel",
+        "prod",
+        "--key",
+        &ws.path("release.key"),
+    ];
+    let out = ok(&rollback);
+    assert!(
+        out.contains("carries the bundle of serial 1 again"),
+        "{out}"
+    );
+    let rolled = pointer(&store, "prod");
+    assert_eq!(rolled["serial"], 3);
+    assert_eq!(
+        rolled["bundle"], good["bundle"],
+        "the signed serial 1's bundle"
+    );
+    assert_ne!(rolled["bundle"]["sha256"], sha.as_str());
+
+    // A second rollback would bring the bad release back: refused, unless asked for by serial.
+    let again = fails(&rollback);
+    assert!(
+        again.contains("name the release to go back to with --to SERIAL"),
+        "{again}"
+    );
+    let unknown = fails(&[&rollback[..], &["--to", "9"]].concat());
+    assert!(
+        unknown.contains("not earlier than the current serial 3"),
+        "{unknown}"
+    );
+
+    // What a rollback changes is shown before anything is signed; --dry-run stops there.
+    let dry = ok(&[&rollback[..], &["--to", "2", "--dry-run"]].concat());
+    assert!(dry.contains("to the bundle of serial 2"), "{dry}");
+    assert!(
+        dry.contains("~ app web: 0 added, 0 removed, 1 changed"),
+        "{dry}"
+    );
+    assert!(dry.contains("~ ConfigMap web/web"), "{dry}");
+    assert!(dry.contains("dry run: nothing signed"), "{dry}");
+    assert_eq!(pointer(&store, "prod")["serial"], 3);
+
+    // An unsigned entry put where the signed history lives is refused, naming the file.
+    std::fs::write(
+        store.join("channels/prod.releases/2.json"),
+        format!("{{\"serial\": 2, \"bundle\": \"{sha}\"}}"),
+    )
+    .expect("forge");
+    let forged = fails(&[&rollback[..], &["--to", "2"]].concat());
+    assert!(forged.contains("prod.releases/2.json"), "{forged}");
+    assert!(forged.contains("signed history was altered"), "{forged}");
+    assert_eq!(pointer(&store, "prod")["serial"], 3, "nothing signed");
+}
+
+#[test]
+fn an_older_store_without_signed_history_is_refused_until_the_next_publish() {
+    let ws = Workspace::new();
+    let store = ws.store();
+    ws.publish("one", "prod", false);
+    ws.publish("two", "prod", false);
+    // A store as an older version left it: no signed history, only the unsigned lines.
+    std::fs::remove_dir_all(store.join("channels/prod.releases")).expect("remove");
+    let rollback = [
+        "rollback",
+        "--root",
+        &ws.path("store"),
+        "--channel",
+        "prod",
+        "--key",
+        &ws.path("release.key"),
+    ];
+    let refused = fails(&rollback);
+    assert!(
+        refused.contains("has no signed history before serial 2"),
+        "{refused}"
+    );
+    assert!(refused.contains("publish once more"), "{refused}");
+    // The next publish records the pointer it replaces too, so rollback can go back to serial 2.
+    ws.publish("three", "prod", false);
+    let out = ok(&rollback);
+    assert!(
+        out.contains("carries the bundle of serial 2 again"),
+        "{out}"
+    );
+}
+
+#[test]
+fn promote_approve_and_halt_refuse_another_channels_pointer_and_a_replayed_one() {
+    let ws = Workspace::new();
+    let store = ws.store();
+    ws.publish("dev", "dev", true);
+    ws.publish("staging", "staging", true);
+    ok(&["keygen", "--out", &ws.path("approver")]);
+    let staging = std::fs::read(store.join("channels/staging.json")).expect("staging");
+    std::fs::copy(
+        store.join("channels/dev.json"),
+        store.join("channels/staging.json"),
+    )
+    .expect("copy dev over staging");
+    let dev_before = std::fs::read(store.join("channels/dev.json")).expect("dev");
+
+    let (root, key) = (ws.path("store"), ws.path("release.key"));
+    let promote = [
+        "promote", "--root", &root, "--from", "staging", "--to", "prod", "--key", &key,
+    ];
+    let halt = [
+        "rollout",
+        "halt",
+        "--root",
+        &root,
+        "--channel",
+        "staging",
+        "--key",
+        &key,
+    ];
+    let approve = [
+        "approve",
+        "--root",
+        &root,
+        "--channel",
+        "staging",
+        "--serial",
+        "1",
+        "--key",
+        &ws.path("approver.key"),
+        "--trusted-key",
+        &ws.path("release.pub"),
+    ];
+    for command in [&promote[..], &halt[..], &approve[..]] {
+        let error = fails(command);
+        assert!(
+            error.contains("it is channel \"dev\"'s release, not channel \"staging\"'s"),
+            "{command:?}: {error}"
+        );
+        assert!(error.contains("refusing to sign"), "{error}");
+    }
+    assert!(
+        !store.join("channels/prod.json").exists(),
+        "nothing promoted"
+    );
+    assert_eq!(
+        std::fs::read(store.join("channels/dev.json")).expect("dev"),
+        dev_before,
+        "dev's control was not re-signed"
+    );
+    assert!(
+        !store.join("approvals/staging").exists(),
+        "nothing approved"
+    );
+
+    // The channel's own pointer, but older than its signed history (a store replaying serial 1).
+    std::fs::write(store.join("channels/staging.json"), &staging).expect("restore");
+    ws.publish("staging-2", "staging", true);
+    let second = std::fs::read(store.join("channels/staging.json")).expect("serial 2");
+    std::fs::write(store.join("channels/staging.json"), &staging).expect("replay");
+    let error = fails(&promote);
+    assert!(
+        error.contains("the channel's signed history already has serial 2"),
+        "{error}"
+    );
+    let error = fails(&halt);
+    assert!(error.contains("already has serial 2"), "{error}");
+
+    let error = fails(&[
+        "publish",
+        &ws.dir.path().join("src-staging-2").display().to_string(),
+        "--root",
+        &root,
+        "--channel",
+        "staging",
+        "--key",
+        &key,
+    ]);
+    assert!(
+        error.contains("already has serial 2"),
+        "publish would sign a second serial 2: {error}"
+    );
+
+    // A fleet named on the command line is held to.
+    std::fs::write(store.join("channels/staging.json"), &second).expect("restore serial 2");
+    let error = fails(&[&halt[..], &["--fleet", "umbrella"]].concat());
+    assert!(error.contains("not fleet \"umbrella\"'s"), "{error}");
+    ok(&[&promote[..], &["--fleet", "acme"]].concat());
+    assert_eq!(
+        pointer(&store, "prod")["bundle"],
+        pointer(&store, "staging")["bundle"]
+    );
+}
