@@ -150,6 +150,10 @@ fn rollback_signs_only_a_bundle_an_earlier_signed_pointer_of_the_channel_named()
         "the signed serial 1's bundle"
     );
     assert_ne!(rolled["bundle"]["sha256"], sha.as_str());
+    assert!(
+        out.contains("~ ConfigMap web/web"),
+        "the change shown: {out}"
+    );
 
     // A second rollback would bring the bad release back: refused, unless asked for by serial.
     let again = fails(&rollback);
