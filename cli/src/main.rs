@@ -5,6 +5,7 @@ mod diff;
 mod engines;
 mod fleet;
 mod keygen;
+mod kustomize_check;
 mod release;
 mod rollout;
 mod seal;

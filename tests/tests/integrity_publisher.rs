@@ -324,3 +324,180 @@ fn promote_approve_and_halt_refuse_another_channels_pointer_and_a_replayed_one()
         pointer(&store, "staging")["bundle"]
     );
 }
+
+/// The real helm or kustomize: `WINDVANE_HELM` / `WINDVANE_KUSTOMIZE`, else the repository's
+/// target/tools build.
+fn engine(name: &str) -> PathBuf {
+    let path = std::env::var_os(format!("WINDVANE_{}", name.to_ascii_uppercase()))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../target/tools")
+                .join(name)
+        });
+    assert!(
+        path.is_file(),
+        "{} is missing: run tests/tools/build.sh (or set WINDVANE_{})",
+        path.display(),
+        name.to_ascii_uppercase()
+    );
+    path
+}
+
+/// `windvane build` of `tree` with the given helm and the real kustomize; its stderr when it fails.
+fn build_fails(tree: &Path, helm: &Path, env: &[(&str, &str)]) -> String {
+    let out = Command::new(binary("windvane").expect("the windvane binary"))
+        .args([
+            "build",
+            &tree.display().to_string(),
+            "--output",
+            &tree.join("../bundle.json").display().to_string(),
+        ])
+        .env("WINDVANE_HELM", helm)
+        .env("WINDVANE_KUSTOMIZE", engine("kustomize"))
+        .envs(env.iter().copied())
+        .output()
+        .expect("run windvane");
+    assert!(
+        !out.status.success(),
+        "the build should have been refused: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A fleet tree with one local chart, `charts/web`, whose app sets `helm` to `helm_yaml`.
+fn chart_tree(dir: &Path, helm_yaml: &str) -> PathBuf {
+    let tree = dir.join("tree");
+    std::fs::create_dir_all(tree.join("charts/web/templates")).expect("dirs");
+    std::fs::write(
+        tree.join("fleet.yaml"),
+        format!("fleet: acme\napps:\n  - name: web\n    path: charts/web\n    namespace: web\n    helm: {helm_yaml}\n"),
+    )
+    .expect("fleet.yaml");
+    std::fs::write(
+        tree.join("charts/web/Chart.yaml"),
+        "apiVersion: v2\nname: web\nversion: 1.0.0\n",
+    )
+    .expect("Chart.yaml");
+    std::fs::write(
+        tree.join("charts/web/templates/config.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: web}\ndata: {release: {{ .Release.Name | quote }}}\n",
+    )
+    .expect("template");
+    tree
+}
+
+#[test]
+fn a_helm_release_name_that_reads_as_a_flag_is_refused_before_helm_runs() {
+    let dir = TempDir::new().expect("dir");
+    let tree = chart_tree(
+        dir.path(),
+        "{releaseName: \"--set-file=leak=/proc/self/environ\"}",
+    );
+    let error = build_fails(&tree, &engine("helm"), &[]);
+    assert!(
+        error.contains("app web: checking helm.releaseName: \"--set-file=leak=/proc/self/environ\" is not a DNS-1123 label"),
+        "{error}"
+    );
+    let tree = chart_tree(&dir.path().join("b"), "{kubeVersion: \"--debug\"}");
+    let error = build_fails(&tree, &engine("helm"), &[]);
+    assert!(error.contains("checking helm.kubeVersion"), "{error}");
+}
+
+#[test]
+fn engines_run_with_a_cleared_environment() {
+    let dir = TempDir::new().expect("dir");
+    let tree = chart_tree(dir.path(), "{}");
+    // A stand-in for helm that writes down the environment it was given and its arguments.
+    let seen = dir.path().join("seen");
+    let helm = dir.path().join("helm");
+    std::fs::write(
+        &helm,
+        format!(
+            "#!/bin/sh\nenv > {0}.env\nprintf '%s\\n' \"$@\" > {0}.args\nexit 3\n",
+            seen.display()
+        ),
+    )
+    .expect("script");
+    std::fs::set_permissions(&helm, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    build_fails(&tree, &helm, &[("CI_DEPLOY_TOKEN", "s3cr3t")]);
+    let env = std::fs::read_to_string(seen.with_extension("env")).expect("env written");
+    assert!(
+        !env.contains("s3cr3t"),
+        "the CI's secrets reach the engine: {env}"
+    );
+    let names: Vec<&str> = env.lines().filter_map(|l| l.split('=').next()).collect();
+    for name in &names {
+        assert!(
+            ["HOME", "PATH", "PWD", "SHLVL", "_"].contains(name)
+                || name.starts_with("HELM_")
+                || name.starts_with("XDG_"),
+            "unexpected variable {name} in {env}"
+        );
+    }
+    let args = std::fs::read_to_string(seen.with_extension("args")).expect("args written");
+    let args: Vec<&str> = args.lines().collect();
+    let dashes = args.iter().position(|a| *a == "--").expect("--");
+    assert_eq!(
+        args[dashes + 1],
+        "web",
+        "the release name after --: {args:?}"
+    );
+    assert_eq!(args.len(), dashes + 3, "{args:?}");
+}
+
+#[test]
+fn links_out_of_the_tree_and_remote_kustomize_resources_are_refused() {
+    let dir = TempDir::new().expect("dir");
+    let tree = chart_tree(dir.path(), "{}");
+    std::fs::write(dir.path().join("secret.txt"), "key: outside\n").expect("outside");
+    std::os::unix::fs::symlink(
+        dir.path().join("secret.txt"),
+        tree.join("charts/web/templates/leak.yaml"),
+    )
+    .expect("link");
+    let error = build_fails(&tree, &engine("helm"), &[]);
+    assert!(error.contains("leak.yaml is a symbolic link to"), "{error}");
+    assert!(error.contains("outside the fleet tree"), "{error}");
+
+    let kustomized = dir.path().join("k");
+    std::fs::create_dir_all(kustomized.join("apps/shop")).expect("dirs");
+    std::fs::write(
+        kustomized.join("fleet.yaml"),
+        "fleet: acme\napps:\n  - name: shop\n    path: apps/shop\n",
+    )
+    .expect("fleet.yaml");
+    std::fs::write(
+        kustomized.join("apps/shop/kustomization.yaml"),
+        "resources:\n  - https://github.com/example/repo//deploy?ref=main\n",
+    )
+    .expect("kustomization");
+    let error = build_fails(&kustomized, &engine("helm"), &[]);
+    assert!(
+        error.contains("\"https://github.com/example/repo//deploy?ref=main\" is a remote resource"),
+        "{error}"
+    );
+    // Allowed on the command line, it must still be pinned to a commit.
+    let error = build_fails(
+        &kustomized,
+        &engine("helm"),
+        &[("WINDVANE_KUSTOMIZE_REMOTE", "true")],
+    );
+    assert!(error.contains("is not pinned to a commit"), "{error}");
+    // A local base that is a link out of the tree is refused too.
+    std::fs::write(
+        kustomized.join("apps/shop/kustomization.yaml"),
+        "resources: [../outside]\n",
+    )
+    .expect("kustomization");
+    std::fs::create_dir_all(dir.path().join("elsewhere")).expect("dir");
+    std::os::unix::fs::symlink(
+        dir.path().join("elsewhere"),
+        kustomized.join("apps/outside"),
+    )
+    .expect("link");
+    let error = build_fails(&kustomized, &engine("helm"), &[]);
+    assert!(error.contains("outside the fleet tree"), "{error}");
+}
