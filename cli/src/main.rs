@@ -9,6 +9,7 @@ mod kustomize_check;
 mod release;
 mod rollout;
 mod seal;
+mod terminal;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -66,7 +67,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            // An error may quote a server, a store or a cluster: shown, never interpreted.
+            eprintln!("error: {}", terminal::clean(&format!("{error:#}")));
             ExitCode::FAILURE
         }
     }

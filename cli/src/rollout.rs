@@ -268,7 +268,7 @@ pub fn rollback(args: RollbackArgs) -> anyhow::Result<()> {
         sign.channel, current.serial, current.bundle.sha256, target.serial, target.bundle.sha256
     );
     for line in crate::diff::bundle_changes(&now, &bundle) {
-        println!("  {line}");
+        println!("  {}", crate::terminal::clean_line(&line));
     }
     if args.dry_run {
         println!("dry run: nothing signed");
@@ -306,7 +306,7 @@ fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     if args.output == "json" {
         println!("{}", serde_json::to_string_pretty(&view)?);
     } else {
-        print!("{}", render(&view));
+        print!("{}", crate::terminal::clean(&render(&view)));
     }
     if view.complete {
         Ok(ExitCode::SUCCESS)

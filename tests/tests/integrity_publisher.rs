@@ -501,3 +501,95 @@ fn links_out_of_the_tree_and_remote_kustomize_resources_are_refused() {
     let error = build_fails(&kustomized, &engine("helm"), &[]);
     assert!(error.contains("outside the fleet tree"), "{error}");
 }
+
+/// A hostile stand-in for a source server on loopback: answers every request with `head` and then `body`
+/// (repeated `repeat` times), and closes.
+fn hostile_server(head: String, body: Vec<u8>, repeat: usize) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request);
+            let _ = stream.write_all(head.as_bytes());
+            for _ in 0..repeat {
+                if stream.write_all(&body).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    url
+}
+
+fn fleet_reply(label: &str, error: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "generatedAt": "2026-12-07T10:00:00Z", "total": 1, "counts": {"Degraded": 1},
+        "clusters": [{
+            "name": "prod-eu", "fleet": "acme", "labels": {"env": label}, "state": "Degraded",
+            "graceSeconds": 90, "channel": "stable", "appliedSerial": 3, "driftTotal": 0,
+            "enrolledAt": "2026-12-04T10:00:00Z", "keyid": "k", "sequence": 1, "lastError": error
+        }]
+    }))
+    .expect("json")
+}
+
+#[test]
+fn text_from_a_server_reaches_the_terminal_escaped_and_replies_are_capped() {
+    let title = "prod\u{1b}]0;owned\u{7}";
+    let clear = "failed\u{1b}[2J\u{1b}[1;1Hall good";
+    let body = fleet_reply(title, clear);
+    let url = hostile_server(
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        ),
+        body,
+        1,
+    );
+    let out = windvane(&["status", "--server", &url]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        !stdout.contains('\u{1b}') && !stderr.contains('\u{1b}'),
+        "{stdout:?} {stderr:?}"
+    );
+    assert!(!stdout.contains('\u{7}'), "{stdout:?}");
+    assert!(stdout.contains("env=prod\\u{1b}]0;owned\\u{7}"), "{stdout}");
+    assert!(stdout.contains("failed\\u{1b}[2J"), "{stdout}");
+
+    // An error reply's message too.
+    let error = br#"{"error": "denied\u001b[31m red"}"#.to_vec();
+    let url = hostile_server(
+        format!(
+            "HTTP/1.1 403 Forbidden\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            error.len()
+        ),
+        error,
+        1,
+    );
+    let stderr = fails(&["status", "--server", &url]);
+    assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
+    assert!(stderr.contains("denied\\u{1b}[31m red"), "{stderr}");
+
+    // A reply without end: the CLI stops reading at its cap instead of filling memory.
+    let url = hostile_server(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n".to_owned(),
+        vec![b' '; 1 << 20],
+        64,
+    );
+    let stderr = fails(&["status", "--server", &url]);
+    assert!(
+        stderr.contains("the reply is larger than 32 MiB; refused"),
+        "{stderr}"
+    );
+    let stderr = fails(&["rollout", "status", "--server", &url, "--channel", "stable"]);
+    assert!(
+        stderr.contains("the reply is larger than 32 MiB; refused"),
+        "{stderr}"
+    );
+}
