@@ -117,6 +117,9 @@ pub enum Error {
         "{location}: changed by someone else after it was read (another publish, halt or approval ran at the same time); nothing of this change took effect — run the command again"
     )]
     ChangedConcurrently { location: String },
+    /// The pointer read back after publishing is not the one written.
+    #[error("{location}: read back after writing: {detail}")]
+    PointerNotAsWritten { location: String, detail: String },
     /// Fetching from a store URL failed.
     #[error("GET {url}: {detail}")]
     Http { url: String, detail: String },

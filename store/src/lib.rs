@@ -104,6 +104,8 @@ pub struct PreparedPublish<'s> {
     /// The current pointer as read and verified, recorded in the signed history if it is not there yet (a
     /// store written before the history was kept gains it with its next publish).
     previous: Option<(ReleasePointer, Vec<u8>)>,
+    /// The keys a pointer read back may be signed with.
+    trusted: TrustedKeys,
 }
 
 /// Publishes `request.bundle` on a channel: verifies the current pointer, writes the bundle, then a pointer
@@ -152,9 +154,11 @@ pub async fn prepare_publish<'s>(
     let (current_version, current_bytes) = current
         .map(|stored| (Some(stored.version), stored.bytes))
         .unwrap_or_default();
+    let trusted = with_key(store, request.channel, request.key, request.also_trusted)?;
     Ok(PreparedPublish {
         store,
         hold,
+        trusted,
         envelope_bytes: pointer.sign(request.key).to_json_bytes(),
         pointer,
         bundle_bytes,
@@ -195,6 +199,7 @@ impl PreparedPublish<'_> {
             }
             return Err(error);
         }
+        self.read_back().await?;
         // The release is out once its pointer is written; a failure to record the signed history does not
         // undo it, but rollback cannot go back to a release that is not recorded, so it is said.
         let entries = self
@@ -216,6 +221,61 @@ impl PreparedPublish<'_> {
             previous_serial: self.previous_serial,
             bundle_was_new,
         })
+    }
+}
+
+impl PreparedPublish<'_> {
+    /// Reads the pointer back after writing it: an object store that ignores `If-Match` lets two publishers
+    /// of one serial both "win", and only what is there afterwards tells.
+    async fn read_back(&self) -> Result<()> {
+        let path = channel_path(&self.pointer.channel);
+        let found = self
+            .store
+            .read(&path, release::DEFAULT_MAX_POINTER_BYTES, "channel pointer")
+            .await?;
+        read_back_verdict(
+            &self.pointer,
+            &self.envelope_bytes,
+            found.as_deref(),
+            &self.trusted,
+        )
+        .map_err(|detail| Error::PointerNotAsWritten {
+            location: self.store.describe(&path).display().to_string(),
+            detail,
+        })
+    }
+}
+
+/// Whether the pointer read back after writing `written` (`written_bytes`) shows the write held (pure):
+/// the same bytes, or a pointer of a later serial (another publisher followed already). Anything else —
+/// nothing, another pointer of the same or an earlier serial, bytes that are not a pointer — says what is
+/// there instead.
+pub fn read_back_verdict(
+    written: &ReleasePointer,
+    written_bytes: &[u8],
+    found: Option<&[u8]>,
+    trusted: &TrustedKeys,
+) -> std::result::Result<(), String> {
+    let Some(found) = found else {
+        return Err("the pointer is gone right after it was written".to_owned());
+    };
+    if found == written_bytes {
+        return Ok(());
+    }
+    let other = release::verify_signed_pointer(found, trusted, release::DEFAULT_MAX_POINTER_BYTES)
+        .ok()
+        .map(|accepted| accepted.pointer);
+    match other {
+        Some(other) if other.serial > written.serial && other.channel == written.channel => Ok(()),
+        Some(other) => Err(format!(
+            "serial {} with bundle {} is there instead of the serial {} just written: another publisher wrote              at the same time and the object store did not honour the conditional write (If-Match); this              release did not land — use a store that supports conditional writes, then publish again",
+            other.serial, other.bundle.sha256, written.serial
+        )),
+        None => Err(
+            "what is there is not a release pointer signed by a trusted key; the store was changed by someone \
+             else right after the write"
+                .to_owned(),
+        ),
     }
 }
 
@@ -465,6 +525,54 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn a_pointer_read_back_must_be_the_one_written_or_a_later_one() {
+        let key = windvane_shared::keys::signing_key_from_seed([5; 32]);
+        let mut trusted = TrustedKeys::new();
+        trusted.insert(key.verifying_key()).expect("key");
+        let now = Timestamp::now();
+        let pointer = |serial: u64, digit: char| ReleasePointer {
+            fleet: "acme".to_owned(),
+            channel: "prod".to_owned(),
+            serial,
+            issued_at: now,
+            expires_at: now + jiff::SignedDuration::from_hours(1),
+            bundle: BundleRef {
+                sha256: digit.to_string().repeat(64),
+                size: 1,
+            },
+            allow_empty: false,
+            rollout: None,
+        };
+        let ours = pointer(4, 'a');
+        let bytes = ours.sign(&key).to_json_bytes();
+        assert_eq!(
+            read_back_verdict(&ours, &bytes, Some(&bytes), &trusted),
+            Ok(())
+        );
+        let later = pointer(5, 'c').sign(&key).to_json_bytes();
+        assert_eq!(
+            read_back_verdict(&ours, &bytes, Some(&later), &trusted),
+            Ok(())
+        );
+        // What an object store that ignores If-Match leaves: the other publisher's serial 4.
+        let theirs = pointer(4, 'b').sign(&key).to_json_bytes();
+        let lost = read_back_verdict(&ours, &bytes, Some(&theirs), &trusted).expect_err("lost");
+        assert!(
+            lost.contains("did not honour the conditional write (If-Match)"),
+            "{lost}"
+        );
+        assert!(lost.contains(&"b".repeat(64)), "{lost}");
+        let other_key = windvane_shared::keys::signing_key_from_seed([6; 32]);
+        let forged = pointer(9, 'd').sign(&other_key).to_json_bytes();
+        let error = read_back_verdict(&ours, &bytes, Some(&forged), &trusted).expect_err("forged");
+        assert!(
+            error.contains("not a release pointer signed by a trusted key"),
+            "{error}"
+        );
+        assert!(read_back_verdict(&ours, &bytes, None, &trusted).is_err());
     }
 
     #[test]
