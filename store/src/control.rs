@@ -1,7 +1,7 @@
 //! Changes to a channel's rollout that are not a new release: a signed halt or resume of the current serial
 //! ([`set_halted`]: the same serial and bundle, the rollout's `halted` flipped and its `control` counter
 //! raised so that agents never go back to an older control). The pointer re-signed is first checked to be
-//! the channel's own, current and not older than its signed history ([`crate::history::read_current`]).
+//! the channel's own, current and not older than its signed history ([`history::read_current`]).
 //! In a directory it runs under the store's lock, like publishing; in a bucket it is a conditional write on
 //! the pointer as read.
 
@@ -127,7 +127,7 @@ mod tests {
             std::fs::read(dir.path().join(channel_path("prod"))).expect("first pointer");
         let second = publish_one(dir.path(), &key, &bundle("two", None));
         for pointer in [&first, &second] {
-            let entry = block_on(crate::history::read_entry(
+            let entry = block_on(history::read_entry(
                 &at(dir.path()),
                 "prod",
                 pointer.serial,
@@ -153,18 +153,9 @@ mod tests {
             "{error}"
         );
         // An edited entry is not taken for history.
-        std::fs::write(
-            dir.path().join(crate::history::entry_path("prod", 2)),
-            b"{}",
-        )
-        .expect("tamper");
+        std::fs::write(dir.path().join(history::entry_path("prod", 2)), b"{}").expect("tamper");
         assert!(matches!(
-            block_on(crate::history::read_entry(
-                &at(dir.path()),
-                "prod",
-                2,
-                &trusted
-            )),
+            block_on(history::read_entry(&at(dir.path()), "prod", 2, &trusted)),
             Err(Error::HistoryEntry { .. })
         ));
     }
