@@ -157,7 +157,8 @@ impl Engines for ProcessEngines {
         }
         for layer in values {
             let path = match layer {
-                ValuesLayer::File(path) => path.clone(),
+                // A values file is the tree's: through a link it could be any file helm can read.
+                ValuesLayer::File(path) => crate::kustomize_check::inside(path, &self.root)?,
                 // JSON is YAML: helm reads it as a values file, in the same order as the others.
                 ValuesLayer::Inline(map) => {
                     let path = self.scratch_path("values.json");

@@ -50,8 +50,8 @@ pub fn check_links(dir: &Path, root: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks that `path` resolves (through any links) to a path inside `root`.
-fn inside(path: &Path, root: &Path) -> Result<PathBuf, String> {
+/// Checks that `path` resolves (through any links) to a path inside `root`; the path it resolves to.
+pub fn inside(path: &Path, root: &Path) -> Result<PathBuf, String> {
     match path.canonicalize() {
         Ok(real) if real.starts_with(root) => Ok(real),
         Ok(real) => Err(format!(

@@ -462,6 +462,17 @@ fn links_out_of_the_tree_and_remote_kustomize_resources_are_refused() {
     assert!(error.contains("leak.yaml is a symbolic link to"), "{error}");
     assert!(error.contains("outside the fleet tree"), "{error}");
 
+    // A values file that is a link out of the tree (fleet.yaml's reader refuses it already; so would the engine).
+    let valued = chart_tree(&dir.path().join("v"), "{valuesFiles: [values/leak.yaml]}");
+    std::fs::create_dir_all(valued.join("values")).expect("dir");
+    std::os::unix::fs::symlink(
+        dir.path().join("secret.txt"),
+        valued.join("values/leak.yaml"),
+    )
+    .expect("link");
+    let error = build_fails(&valued, &engine("helm"), &[]);
+    assert!(error.contains("outside the fleet"), "{error}");
+
     let kustomized = dir.path().join("k");
     std::fs::create_dir_all(kustomized.join("apps/shop")).expect("dirs");
     std::fs::write(
