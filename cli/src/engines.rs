@@ -3,6 +3,15 @@
 //! `--helm`/`--kustomize` flag (or `WINDVANE_HELM`/`WINDVANE_KUSTOMIZE`), else the one on `PATH`. The
 //! decisions (what to render, how to read the output) are `windvane_shared::prerender`'s; this only runs
 //! programs and hands back what they printed.
+//!
+//! The fleet tree is untrusted input (any pull request changes it), so the engines run confined: every
+//! value that becomes an argument is checked (`prerender::check_helm_arguments`) and positional arguments
+//! come after `--`; each run gets a cleared environment (HOME, PATH and helm's cache, config and data
+//! directories in the scratch directory: no credentials or tokens of the CI job); a chart or kustomize
+//! directory may hold no symbolic link that leaves the fleet tree; and a kustomization may not name a
+//! remote resource (`https://…`, `github.com/…`, `git@…`) unless `--kustomize-remote` allows it and the
+//! reference is pinned to a commit (`?ref=<40 hex digits>`). Exec plugins never run: windvane never passes
+//! kustomize's `--enable-alpha-plugins`/`--enable-exec` nor helm's `--post-renderer`.
 
 use std::cell::Cell;
 use std::io::Read;
@@ -32,11 +41,19 @@ pub struct EngineArgs {
     /// How long one run of helm or kustomize may take.
     #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = crate::release::parse_duration_arg, env = "WINDVANE_ENGINE_TIMEOUT")]
     engine_timeout: Duration,
+    /// Let kustomizations fetch remote resources (git or https), each pinned to a commit with
+    /// `?ref=<40 hex digits>`; without it a remote resource is refused.
+    #[arg(long, env = "WINDVANE_KUSTOMIZE_REMOTE")]
+    kustomize_remote: bool,
 }
 
 impl EngineArgs {
-    /// The engines, with a scratch directory for values files and pulled charts (removed on drop).
-    pub fn engines(&self) -> anyhow::Result<ProcessEngines> {
+    /// The engines for the fleet tree at `root`, with a scratch directory for values files, pulled charts and
+    /// the engines' own home (removed on drop).
+    pub fn engines(&self, root: &Path) -> anyhow::Result<ProcessEngines> {
+        let root = root
+            .canonicalize()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", root.display()))?;
         Ok(ProcessEngines {
             helm: self.helm.clone(),
             kustomize: self.kustomize.clone(),
@@ -44,6 +61,8 @@ impl EngineArgs {
             scratch: tempfile::tempdir()
                 .map_err(|e| anyhow::anyhow!("creating a scratch directory for helm: {e}"))?,
             files: Cell::new(0),
+            root,
+            kustomize_remote: self.kustomize_remote,
         })
     }
 }
@@ -57,6 +76,9 @@ pub struct ProcessEngines {
     scratch: tempfile::TempDir,
     /// Names scratch files uniquely.
     files: Cell<usize>,
+    /// The fleet tree (canonical): no chart or kustomization may reach outside it through a link.
+    root: PathBuf,
+    kustomize_remote: bool,
 }
 
 impl ProcessEngines {
@@ -78,6 +100,10 @@ impl ProcessEngines {
         self.files.set(n + 1);
         self.scratch.path().join(format!("{n}-{name}"))
     }
+
+    fn run(&self, program: &Path, args: &[String]) -> Result<String, String> {
+        run(program, args, self.timeout, self.scratch.path())
+    }
 }
 
 impl Engines for ProcessEngines {
@@ -85,18 +111,21 @@ impl Engines for ProcessEngines {
         let helm = self.helm()?;
         let destination = self.scratch_path("chart");
         std::fs::create_dir(&destination).map_err(|e| format!("{}: {e}", destination.display()))?;
-        let mut args: Vec<String> = Vec::new();
-        if repo.starts_with("oci://") {
-            args.extend([
-                "pull".into(),
-                format!("{}/{chart}", repo.trim_end_matches('/')),
-            ]);
+        let mut args: Vec<String> = vec![
+            "pull".into(),
+            "--version".into(),
+            version.into(),
+            "--destination".into(),
+            destination.display().to_string(),
+        ];
+        let reference = if repo.starts_with("oci://") {
+            format!("{}/{chart}", repo.trim_end_matches('/'))
         } else {
-            args.extend(["pull".into(), chart.into(), "--repo".into(), repo.into()]);
-        }
-        args.extend(["--version".into(), version.into(), "--destination".into()]);
-        args.push(destination.display().to_string());
-        run(&helm, &args, self.timeout)?;
+            args.extend(["--repo".into(), repo.into()]);
+            chart.into()
+        };
+        args.extend(["--".into(), reference]);
+        self.run(&helm, &args)?;
         let archive = single_archive(&destination)?;
         let bytes = std::fs::read(&archive).map_err(|e| format!("{}: {e}", archive.display()))?;
         Ok(PulledChart {
@@ -112,10 +141,11 @@ impl Engines for ProcessEngines {
         values: &[ValuesLayer],
     ) -> Result<String, String> {
         let helm = self.helm()?;
+        if chart.is_dir() {
+            check_confined(chart, &self.root)?;
+        }
         let mut args: Vec<String> = vec![
             "template".into(),
-            spec.release_name.clone(),
-            chart.display().to_string(),
             "--namespace".into(),
             spec.namespace.clone(),
             "--kube-version".into(),
@@ -127,7 +157,8 @@ impl Engines for ProcessEngines {
         }
         for layer in values {
             let path = match layer {
-                ValuesLayer::File(path) => path.clone(),
+                // A values file is the tree's: through a link it could be any file helm can read.
+                ValuesLayer::File(path) => crate::kustomize_check::inside(path, &self.root)?,
                 // JSON is YAML: helm reads it as a values file, in the same order as the others.
                 ValuesLayer::Inline(map) => {
                     let path = self.scratch_path("values.json");
@@ -138,15 +169,20 @@ impl Engines for ProcessEngines {
             };
             args.extend(["--values".into(), path.display().to_string()]);
         }
-        run(&helm, &args, self.timeout)
+        args.extend([
+            "--".into(),
+            spec.release_name.clone(),
+            chart.display().to_string(),
+        ]);
+        self.run(&helm, &args)
     }
 
     fn kustomize_build(&self, directory: &Path) -> Result<String, String> {
         let kustomize = self.kustomize()?;
-        run(
+        crate::kustomize_check::check_tree(directory, &self.root, self.kustomize_remote)?;
+        self.run(
             &kustomize,
-            &["build".into(), directory.display().to_string()],
-            self.timeout,
+            &["build".into(), "--".into(), directory.display().to_string()],
         )
     }
 }
@@ -198,10 +234,38 @@ fn single_archive(directory: &Path) -> Result<PathBuf, String> {
     }
 }
 
-/// Runs `program` with `args`; its standard output on success, else what went wrong in its own words.
-fn run(program: &Path, args: &[String], timeout: Duration) -> Result<String, String> {
+/// Refuses a symbolic link under `dir` that resolves outside `root` (or does not resolve).
+fn check_confined(dir: &Path, root: &Path) -> Result<(), String> {
+    crate::kustomize_check::check_links(dir, root)
+}
+
+/// Runs `program` with `args` and a cleared environment (HOME, PATH and helm's directories under
+/// `scratch`); its standard output on success, else what went wrong in its own words.
+fn run(
+    program: &Path,
+    args: &[String],
+    timeout: Duration,
+    scratch: &Path,
+) -> Result<String, String> {
     let shown = format!("{} {}", program.display(), args.join(" "));
-    let mut child = Command::new(program)
+    let home = scratch.join("home");
+    std::fs::create_dir_all(&home).map_err(|e| format!("{}: {e}", home.display()))?;
+    let mut command = Command::new(program);
+    command.env_clear().env("HOME", &home);
+    if let Some(path) = std::env::var_os("PATH") {
+        command.env("PATH", path);
+    }
+    for (name, dir) in [
+        ("HELM_CACHE_HOME", "cache"),
+        ("HELM_CONFIG_HOME", "config"),
+        ("HELM_DATA_HOME", "data"),
+        ("XDG_CACHE_HOME", "cache"),
+        ("XDG_CONFIG_HOME", "config"),
+        ("XDG_DATA_HOME", "data"),
+    ] {
+        command.env(name, home.join(dir));
+    }
+    let mut child = command
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

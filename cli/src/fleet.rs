@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::terminal::{MAX_REPLY_BYTES, clean, clean_line, read_capped};
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
 use serde_json::Value;
@@ -117,23 +118,21 @@ pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
         }
         let response = request.send().await.with_context(|| format!("GET {url}"))?;
         let status = response.status();
-        let body = response
-            .bytes()
-            .await
-            .with_context(|| format!("GET {url}"))?;
+        let body = read_capped(response, MAX_REPLY_BYTES, &format!("GET {url}")).await?;
         if !status.is_success() {
             bail!("GET {url}: {status}: {}", error_message(&body));
         }
         parse_fleet(&url, &body)
     })?;
     if args.output == "json" {
+        // JSON strings escape control characters themselves.
         println!("{}", serde_json::to_string_pretty(&fleet)?);
     } else {
-        print!("{}", render_table(&fleet));
+        print!("{}", clean(&render_table(&fleet)));
     }
     let verdict = verdict(&fleet);
     if let Some(reason) = &verdict {
-        eprintln!("not synced: {reason}");
+        eprintln!("not synced: {}", clean_line(reason));
     }
     Ok(if verdict.is_none() {
         ExitCode::SUCCESS
@@ -155,10 +154,7 @@ pub(crate) fn get_json<T: serde::de::DeserializeOwned>(
         }
         let response = request.send().await.with_context(|| format!("GET {url}"))?;
         let status = response.status();
-        let body = response
-            .bytes()
-            .await
-            .with_context(|| format!("GET {url}"))?;
+        let body = read_capped(response, MAX_REPLY_BYTES, &format!("GET {url}")).await?;
         if !status.is_success() {
             bail!("GET {url}: {status}: {}", error_message(&body));
         }
@@ -195,11 +191,13 @@ fn verdict(fleet: &FleetView) -> Option<String> {
     }
 }
 
+/// The server's error message (its JSON `error`, else the start of the body), made safe for a terminal.
 fn error_message(body: &[u8]) -> String {
-    serde_json::from_slice::<Value>(body)
+    let text = serde_json::from_slice::<Value>(body)
         .ok()
         .and_then(|v| v["error"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned())
+        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned());
+    clean_line(&text)
 }
 
 fn age(seconds: Option<u64>) -> String {
@@ -284,17 +282,17 @@ fn table_row(row: &ClusterRow) -> [String; 7] {
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join(",");
-    let mut error = row.last_error.as_deref().unwrap_or("").replace('\n', " ");
+    let mut error = clean_line(row.last_error.as_deref().unwrap_or(""));
     if error.chars().count() > 60 {
         error = format!("{}…", error.chars().take(59).collect::<String>());
     }
     [
-        row.name.clone(),
-        state,
+        clean_line(&row.name),
+        clean_line(&state),
         release,
         age(row.heartbeat_age_seconds),
         row.drift_total.to_string(),
-        labels,
+        clean_line(&labels),
         error,
     ]
 }
@@ -319,10 +317,7 @@ pub fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("POST {url}"))?;
         let status = response.status();
-        let body = response
-            .bytes()
-            .await
-            .with_context(|| format!("POST {url}"))?;
+        let body = read_capped(response, MAX_REPLY_BYTES, &format!("POST {url}")).await?;
         if !status.is_success() {
             bail!(
                 "{action} {}: {status}: {}",

@@ -1,12 +1,15 @@
 //! `windvane`: the release engineer's and SRE's command line. Parses arguments, sets up logging, and hands
 //! each subcommand to its module; every failure ends as one line on stderr and a non-zero exit.
 
+mod diff;
 mod engines;
 mod fleet;
 mod keygen;
+mod kustomize_check;
 mod release;
 mod rollout;
 mod seal;
+mod terminal;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -64,7 +67,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            // An error may quote a server, a store or a cluster: shown, never interpreted.
+            eprintln!("error: {}", terminal::clean(&format!("{error:#}")));
             ExitCode::FAILURE
         }
     }

@@ -131,7 +131,7 @@ fn parse_label_arg(text: &str) -> Result<(String, String), String> {
 }
 
 pub fn build(args: BuildArgs) -> anyhow::Result<()> {
-    let engines = args.engines.engines()?;
+    let engines = args.engines.engines(&args.source)?;
     let bundle = source::load_fleet_dir_with(&args.source, BundleLimits::default(), &engines)?;
     let bytes = bundle.to_json_bytes();
     let summary = summary_line(&bundle, &bytes);
@@ -340,7 +340,7 @@ fn load_trusted_keys(paths: &[PathBuf], required: bool) -> anyhow::Result<Truste
 /// A fleet tree (directory) is built; a file is read as a bundle built earlier.
 fn load_bundle_source(path: &Path, engines: &EngineArgs) -> anyhow::Result<Bundle> {
     if path.is_dir() {
-        let engines = engines.engines()?;
+        let engines = engines.engines(path)?;
         return Ok(source::load_fleet_dir_with(
             path,
             BundleLimits::default(),

@@ -1,7 +1,10 @@
 //! `windvane rollout status|halt|resume` and `windvane rollback`. Status reads the source server's rollout
 //! view (`/api/v1/rollouts/CHANNEL`) and exits 0 only when the rollout is complete; halt and resume re-sign
 //! the channel's current pointer with its rollout halted or running (`windvane_store::set_halted`); rollback
-//! publishes the bundle the channel carried before as a new serial, so that rollback protection stays intact.
+//! publishes, as a new serial (so that rollback protection stays intact), a bundle that an earlier signed
+//! pointer of the same channel named (`windvane_store::history`), after printing what it changes.
+//! Every command here that signs checks first that the pointer it read is the channel's and fleet's own,
+//! unexpired, and not older than the channel's signed history.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -63,6 +66,16 @@ pub struct SignArgs {
         env = "WINDVANE_TRUSTED_KEYS"
     )]
     trusted_keys: Vec<PathBuf>,
+    #[command(flatten)]
+    fleet: FleetArg,
+}
+
+/// The fleet a command acts on, checked against every pointer it reads.
+#[derive(Debug, Clone, Args)]
+pub struct FleetArg {
+    /// The fleet the channel must belong to; default: the fleet of the channel's signed history.
+    #[arg(long, value_name = "FLEET", env = "WINDVANE_FLEET")]
+    fleet: Option<String>,
 }
 
 /// `windvane promote`.
@@ -100,6 +113,8 @@ pub struct PromoteArgs {
     /// How long agents accept the promoted release.
     #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = crate::release::parse_duration_arg, env = "WINDVANE_EXPIRES_IN")]
     expires_in: std::time::Duration,
+    #[command(flatten)]
+    fleet: FleetArg,
 }
 
 /// `windvane approve`.
@@ -124,6 +139,8 @@ pub struct ApproveArgs {
         required = true
     )]
     trusted_keys: Vec<PathBuf>,
+    #[command(flatten)]
+    fleet: FleetArg,
 }
 
 /// `windvane approve`: verify the channel's current release, then add this approver's signature to
@@ -134,10 +151,12 @@ pub fn approve(args: ApproveArgs) -> anyhow::Result<()> {
         channel: args.channel.clone(),
         key: args.key.clone(),
         trusted_keys: args.trusted_keys.clone(),
+        fleet: args.fleet.clone(),
     })?;
     let (pointer, signatures) = crate::block_on(store::approve(
         &args.root,
         &args.channel,
+        args.fleet.fleet.as_deref(),
         args.serial,
         &key,
         &trusted,
@@ -176,6 +195,13 @@ pub struct RollbackArgs {
     /// How long agents accept the rollback release.
     #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = crate::release::parse_duration_arg, env = "WINDVANE_EXPIRES_IN")]
     expires_in: std::time::Duration,
+    /// The serial to go back to (its signed pointer must be in the channel's history); default: the newest
+    /// earlier serial with another bundle.
+    #[arg(long, value_name = "SERIAL")]
+    to: Option<u64>,
+    /// Print what the rollback would change and stop without signing.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 pub fn rollout(args: RolloutArgs) -> anyhow::Result<ExitCode> {
@@ -205,6 +231,7 @@ fn halt(args: SignArgs, halted: bool) -> anyhow::Result<()> {
     let pointer = crate::block_on(store::set_halted(
         &args.root,
         &args.channel,
+        args.fleet.fleet.as_deref(),
         &key,
         &trusted,
         halted,
@@ -223,26 +250,43 @@ fn halt(args: SignArgs, halted: bool) -> anyhow::Result<()> {
 pub fn rollback(args: RollbackArgs) -> anyhow::Result<()> {
     let sign = &args.sign;
     let (key, trusted) = signing_key(sign)?;
-    let current = verified_current(&sign.root, &sign.channel, &key, &trusted)?;
-    let previous = crate::block_on(store::previous_bundle(
-        &sign.root,
-        &sign.channel,
-        &current.bundle.sha256,
-    ))??;
-    let bundle = stored_bundle(&sign.root, &previous)?;
+    let mut all = trusted.clone();
+    all.insert(key.verifying_key())?;
+    let asked = store::history::Asked {
+        channel: &sign.channel,
+        fleet: sign.fleet.fleet.as_deref(),
+        now: Timestamp::now(),
+        expired_ok: true,
+    };
+    let current = crate::block_on(store::history::current(&sign.root, &all, &asked))??;
+    let earlier = crate::block_on(store::history::earlier_entries(&sign.root, &current, &all))??;
+    let target = store::history::rollback_target(&current, &earlier, args.to)?;
+    let bundle = stored_bundle(&sign.root, &target.bundle.sha256, &current.fleet)?;
+    let now = stored_bundle(&sign.root, &current.bundle.sha256, &current.fleet)?;
+    println!(
+        "rolling back channel {} from serial {} (bundle {}) to the bundle of serial {} ({}):",
+        sign.channel, current.serial, current.bundle.sha256, target.serial, target.bundle.sha256
+    );
+    for line in crate::diff::bundle_changes(&now, &bundle) {
+        println!("  {}", crate::terminal::clean_line(&line));
+    }
+    if args.dry_run {
+        println!("dry run: nothing signed");
+        return Ok(());
+    }
     let request = PublishRequest {
         channel: &sign.channel,
         bundle: &bundle,
         key: &key,
         also_trusted: &trusted,
         expires_in: args.expires_in,
-        allow_empty: current.allow_empty,
+        allow_empty: target.allow_empty,
         now: Timestamp::now(),
     };
     let published = crate::block_on(store::publish(&sign.root, &request))??;
     println!(
-        "rolled back channel {}: serial {} carries bundle {} again (was serial {} with {})",
-        sign.channel, published.pointer.serial, previous, current.serial, current.bundle.sha256
+        "rolled back channel {}: serial {} carries the bundle of serial {} again ({})",
+        sign.channel, published.pointer.serial, target.serial, target.bundle.sha256
     );
     Ok(())
 }
@@ -262,7 +306,7 @@ fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     if args.output == "json" {
         println!("{}", serde_json::to_string_pretty(&view)?);
     } else {
-        print!("{}", render(&view));
+        print!("{}", crate::terminal::clean(&render(&view)));
     }
     if view.complete {
         Ok(ExitCode::SUCCESS)
@@ -316,28 +360,8 @@ pub fn render(view: &RolloutView) -> String {
     out
 }
 
-/// The current pointer of `channel`, verified with `key` and `trusted`.
-fn verified_current(
-    root: &store::Store,
-    channel: &str,
-    key: &ed25519_dalek::SigningKey,
-    trusted: &keys::TrustedKeys,
-) -> anyhow::Result<windvane_shared::release::ReleasePointer> {
-    let path = store::channel_path(channel);
-    let cap = windvane_shared::release::DEFAULT_MAX_POINTER_BYTES;
-    let bytes = crate::block_on(root.read(&path, cap, "channel pointer"))??
-        .with_context(|| format!("{}: no release published on channel {channel:?}", root))?;
-    let mut all = trusted.clone();
-    all.insert(key.verifying_key())?;
-    Ok(
-        windvane_shared::release::verify_signed_pointer(&bytes, &all, cap)
-            .with_context(|| root.describe(&path).display().to_string())?
-            .pointer,
-    )
-}
-
-/// Reads the bundle `sha256` from the store, checking its digest.
-fn stored_bundle(root: &store::Store, sha256: &str) -> anyhow::Result<Bundle> {
+/// Reads the bundle `sha256` from the store, checking its digest and that it is `fleet`'s.
+fn stored_bundle(root: &store::Store, sha256: &str, fleet: &str) -> anyhow::Result<Bundle> {
     let path = store::bundle_path(sha256);
     let described = root.describe(&path);
     let cap = windvane_shared::release::DEFAULT_MAX_BUNDLE_BYTES;
@@ -352,6 +376,13 @@ fn stored_bundle(root: &store::Store, sha256: &str) -> anyhow::Result<Bundle> {
         bail!(
             "{}: the bundle does not serialize back to the same bytes, so it cannot be signed again with the same digest",
             described.display()
+        );
+    }
+    if bundle.fleet != fleet {
+        bail!(
+            "{}: the bundle is fleet {:?}'s, not {fleet:?}'s; refusing to sign it",
+            described.display(),
+            bundle.fleet
         );
     }
     Ok(bundle)
@@ -389,17 +420,22 @@ pub fn synced_on(
 }
 
 pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
-    let pem = super::read_text(&args.key)?;
-    let key = keys::signing_key_from_pem(&pem, &args.key.display().to_string())?;
-    let mut trusted = keys::TrustedKeys::new();
-    for path in &args.trusted_keys {
-        let pem = super::read_text(path)?;
-        trusted.insert(keys::verifying_key_from_pem(
-            &pem,
-            &path.display().to_string(),
-        )?)?;
-    }
-    let source = verified_current(&args.root, &args.from, &key, &trusted)?;
+    let (key, trusted) = signing_key(&SignArgs {
+        root: args.root.clone(),
+        channel: args.from.clone(),
+        key: args.key.clone(),
+        trusted_keys: args.trusted_keys.clone(),
+        fleet: args.fleet.clone(),
+    })?;
+    let mut all = trusted.clone();
+    all.insert(key.verifying_key())?;
+    let asked = store::history::Asked {
+        channel: &args.from,
+        fleet: args.fleet.fleet.as_deref(),
+        now: Timestamp::now(),
+        expired_ok: false,
+    };
+    let source = crate::block_on(store::history::current(&args.root, &all, &asked))??;
     if let (Some(selector), Some(server)) = (&args.require_synced, &args.server) {
         let query: String = form_urlencoded::Serializer::new(String::new())
             .append_pair("selector", selector)
@@ -420,7 +456,7 @@ pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
             );
         }
     }
-    let bundle = stored_bundle(&args.root, &source.bundle.sha256)?;
+    let bundle = stored_bundle(&args.root, &source.bundle.sha256, &source.fleet)?;
     let request = PublishRequest {
         channel: &args.to,
         bundle: &bundle,

@@ -147,8 +147,9 @@ fn promote_halt_resume_and_rollback() {
         rolled.get("rollout").is_none(),
         "the first bundle had no rollout"
     );
-    // Rolling back again goes to the bundle before this one: serial 2's.
-    ok(&[
+    // Rolling back again without saying where would toggle back to the release just rolled back from:
+    // refused, naming --to; with --to 2 it goes there, on purpose.
+    let again = [
         "rollback",
         "--root",
         &store,
@@ -156,7 +157,10 @@ fn promote_halt_resume_and_rollback() {
         "staging",
         "--key",
         &key,
-    ]);
+    ];
+    let refused = fails(&again);
+    assert!(refused.contains("--to SERIAL"), "{refused}");
+    ok(&[&again[..], &["--to", "2"]].concat());
     assert_eq!(
         pointer(dir.path().join("store").as_path(), "staging")["bundle"],
         staging["bundle"]

@@ -170,6 +170,9 @@ pub fn render(
     changes: &[(usize, RenderChange)],
     engines: &dyn Engines,
 ) -> Result<Rendered> {
+    if let EngineSpec::Helm(helm) = spec {
+        check_helm_arguments(app, helm)?;
+    }
     let jobs = plan(app, spec, changes)?;
     let engine_error = |step: String, detail: String| Error::Engine {
         app: app.to_owned(),
@@ -210,6 +213,129 @@ pub fn render(
     }
     let customizations = changes.iter().map(|(index, _)| *index).collect();
     Ok(assemble(engine, source, customizations, outputs))
+}
+
+/// Checks every value of a Helm app that becomes an argument of `helm` (pure): they come from the fleet
+/// tree, which any pull request can change, so none may read as a flag or carry more than its own meaning.
+/// The release name and namespace are DNS-1123 labels (a release name at most 53 characters, Helm's own
+/// limit), the Kubernetes version `[v]MAJOR.MINOR[.PATCH]`, each API version `group/version[/Kind]`, a
+/// pulled chart's name, version and repository plain names and URLs.
+pub fn check_helm_arguments(app: &str, helm: &HelmSpec) -> Result<()> {
+    let refuse = |field: &str, value: &str, rule: &str| {
+        Err(Error::Engine {
+            app: app.to_owned(),
+            step: format!("checking helm.{field}"),
+            detail: format!(
+                "{value:?} is not {rule}; it becomes an argument of helm, so it is refused"
+            ),
+        })
+    };
+    if !is_dns_label(&helm.release_name, 53) {
+        return refuse(
+            "releaseName",
+            &helm.release_name,
+            "a DNS-1123 label (1-53 characters a-z, 0-9 and '-', starting and ending with a letter or digit)",
+        );
+    }
+    if !is_dns_label(&helm.namespace, 63) {
+        return refuse("namespace", &helm.namespace, "a DNS-1123 label");
+    }
+    if !is_kube_version(&helm.kube_version) {
+        return refuse(
+            "kubeVersion",
+            &helm.kube_version,
+            "a Kubernetes version such as 1.34.0 or v1.34",
+        );
+    }
+    for api_version in &helm.api_versions {
+        if !is_api_version(api_version) {
+            return refuse(
+                "apiVersions",
+                api_version,
+                "an API version such as apps/v1 or monitoring.coreos.com/v1/ServiceMonitor",
+            );
+        }
+    }
+    if let ChartSource::Repository {
+        repo,
+        chart,
+        version,
+        ..
+    } = &helm.chart
+    {
+        if !is_plain_name(chart) {
+            return refuse(
+                "chart",
+                chart,
+                "a chart name (letters, digits, '.', '_', '-')",
+            );
+        }
+        let version_ok = !version.is_empty()
+            && !version.starts_with('-')
+            && version.bytes().all(|b| b.is_ascii_graphic());
+        if !version_ok {
+            return refuse(
+                "version",
+                version,
+                "a chart version (or range) without spaces",
+            );
+        }
+        let scheme = ["https://", "http://", "oci://"]
+            .iter()
+            .any(|s| repo.starts_with(s));
+        if !scheme || repo.bytes().any(|b| !b.is_ascii_graphic()) {
+            return refuse(
+                "repo",
+                repo,
+                "an https://, http:// or oci:// URL without spaces",
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A DNS-1123 label of at most `max` characters.
+fn is_dns_label(text: &str, max: usize) -> bool {
+    let bytes = text.as_bytes();
+    (1..=max).contains(&bytes.len())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes[0] != b'-'
+        && bytes[bytes.len() - 1] != b'-'
+}
+
+/// `[v]MAJOR.MINOR[.PATCH]`, each part digits.
+fn is_kube_version(text: &str) -> bool {
+    let parts: Vec<&str> = text.strip_prefix('v').unwrap_or(text).split('.').collect();
+    (2..=3).contains(&parts.len())
+        && parts
+            .iter()
+            .all(|p| (1..=9).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// `group/version[/Kind]` or `version`: letters, digits, '.', '-' in each part, none empty or starting with
+/// '-'.
+fn is_api_version(text: &str) -> bool {
+    let parts: Vec<&str> = text.split('/').collect();
+    text.len() <= 317
+        && (1..=3).contains(&parts.len())
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && !p.starts_with('-')
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-'))
+        })
+}
+
+/// A name that cannot be read as a flag or a path: letters, digits, '.', '_', '-', not starting with '-' or
+/// '.'.
+fn is_plain_name(text: &str) -> bool {
+    (1..=253).contains(&text.len())
+        && !text.starts_with(['-', '.'])
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'+'))
 }
 
 /// How a chart is named in file names of its manifests.
@@ -703,6 +829,56 @@ metadata:
         let error = hook_meaning("web", &hooked("crd-install")).unwrap_err();
         assert!(error.to_string().contains("\"crd-install\""), "{error}");
         assert_eq!(error.reason(), "engine");
+    }
+
+    #[test]
+    fn helm_values_that_become_arguments_are_checked() {
+        let EngineSpec::Helm(good) = helm(Vec::new()) else {
+            panic!("helm");
+        };
+        assert!(check_helm_arguments("web", &good).is_ok());
+        let refused = |change: &dyn Fn(&mut HelmSpec), field: &str| {
+            let mut spec = good.clone();
+            change(&mut spec);
+            let error = check_helm_arguments("web", &spec)
+                .expect_err(field)
+                .to_string();
+            assert!(
+                error.starts_with(&format!("app web: checking helm.{field}: ")),
+                "{error}"
+            );
+        };
+        refused(
+            &|s| s.release_name = "--set-file=leak=/proc/self/environ".to_owned(),
+            "releaseName",
+        );
+        refused(&|s| s.release_name = "a".repeat(54), "releaseName");
+        refused(&|s| s.release_name = "Web".to_owned(), "releaseName");
+        refused(&|s| s.kube_version = "--debug".to_owned(), "kubeVersion");
+        refused(&|s| s.kube_version = "1.34.0 --x".to_owned(), "kubeVersion");
+        refused(
+            &|s| s.api_versions = vec!["--post-renderer=/bin/sh".to_owned()],
+            "apiVersions",
+        );
+        let repository = |chart: &str, repo: &str| ChartSource::Repository {
+            repo: repo.to_owned(),
+            chart: chart.to_owned(),
+            version: "1.0.0".to_owned(),
+            digest: None,
+        };
+        refused(
+            &|s| s.chart = repository("--set-file=x=/etc/passwd", "https://charts.example.com"),
+            "chart",
+        );
+        refused(&|s| s.chart = repository("web", "--repo=file:///"), "repo");
+        let mut ok = good.clone();
+        ok.kube_version = "v1.31".to_owned();
+        ok.api_versions = vec![
+            "monitoring.coreos.com/v1/ServiceMonitor".to_owned(),
+            "v1".to_owned(),
+        ];
+        ok.chart = repository("web", "oci://registry.example.com/charts");
+        assert!(check_helm_arguments("web", &ok).is_ok());
     }
 
     #[test]

@@ -129,9 +129,21 @@ pub fn wave_count(rollout: &Rollout) -> usize {
     rollout.waves.len() + usize::from(!catch_all)
 }
 
-/// When wave `wave` (0-based) opens: the release's issue time plus the soaks of every earlier wave.
+/// The longest soak one wave may have: `fleet.yaml` refuses more, and a pointer read without verification
+/// (the server's view) is clamped to it, so that no sum of soaks can overflow.
+pub const MAX_SOAK: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// When wave `wave` (0-based) opens: the release's issue time plus the soaks of every earlier wave, each
+/// clamped to [`MAX_SOAK`] and the sum saturating (a pointer the server reads unverified may say anything;
+/// a time past what a timestamp holds is "never", [`Timestamp::MAX`]).
 pub fn opens_at(rollout: &Rollout, issued_at: Timestamp, wave: usize) -> Timestamp {
-    let soak: Duration = rollout.waves.iter().take(wave).map(|w| w.soak).sum();
+    let soak = rollout
+        .waves
+        .iter()
+        .take(wave)
+        .fold(Duration::ZERO, |sum, w| {
+            sum.saturating_add(w.soak.min(MAX_SOAK))
+        });
     let soak = jiff::SignedDuration::try_from(soak).unwrap_or(jiff::SignedDuration::MAX);
     issued_at.checked_add(soak).unwrap_or(Timestamp::MAX)
 }
@@ -663,6 +675,49 @@ mod tests {
             .expect("some cluster above 40 %");
         assert_eq!(wave_of(&rollout, &name, &Labels::new()), 2);
         assert_eq!(wave_count(&canary_forty_rest(10, Gate::None)), 3);
+    }
+
+    #[test]
+    fn soaks_beyond_any_timestamp_are_clamped_not_a_panic() {
+        // What a pointer read unverified may carry: soaks whose sum overflows a Duration.
+        let huge = Wave {
+            soak: Duration::MAX,
+            ..Wave::default()
+        };
+        let rollout = Rollout {
+            waves: vec![huge.clone(), huge.clone(), huge],
+            ..Rollout::default()
+        };
+        let issued = ts("2026-12-04T10:00:00Z");
+        assert_eq!(opens_at(&rollout, issued, 0), issued);
+        let one_year = jiff::SignedDuration::try_from(MAX_SOAK).expect("fits");
+        assert_eq!(opens_at(&rollout, issued, 1), issued + one_year);
+        assert_eq!(opens_at(&rollout, issued, 3), issued + one_year * 3);
+        assert_eq!(opens_at(&rollout, Timestamp::MAX, 3), Timestamp::MAX);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn opens_at_never_panics_and_never_goes_back(
+            soaks in proptest::collection::vec(proptest::num::u64::ANY, 0..8),
+            nanos in proptest::num::u32::ANY,
+            issued in 0i64..=253_402_207_200,
+        ) {
+            let rollout = Rollout {
+                waves: soaks
+                    .iter()
+                    .map(|s| Wave { soak: Duration::new(*s, nanos % 1_000_000_000), ..Wave::default() })
+                    .collect(),
+                ..Rollout::default()
+            };
+            let issued = Timestamp::from_second(issued).expect("in range");
+            let mut last = issued;
+            for wave in 0..=rollout.waves.len() {
+                let opens = opens_at(&rollout, issued, wave);
+                proptest::prop_assert!(opens >= last);
+                last = opens;
+            }
+        }
     }
 
     #[test]

@@ -843,7 +843,15 @@ fn read_rollout(value: &Value, at: &str) -> Result<Rollout> {
         let soak = match wave.get("soak") {
             None => std::time::Duration::ZERO,
             Some(Value::String(text)) => {
-                parse_duration(text).map_err(|e| config_error(&wave.path("soak"), e.to_string()))?
+                let soak = parse_duration(text)
+                    .map_err(|e| config_error(&wave.path("soak"), e.to_string()))?;
+                if soak > crate::rollout::MAX_SOAK {
+                    return Err(config_error(
+                        &wave.path("soak"),
+                        format!("{text} is longer than a wave may soak (365d); use a shorter soak"),
+                    ));
+                }
+                soak
             }
             Some(other) => {
                 return Err(wrong_type(
@@ -1388,6 +1396,11 @@ mod tests {
                 "rollout: {waves: [{soak: 10 minutes}]}",
                 "rollout.waves[0].soak",
                 "",
+            ),
+            (
+                "rollout: {waves: [{soak: 366d}]}",
+                "rollout.waves[0].soak",
+                "longer than a wave may soak",
             ),
             (
                 "rollout: {waves: [{gate: green}]}",

@@ -1,7 +1,8 @@
 //! `windvane approve`: adds an approver's signature over the channel's current release to
 //! `approvals/<channel>/<serial>.json` in the store ([`windvane_shared::approval`] says what is signed and
-//! what counts). The current pointer is verified with the release keys the approver trusts first, so an
-//! approver signs only a release they could check; the publisher's own key is refused (it would not count).
+//! what counts). The current pointer is verified with the release keys the approver trusts first, and
+//! checked to be the channel's own, unexpired and not older than its signed history, so an approver signs
+//! only a release they could check; the publisher's own key is refused (it would not count).
 //! In a directory it runs under the store's lock, in a bucket it writes on the condition that the file is
 //! as read, so two approvers never lose each other's signature.
 
@@ -18,6 +19,7 @@ use crate::{Error, Put, Result, Store, channel_path};
 pub async fn approve(
     store: &Store,
     channel: &str,
+    fleet: Option<&str>,
     serial: u64,
     key: &SigningKey,
     release_keys: &TrustedKeys,
@@ -48,6 +50,13 @@ pub async fn approve(
         source,
     })?;
     let pointer = accepted.pointer;
+    let asked = crate::history::Asked {
+        channel,
+        fleet,
+        now: jiff::Timestamp::now(),
+        expired_ok: false,
+    };
+    crate::history::check_current(store, &pointer, release_keys, &asked).await?;
     if pointer.serial != serial {
         return Err(Error::NotCurrentSerial {
             channel: channel.to_owned(),

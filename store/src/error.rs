@@ -49,11 +49,27 @@ pub enum Error {
     /// The store has no pointer for this channel.
     #[error("{location}: no release published on channel {channel:?}")]
     NoSuchChannel { location: String, channel: String },
-    /// `windvane rollback` found no earlier bundle in the channel's history.
+    /// `windvane rollback` found no signed history entry before the current serial.
     #[error(
-        "channel {channel:?} has no earlier release in its history (channels/{channel}.history) to roll back to"
+        "channel {channel:?} has no signed history before serial {serial} ({} is missing): rollback goes back \
+         only to releases whose signed pointers the store kept; stores written before this version keep them \
+         from their next publish on (publish once more, then roll back to that or later releases)",
+        path.display()
     )]
-    NoHistory { channel: String },
+    NoSignedHistory {
+        channel: String,
+        serial: u64,
+        path: PathBuf,
+    },
+    /// A signed history entry that does not verify or is not the entry its name says.
+    #[error("{}: {detail}; the store's signed history was altered — restore it from a backup", path.display())]
+    HistoryEntry { path: PathBuf, detail: String },
+    /// A pointer read from the store that is not the one the command asked about.
+    #[error("{}: {detail}; refusing to sign anything on the strength of it", path.display())]
+    NotWhatWasAsked { path: PathBuf, detail: String },
+    /// `windvane rollback` cannot take the target it was given or would pick.
+    #[error("rolling back channel {channel:?}: {detail}")]
+    RollbackTarget { channel: String, detail: String },
     /// A halt or resume of a release that has no rollout.
     #[error(
         "channel {channel:?} serial {serial} has no rollout: every cluster takes it at once, there is nothing to halt or resume"
@@ -101,6 +117,9 @@ pub enum Error {
         "{location}: changed by someone else after it was read (another publish, halt or approval ran at the same time); nothing of this change took effect — run the command again"
     )]
     ChangedConcurrently { location: String },
+    /// The pointer read back after publishing is not the one written.
+    #[error("{location}: read back after writing: {detail}")]
+    PointerNotAsWritten { location: String, detail: String },
     /// Fetching from a store URL failed.
     #[error("GET {url}: {detail}")]
     Http { url: String, detail: String },

@@ -24,9 +24,10 @@ mod aws_profile;
 mod control;
 mod error;
 mod files;
+pub mod history;
 
 pub use approval::approve;
-pub use control::{history_path, previous_bundle, set_halted};
+pub use control::set_halted;
 
 pub use error::{Error, Result};
 pub use files::{Bucket, Store};
@@ -100,6 +101,11 @@ pub struct PreparedPublish<'s> {
     bundle_bytes: Vec<u8>,
     current_version: Option<Version>,
     previous_serial: Option<u64>,
+    /// The current pointer as read and verified, recorded in the signed history if it is not there yet (a
+    /// store written before the history was kept gains it with its next publish).
+    previous: Option<(ReleasePointer, Vec<u8>)>,
+    /// The keys a pointer read back may be signed with.
+    trusted: TrustedKeys,
 }
 
 /// Publishes `request.bundle` on a channel: verifies the current pointer, writes the bundle, then a pointer
@@ -140,19 +146,25 @@ pub async fn prepare_publish<'s>(
         )
         .await?;
     let previous = match &current {
-        Some(stored) => Some(verify_current(store, &stored.bytes, request)?),
+        Some(stored) => Some(verify_current(store, &stored.bytes, request).await?),
         None => None,
     };
     let bundle_bytes = request.bundle.to_json_bytes();
     let pointer = next_pointer(request, previous.as_ref(), &bundle_bytes)?;
+    let (current_version, current_bytes) = current
+        .map(|stored| (Some(stored.version), stored.bytes))
+        .unwrap_or_default();
+    let trusted = with_key(store, request.channel, request.key, request.also_trusted)?;
     Ok(PreparedPublish {
         store,
         hold,
+        trusted,
         envelope_bytes: pointer.sign(request.key).to_json_bytes(),
         pointer,
         bundle_bytes,
-        current_version: current.map(|stored| stored.version),
-        previous_serial: previous.map(|p| p.serial),
+        current_version,
+        previous_serial: previous.as_ref().map(|p| p.serial),
+        previous: previous.map(|p| (p, current_bytes)),
     })
 }
 
@@ -187,9 +199,21 @@ impl PreparedPublish<'_> {
             }
             return Err(error);
         }
-        // The history only serves `windvane rollback`: a failure to record it does not undo the release.
-        if let Err(error) = control::record(store, channel, &self.pointer).await {
-            eprintln!("warning: could not record the channel history: {error}");
+        self.read_back().await?;
+        // The release is out once its pointer is written; a failure to record the signed history does not
+        // undo it, but rollback cannot go back to a release that is not recorded, so it is said.
+        let entries = self
+            .previous
+            .iter()
+            .map(|(pointer, bytes)| (pointer, bytes.as_slice()))
+            .chain([(&self.pointer, self.envelope_bytes.as_slice())]);
+        for (pointer, bytes) in entries {
+            if let Err(error) = history::record(store, pointer, bytes).await {
+                eprintln!(
+                    "warning: could not record serial {} in the channel's signed history: {error}",
+                    pointer.serial
+                );
+            }
         }
         self.hold.keep();
         Ok(Published {
@@ -197,6 +221,61 @@ impl PreparedPublish<'_> {
             previous_serial: self.previous_serial,
             bundle_was_new,
         })
+    }
+}
+
+impl PreparedPublish<'_> {
+    /// Reads the pointer back after writing it: an object store that ignores `If-Match` lets two publishers
+    /// of one serial both "win", and only what is there afterwards tells.
+    async fn read_back(&self) -> Result<()> {
+        let path = channel_path(&self.pointer.channel);
+        let found = self
+            .store
+            .read(&path, release::DEFAULT_MAX_POINTER_BYTES, "channel pointer")
+            .await?;
+        read_back_verdict(
+            &self.pointer,
+            &self.envelope_bytes,
+            found.as_deref(),
+            &self.trusted,
+        )
+        .map_err(|detail| Error::PointerNotAsWritten {
+            location: self.store.describe(&path).display().to_string(),
+            detail,
+        })
+    }
+}
+
+/// Whether the pointer read back after writing `written` (`written_bytes`) shows the write held (pure):
+/// the same bytes, or a pointer of a later serial (another publisher followed already). Anything else —
+/// nothing, another pointer of the same or an earlier serial, bytes that are not a pointer — says what is
+/// there instead.
+pub fn read_back_verdict(
+    written: &ReleasePointer,
+    written_bytes: &[u8],
+    found: Option<&[u8]>,
+    trusted: &TrustedKeys,
+) -> std::result::Result<(), String> {
+    let Some(found) = found else {
+        return Err("the pointer is gone right after it was written".to_owned());
+    };
+    if found == written_bytes {
+        return Ok(());
+    }
+    let other = release::verify_signed_pointer(found, trusted, release::DEFAULT_MAX_POINTER_BYTES)
+        .ok()
+        .map(|accepted| accepted.pointer);
+    match other {
+        Some(other) if other.serial > written.serial && other.channel == written.channel => Ok(()),
+        Some(other) => Err(format!(
+            "serial {} with bundle {} is there instead of the serial {} just written: another publisher wrote              at the same time and the object store did not honour the conditional write (If-Match); this              release did not land — use a store that supports conditional writes, then publish again",
+            other.serial, other.bundle.sha256, written.serial
+        )),
+        None => Err(
+            "what is there is not a release pointer signed by a trusted key; the store was changed by someone \
+             else right after the write"
+                .to_owned(),
+        ),
     }
 }
 
@@ -228,24 +307,21 @@ fn next_pointer(
 }
 
 /// Verifies the channel's current pointer (expired is fine: publishing renews it) with the publishing key
-/// and the keys trusted besides it.
-fn verify_current(
+/// and the keys trusted besides it, and checks it against the channel's signed history
+/// ([`history::check_read`]): the next serial is numbered from it.
+async fn verify_current(
     store: &Store,
     bytes: &[u8],
     request: &PublishRequest<'_>,
 ) -> Result<ReleasePointer> {
-    let unverifiable = |source| Error::CurrentPointerUnverifiable {
-        path: store.describe(&channel_path(request.channel)),
-        source,
+    let trusted = with_key(store, request.channel, request.key, request.also_trusted)?;
+    let asked = history::Asked {
+        channel: request.channel,
+        fleet: None,
+        now: request.now,
+        expired_ok: true,
     };
-    let mut trusted = request.also_trusted.clone();
-    trusted
-        .insert(request.key.verifying_key())
-        .map_err(unverifiable)?;
-    let pointer =
-        release::verify_signed_pointer(bytes, &trusted, release::DEFAULT_MAX_POINTER_BYTES)
-            .map_err(unverifiable)?
-            .pointer;
+    let pointer = history::read_current(store, bytes, &trusted, &asked).await?;
     if pointer.fleet != request.bundle.fleet {
         return Err(Error::OtherFleetInStore {
             channel: request.channel.to_owned(),
@@ -253,13 +329,24 @@ fn verify_current(
             offered: request.bundle.fleet.clone(),
         });
     }
-    if pointer.channel != request.channel {
-        return Err(unverifiable(windvane_shared::Error::OtherChannel {
-            expected: request.channel.to_owned(),
-            found: pointer.channel,
-        }));
-    }
     Ok(pointer)
+}
+
+/// `also_trusted` with the signing key's own public key.
+pub(crate) fn with_key(
+    store: &Store,
+    channel: &str,
+    key: &SigningKey,
+    also_trusted: &TrustedKeys,
+) -> Result<TrustedKeys> {
+    let mut trusted = also_trusted.clone();
+    trusted
+        .insert(key.verifying_key())
+        .map_err(|source| Error::CurrentPointerUnverifiable {
+            path: store.describe(&channel_path(channel)),
+            source,
+        })?;
+    Ok(trusted)
 }
 
 /// Whether the store already holds exactly these bundle bytes (a file of another size or digest is not it,
@@ -438,6 +525,54 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn a_pointer_read_back_must_be_the_one_written_or_a_later_one() {
+        let key = windvane_shared::keys::signing_key_from_seed([5; 32]);
+        let mut trusted = TrustedKeys::new();
+        trusted.insert(key.verifying_key()).expect("key");
+        let now = Timestamp::now();
+        let pointer = |serial: u64, digit: char| ReleasePointer {
+            fleet: "acme".to_owned(),
+            channel: "prod".to_owned(),
+            serial,
+            issued_at: now,
+            expires_at: now + jiff::SignedDuration::from_hours(1),
+            bundle: BundleRef {
+                sha256: digit.to_string().repeat(64),
+                size: 1,
+            },
+            allow_empty: false,
+            rollout: None,
+        };
+        let ours = pointer(4, 'a');
+        let bytes = ours.sign(&key).to_json_bytes();
+        assert_eq!(
+            read_back_verdict(&ours, &bytes, Some(&bytes), &trusted),
+            Ok(())
+        );
+        let later = pointer(5, 'c').sign(&key).to_json_bytes();
+        assert_eq!(
+            read_back_verdict(&ours, &bytes, Some(&later), &trusted),
+            Ok(())
+        );
+        // What an object store that ignores If-Match leaves: the other publisher's serial 4.
+        let theirs = pointer(4, 'b').sign(&key).to_json_bytes();
+        let lost = read_back_verdict(&ours, &bytes, Some(&theirs), &trusted).expect_err("lost");
+        assert!(
+            lost.contains("did not honour the conditional write (If-Match)"),
+            "{lost}"
+        );
+        assert!(lost.contains(&"b".repeat(64)), "{lost}");
+        let other_key = windvane_shared::keys::signing_key_from_seed([6; 32]);
+        let forged = pointer(9, 'd').sign(&other_key).to_json_bytes();
+        let error = read_back_verdict(&ours, &bytes, Some(&forged), &trusted).expect_err("forged");
+        assert!(
+            error.contains("not a release pointer signed by a trusted key"),
+            "{error}"
+        );
+        assert!(read_back_verdict(&ours, &bytes, None, &trusted).is_err());
     }
 
     #[test]

@@ -436,14 +436,17 @@ async fn of_two_publishers_of_one_serial_exactly_one_wins() -> anyhow::Result<()
             "the loser's pointer never landed"
         );
     }
-    let history = store
-        .read(&store::history_path("stable"), 4096, "history")
-        .await?
-        .expect("history");
-    assert_eq!(
-        String::from_utf8_lossy(&history).lines().count(),
-        2,
-        "one history line per serial that landed"
+    // The signed history holds the pointer that landed for each serial, never the loser's.
+    for serial in 1..=2 {
+        let entry = store::history::read_entry(&store, "stable", serial, &trusted)
+            .await?
+            .expect("a signed history entry per serial that landed");
+        assert_eq!(entry.serial, serial);
+    }
+    assert!(
+        store::history::read_entry(&store, "stable", 3, &trusted)
+            .await?
+            .is_none()
     );
 
     // Two real `windvane publish` processes at once: however they interleave, every one that says it
