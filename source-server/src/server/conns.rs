@@ -192,9 +192,24 @@ impl Connections {
     /// are free again before the next one is accepted: without it, a burst of new connections would pile up
     /// closing ones faster than they close.
     pub async fn wait_for_room(&self, patience: std::time::Duration) {
+        self.wait_until_at_most(self.limit, patience).await;
+    }
+
+    /// Waits (at most `patience`) until a connection can be admitted without making room: after a held poll
+    /// was told to answer and close, so that its slot is free for the newcomer.
+    pub async fn wait_for_slot(&self, patience: std::time::Duration) {
+        self.wait_until_at_most(self.limit - 1, patience).await;
+    }
+
+    async fn wait_until_at_most(&self, open: usize, patience: std::time::Duration) {
         let _ = tokio::time::timeout(patience, async {
-            while self.open() > self.limit {
-                self.left.notified().await;
+            loop {
+                // Registered before looking, so that a connection leaving in between is not missed.
+                let left = self.left.notified();
+                if self.open() <= open {
+                    return;
+                }
+                left.await;
             }
         })
         .await;
