@@ -64,12 +64,14 @@ impl Allowlist {
             .collect();
         Some(if named.is_empty() {
             format!(
-                "only namespaces {} are allowed: cluster-scoped objects (ClusterRoles, ClusterRoleBindings, CRDs,                  webhooks, …) are refused; name a kind in --allow-kinds to allow it",
+                "only namespaces {} are allowed: cluster-scoped objects (ClusterRoles, ClusterRoleBindings, CRDs, \
+                 webhooks, …) are refused; name a kind in --allow-kinds to allow it",
                 self.namespaces.join(", ")
             )
         } else {
             format!(
-                "only namespaces {} are allowed: cluster-scoped objects are refused unless --allow-kinds names                  their kind ({})",
+                "only namespaces {} are allowed: cluster-scoped objects are refused unless --allow-kinds names \
+                 their kind ({})",
                 self.namespaces.join(", "),
                 named.join(", ")
             )
