@@ -100,41 +100,51 @@ pub async fn serve(
 #[derive(Debug)]
 struct Slots {
     limit: usize,
-    open: Mutex<(u64, VecDeque<(u64, oneshot::Sender<()>)>)>,
+    table: Mutex<SlotTable>,
+}
+
+#[derive(Debug, Default)]
+struct SlotTable {
+    next_id: u64,
+    /// Connection ids, oldest first, with the signal that closes each.
+    open: VecDeque<(u64, oneshot::Sender<()>)>,
 }
 
 impl Slots {
     fn new(limit: usize) -> Self {
         Slots {
             limit: limit.max(1),
-            open: Mutex::new((0, VecDeque::new())),
+            table: Mutex::default(),
         }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotTable> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Admits a connection, closing the oldest when `limit` are open; its id and the signal to close it.
     fn admit(&self) -> (u64, oneshot::Receiver<()>) {
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        while open.1.len() >= self.limit {
-            if let Some((_, close)) = open.1.pop_front() {
+        let mut table = self.lock();
+        while table.open.len() >= self.limit {
+            if let Some((_, close)) = table.open.pop_front() {
                 let _ = close.send(());
             }
         }
-        let id = open.0;
-        open.0 += 1;
+        let id = table.next_id;
+        table.next_id += 1;
         let (close, closed) = oneshot::channel();
-        open.1.push_back((id, close));
+        table.open.push_back((id, close));
         (id, closed)
     }
 
     /// A connection ended.
     fn leave(&self, id: u64) {
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        open.1.retain(|(open_id, _)| *open_id != id);
+        self.lock().open.retain(|(open_id, _)| *open_id != id);
     }
 
     #[cfg(test)]
     fn open(&self) -> usize {
-        self.open.lock().unwrap_or_else(|p| p.into_inner()).1.len()
+        self.lock().open.len()
     }
 }
 
