@@ -17,8 +17,9 @@
 //! A held poll keeps its connection busy, and busy connections are never closed to make room
 //! ([`super::conns`]), so without a bound anyone could take every connection slot with polls, no token
 //! needed, and heartbeats would be refused. [`HeldPolls`] bounds them: one client address holds at most
-//! `--max-held-polls-per-client` at once (its oldest is answered to make room for a new one), and when every
-//! connection is busy the oldest held poll of all is answered to make room for the newcomer. An evicted poll
+//! `--max-held-polls-per-client` at once (its oldest is answered to make room for a new one); and a held poll
+//! marks its connection as one the connection table may reclaim ([`super::conns::Busy::hold_poll`]), so
+//! when the table is full the oldest held poll (or idle connection) is answered to make room for the newcomer. An evicted poll
 //! is answered as the end of its wait would be, but without `Preference-Applied` and with
 //! `Connection: close`: the agent takes the store for one that does not hold polls and polls again on its
 //! interval (so many agents behind one address do not chase each other out), and the slot is freed.
@@ -33,6 +34,7 @@ use hyper::header::HeaderValue;
 use tokio::sync::{oneshot, watch};
 
 use super::App;
+use super::conns::{Busy, HeldPollGuard};
 use super::files::{self, FileCache};
 use super::route;
 
@@ -146,14 +148,14 @@ pub(super) enum HoldEnd {
     Evicted,
 }
 
-/// Holds a poll of `client` while the channel's pointer still matches the client's `If-None-Match`, at most
-/// `wait`, or until it is evicted.
+/// Holds a poll of `client` on `connection` while the channel's pointer still matches the client's
+/// `If-None-Match`, at most `wait`, or until it is evicted (for another poll of the client, or for the slot).
 pub(super) async fn hold(
     app: &Arc<App>,
     channel: &str,
     if_none_match: &[u8],
     wait: Duration,
-    client: IpAddr,
+    (client, connection): (IpAddr, Option<&Busy>),
 ) -> HoldEnd {
     let unchanged = |etags: &Option<Etags>| {
         etags.as_ref().is_some_and(|[plain, gzip]| {
@@ -177,6 +179,7 @@ pub(super) async fn hold(
         tracing::debug!(%client, "too many polls held for this address: answered its oldest");
     }
     let _held = Held::count(&app.metrics.held_polls);
+    let mut slot = connection.map(Busy::hold_poll);
     while unchanged(&changes.borrow_and_update()) {
         tokio::select! {
             changed = tokio::time::timeout_at(deadline, changes.changed()) => match changed {
@@ -187,13 +190,24 @@ pub(super) async fn hold(
             // Shutting down (or the sender is gone with the server): answer now.
             _ = closing.changed() => return HoldEnd::Answered,
             _ = &mut ticket.evicted => return HoldEnd::Evicted,
+            () = slot_needed(slot.as_mut()) => return HoldEnd::Evicted,
         }
     }
     HoldEnd::Answered
 }
 
-/// The polls being held, oldest first, with their client addresses: at most `per_client` per address, and
-/// the oldest of all can be answered to make room for a connection ([`HeldPolls::evict_oldest`]).
+/// Completes when the connection table wants the held poll's slot; never without a connection to watch.
+async fn slot_needed(slot: Option<&mut HeldPollGuard>) {
+    let answered = match slot {
+        Some(slot) => (&mut slot.evicted).await.is_ok(),
+        None => false,
+    };
+    if !answered {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// The polls being held, oldest first, with their client addresses: at most `per_client` per address.
 #[derive(Debug)]
 pub struct HeldPolls {
     per_client: usize,
@@ -275,17 +289,6 @@ impl HeldPolls {
         (ticket, evicted)
     }
 
-    /// Answers the oldest held poll of any client now; false when none is held.
-    pub fn evict_oldest(&self) -> bool {
-        let mut table = self.lock();
-        while let Some(&id) = table.all.keys().next() {
-            if table.remove(id).is_some_and(|evict| evict.send(()).is_ok()) {
-                return true;
-            }
-        }
-        false
-    }
-
     /// Polls held now for `client`.
     #[cfg(test)]
     fn held_for(&self, client: IpAddr) -> usize {
@@ -333,27 +336,12 @@ mod tests {
         drop(first);
         assert_eq!(polls.held_for(a), 2, "the evicted one left when evicted");
 
-        // Room for a connection: the oldest held poll of all goes first, whoever's it is.
-        assert!(polls.evict_oldest());
-        assert_eq!(second.evicted.try_recv(), Ok(()));
-        assert!(polls.evict_oldest());
-        assert_eq!(other.evicted.try_recv(), Ok(()));
         drop(second);
         drop(other);
         assert_eq!(polls.held_for(b), 0);
+        assert_eq!(polls.held_for(a), 1);
         drop(third);
-        assert!(!polls.evict_oldest(), "nothing left to evict");
-    }
-
-    #[test]
-    fn a_poll_whose_client_went_away_is_not_evicted_in_place_of_a_live_one() {
-        let polls = HeldPolls::new(8);
-        let a: IpAddr = [10, 0, 0, 1].into();
-        let (gone, _) = polls.admit(a);
-        let (mut live, _) = polls.admit(a);
-        drop(gone);
-        assert!(polls.evict_oldest());
-        assert_eq!(live.evicted.try_recv(), Ok(()));
+        assert_eq!(polls.held_for(a), 0);
     }
 
     #[test]

@@ -267,15 +267,24 @@ impl Server {
                 },
                 () = &mut shutdown => break,
             };
-            let (admitted, evicted) = match admit(&connections, &app).await {
+            let (admitted, evicted) = match connections.admit() {
                 conns::Admission::Admitted {
                     connection,
                     evicted,
                 } => {
-                    if evicted {
-                        tracing::debug!(%peer, "connection limit reached: closing the oldest idle connection");
+                    match evicted {
+                        Some(conns::Evicted::Idle) => {
+                            tracing::debug!(%peer, "connection limit reached: closing the oldest idle connection")
+                        }
+                        Some(conns::Evicted::HeldPoll) => {
+                            app.metrics
+                                .held_polls_evicted_for_connection
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            tracing::debug!(%peer, "connection limit reached: answering the oldest held poll to make room");
+                        }
+                        None => {}
                     }
-                    (connection, evicted)
+                    (connection, evicted.is_some())
                 }
                 conns::Admission::Full => {
                     tracing::warn!(%peer, limit = connections.limit(), "connection limit reached and every connection is busy: refusing a connection");
@@ -285,9 +294,11 @@ impl Server {
             let _ = stream.set_nodelay(true);
             let app = Arc::clone(&app);
             let busy = admitted.busy();
-            let service = service_fn(move |request| {
+            let service = service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
                 let app = Arc::clone(&app);
                 let request_guard = busy.request();
+                // A held poll marks its connection as evictable through it (long_poll::hold).
+                request.extensions_mut().insert(busy.clone());
                 async move {
                     let response = handlers::handle(&app, request, peer).await;
                     drop(request_guard);
@@ -330,22 +341,6 @@ impl Server {
         let _ = tokio::time::timeout(Duration::from_secs(10), writer).await;
         Ok(())
     }
-}
-
-/// Admits a new connection ([`conns::Connections::admit`]). When every connection is busy, held polls are not
-/// allowed to keep the newcomer (perhaps a heartbeat) out: the oldest held poll is answered (its connection
-/// closes, and its agent polls again on its interval) and the newcomer takes its slot.
-async fn admit(connections: &Arc<conns::Connections>, app: &App) -> conns::Admission {
-    let admission = connections.admit();
-    if !matches!(admission, conns::Admission::Full) || !app.pointer_watch.held.evict_oldest() {
-        return admission;
-    }
-    app.metrics
-        .held_polls_evicted_for_connection
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    tracing::debug!("connection limit reached: answering the oldest held poll to make room");
-    connections.wait_for_slot(Duration::from_secs(1)).await;
-    connections.admit()
 }
 
 /// Refuses an admin token that is also the registration token (every cluster holds it) or the read token

@@ -9,6 +9,7 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 
 use crate::server::App;
+use crate::server::conns;
 use crate::server::files::{CachedFile, FileError, FileKind};
 use crate::server::long_poll::{self, HoldEnd};
 use crate::server::route::{self};
@@ -43,7 +44,10 @@ pub(super) async fn serve_pointer(
     };
     let ended = match headers.get(header::IF_NONE_MATCH) {
         Some(if_none_match) => {
-            long_poll::hold(app, channel, if_none_match.as_bytes(), wait, client).await
+            // The connection's request counter, put there by the accept loop (absent in no other case).
+            let connection = request.extensions().get::<conns::Busy>();
+            let holder = (client, connection);
+            long_poll::hold(app, channel, if_none_match.as_bytes(), wait, holder).await
         }
         None => HoldEnd::Answered,
     };
