@@ -6,8 +6,9 @@
 //! its request line and headers) — or only holding a long poll ([`Busy::hold_poll`]) — makes room: an idle
 //! one is told to close, a held poll to answer and close ([`super::long_poll`]); so anonymous polls cannot
 //! keep a heartbeat out, and a fresh connection is not evicted in favour of polls held since long before.
-//! When every connection is busy with another request, the newcomer is closed at once. Busy slots free themselves: hyper's header-read timeout and the handlers'
-//! body timeout bound how long a request can take to arrive. The limit follows the process's open-file limit
+//! When every connection is busy with another request, the newcomer is closed at once. Busy slots free
+//! themselves: hyper's header-read timeout and the handlers' body timeout bound how long a request can take
+//! to arrive. The limit follows the process's open-file limit
 //! (read from `/proc/self/limits`), keeping an eighth of it for the database, the store and outgoing
 //! connections; raise the open-file limit (e.g. systemd's `LimitNOFILE`) to allow more clients.
 

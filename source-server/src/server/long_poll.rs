@@ -14,15 +14,15 @@
 //! On shutdown ([`PointerWatch::close`]) every held poll is answered at once with the pointer as it is, so a
 //! stopping server does not wait a whole poll's length for its open requests to finish.
 //!
-//! A held poll keeps its connection busy, and busy connections are never closed to make room
-//! ([`super::conns`]), so without a bound anyone could take every connection slot with polls, no token
-//! needed, and heartbeats would be refused. [`HeldPolls`] bounds them: one client address holds at most
-//! `--max-held-polls-per-client` at once (its oldest is answered to make room for a new one); and a held poll
-//! marks its connection as one the connection table may reclaim ([`super::conns::Busy::hold_poll`]), so
-//! when the table is full the oldest held poll (or idle connection) is answered to make room for the newcomer. An evicted poll
-//! is answered as the end of its wait would be, but without `Preference-Applied` and with
-//! `Connection: close`: the agent takes the store for one that does not hold polls and polls again on its
-//! interval (so many agents behind one address do not chase each other out), and the slot is freed.
+//! A held poll keeps its connection busy, and a connection busy with a request is not closed to make room
+//! ([`super::conns`]), so anyone could take every connection slot with polls, no token needed, and
+//! heartbeats would be refused. So: one client address holds at most `--max-held-polls-per-client` at once
+//! ([`HeldPolls`]; its oldest is answered to make room for a new one), and a held poll marks its connection
+//! as one the connection table may reclaim ([`super::conns::Busy::hold_poll`]): when the table is full, the
+//! oldest connection that is idle or only holds a poll makes room for the newcomer. An evicted poll is
+//! answered as the end of its wait would be, but without `Preference-Applied` and with `Connection: close`:
+//! the agent takes the store for one that does not hold polls and polls again on its interval (so many
+//! agents behind one address do not chase each other out), and the slot is freed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;

@@ -72,7 +72,7 @@ pub struct Metrics {
     /// Pointer polls being held (`Prefer: wait`).
     pub held_polls: AtomicU64,
     /// Held polls answered early to make room: for another poll of the same client address, and for a new
-    /// connection when every connection was busy.
+    /// connection when the connections were at their limit.
     pub held_polls_evicted_per_client: AtomicU64,
     pub held_polls_evicted_for_connection: AtomicU64,
     /// Rollout views built from the database (at most one per channel and second).
@@ -318,8 +318,8 @@ fn render_ingest(out: &mut String, metrics: &Metrics) {
         out,
         ("windvane_held_polls_evicted_total", "reason"),
         "Held polls answered early to make room (the agent then polls on its interval): for another poll of \
-         the same client address (per_client), or for a new connection while every connection was busy \
-         (connections).",
+         the same client address (per_client), or for a new connection when the connections were at their \
+         limit (connections).",
         [
             ("per_client", load(&metrics.held_polls_evicted_per_client)),
             (

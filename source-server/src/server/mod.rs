@@ -4,7 +4,7 @@
 //! [`Server::bind`] opens the database ([`db`]), binds the listener and starts the background tasks: the
 //! ingest writer ([`ingest::run_writer`], group commit), the notifier ([`notify::run`], when configured) and
 //! the heartbeat-log pruner. [`Server::run`] accepts HTTP/1.1 connections (hyper; at most [`conns`]' limit, the
-//! oldest idle one closed to make room) until the shutdown future completes, then lets open requests finish
+//! oldest idle one, or held poll, making room) until the shutdown future completes, then lets open requests finish
 //! and drains the ingest queue. Requests are routed by the pure
 //! [`route::route`] and handled in [`handlers`]; heartbeat signatures are checked in batches
 //! ([`verify`]). Status is computed at read time from what the database
