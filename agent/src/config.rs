@@ -104,7 +104,8 @@ pub struct RunArgs {
     /// publish arrives in about a second; static hosts ignore it. 0s turns it off. [default: 60s]
     #[arg(long, value_name = "DURATION", env = "WINDVANE_LONG_POLL_WAIT")]
     pub long_poll_wait: Option<String>,
-    /// Address of the admin server (/livez, /readyz, /metrics). [default: 0.0.0.0:8481]
+    /// Address of the admin server (/livez, /readyz, /status, /metrics). Loopback by default: in a pod, give
+    /// 0.0.0.0:8481 so that the kubelet's probes and Prometheus reach it. [default: 127.0.0.1:8481]
     #[arg(long, value_name = "ADDR", env = "WINDVANE_ADMIN_LISTEN")]
     pub admin_listen: Option<SocketAddr>,
     /// Largest fraction of the inventory one release may prune (0–1). [default: 0.5]
@@ -507,7 +508,7 @@ impl RunArgs {
             admin_listen: self
                 .admin_listen
                 .or(file.admin_listen)
-                .unwrap_or_else(|| ([0, 0, 0, 0], 8481).into()),
+                .unwrap_or(crate::admin::DEFAULT_LISTEN),
             identity: identity_name,
         })
     }

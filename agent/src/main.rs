@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio::sync::watch;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 use windvane_agent::backoff::{full_jitter, random_unit};
 use windvane_agent::config::{DiffArgs, RunArgs, RunConfig};
 use windvane_agent::engine::Engine;
@@ -172,6 +172,10 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
     // reqwest and kube share the one crypto provider linked into the agent.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = kube_client(config.kubeconfig.as_ref()).await?;
+    if let Some(scope) = config.engine.allowlist.describe_cluster_scope() {
+        // Said at start-up, loudly: narrowing the namespaces also refuses cluster-scoped objects.
+        warn!("allowlist: {scope}");
+    }
     let (shutdown_tx, shutdown) = watch::channel(false);
     tokio::spawn(async move {
         wait_for_signal().await;

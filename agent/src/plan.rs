@@ -211,6 +211,11 @@ mod tests {
         );
     }
 
+    /// With narrowed namespaces, a cluster-scoped kind needs naming ([`Allowlist`]).
+    const CLUSTER_ROLE_REFUSED: &str = "rbac.authorization.k8s.io/ClusterRole is cluster-scoped and the operator \
+        allows only namespaces team-a: it applies only when --allow-kinds (allowKinds) names it, e.g. \
+        rbac.authorization.k8s.io/ClusterRole";
+
     #[test]
     fn the_allowlist_judges_the_final_namespace() {
         let team_a = Allowlist::new(Vec::new(), vec!["team-a".into()]);
@@ -238,7 +243,7 @@ mod tests {
             (
                 in_app_namespace("ClusterRole", "team-a", "rbac.authorization.k8s.io/v1"),
                 Scope::Cluster,
-                Ok((Stage::ClusterScoped, None)),
+                Err(CLUSTER_ROLE_REFUSED),
             ),
             (
                 desired("v1", "ConfigMap", Some("team-a"), "in", 0),
@@ -260,7 +265,7 @@ mod tests {
             (
                 desired("rbac.authorization.k8s.io/v1", "ClusterRole", None, "r", 0),
                 Scope::Cluster,
-                Ok((Stage::ClusterScoped, None)),
+                Err(CLUSTER_ROLE_REFUSED),
             ),
             (
                 desired("v1", "Namespace", None, "team-a", 0),

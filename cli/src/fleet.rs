@@ -309,7 +309,7 @@ pub fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
         admin.server.trim_end_matches('/'),
         admin.name
     );
-    runtime()?.block_on(async {
+    let body = runtime()?.block_on(async {
         let response = http_client()?
             .post(&url)
             .bearer_auth(&token)
@@ -325,22 +325,50 @@ pub fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
                 error_message(&body)
             );
         }
-        anyhow::Ok(())
+        anyhow::Ok(body)
     })?;
     match action {
-        "rekey" => println!(
-            "cluster {}: its next enrolment may bind a new key",
-            admin.name
-        ),
+        "rekey" => println!("{}", rekey_allowed(&admin.name, &body)),
         _ => println!("cluster {}: forgotten", admin.name),
     }
     Ok(())
+}
+
+/// What a rekey allows, from the server's reply: until when (the server's `--rekey-ttl`), and that the
+/// cluster's current key withdraws it by reporting.
+fn rekey_allowed(cluster: &str, reply: &[u8]) -> String {
+    let until = serde_json::from_slice::<Value>(reply)
+        .ok()
+        .and_then(|v| v["until"].as_str().map(str::to_owned));
+    match until {
+        Some(until) => format!(
+            "cluster {cluster}: an enrolment with a new key is allowed until {until} (a heartbeat of its \
+             current key withdraws it)"
+        ),
+        None => format!("cluster {cluster}: its next enrolment may bind a new key"),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use windvane_shared::status::SyncState;
+
+    #[test]
+    fn a_rekey_says_until_when() {
+        assert_eq!(
+            rekey_allowed(
+                "edge-7",
+                br#"{"cluster":"edge-7","result":"rekey_allowed","until":"2026-12-07T13:00:00Z"}"#
+            ),
+            "cluster edge-7: an enrolment with a new key is allowed until 2026-12-07T13:00:00Z (a heartbeat \
+             of its current key withdraws it)"
+        );
+        assert_eq!(
+            rekey_allowed("edge-7", b"{}"),
+            "cluster edge-7: its next enrolment may bind a new key"
+        );
+    }
 
     fn row(name: &str, state: ClusterState) -> ClusterRow {
         ClusterRow {

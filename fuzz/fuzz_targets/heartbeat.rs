@@ -92,7 +92,7 @@ fn accepted(verified: &VerifiedHeartbeat) {
         keyid: verified.keyid.clone(),
         labels: heartbeat.labels.clone(),
         enrolled_at: now(),
-        rekey_allowed: false,
+        rekey_allowed_until: None,
         last_sequence: heartbeat.sequence,
         last_seen: Some(verified.received_at),
         interval_seconds: Some(heartbeat.interval_seconds),

@@ -26,6 +26,12 @@ pub enum Error {
         "the admin token (--admin-token-file) is the registration token, which every cluster holds: give admin actions a token of their own (e.g. `head -c 32 /dev/urandom | base64`)"
     )]
     AdminTokenIsRegistrationToken,
+    /// The admin token is the read token: whoever may look at the fleet could rekey or forget clusters, and a
+    /// browser that was given the read token would hold the admin token.
+    #[error(
+        "the admin token (--admin-token-file) is the read token (--read-token-file): give admin actions a token of their own (e.g. `head -c 32 /dev/urandom | base64`)"
+    )]
+    AdminTokenIsReadToken,
     /// The notifications config file could not be read or is invalid.
     #[error("notifications config {}: {detail}", path.display())]
     NotificationConfig { path: PathBuf, detail: String },

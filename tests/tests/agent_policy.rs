@@ -1,6 +1,7 @@
 //! Policy the agent enforces on its own, against a real control plane (localkube) and the real agent binary:
 //! the operator's namespace allowlist judged on the namespace an object lands in (a namespaced object naming
-//! none lands in `default`), by `run` and `diff` alike; prunes judged per app (a failing object of one app
+//! none lands in `default`), by `run` and `diff` alike, and holding back cluster-scoped objects (a
+//! ClusterRoleBinding) unless the kinds list names their kind; prunes judged per app (a failing object of one app
 //! never holds another app's prunes back, and its own app's wait until that app applies completely);
 //! `driftGracePeriod` (drift left alone during the grace period and reverted after it, and not written at all
 //! when undone meanwhile); and `windvane.io/prune: disabled` set on the live object keeping it when it leaves
@@ -169,6 +170,87 @@ async fn the_namespace_allowlist_judges_the_namespace_an_object_lands_in() -> an
         out.contains("2 unchanged, 0 to change, 0 to create, 2 failed"),
         "{out}"
     );
+    Ok(())
+}
+
+/// A ClusterRoleBinding granting `cluster-admin` to a ServiceAccount of `team-a`: what a release confined to
+/// one namespace must not be able to create.
+const ESCALATION: &str = "\
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: team-a-is-admin}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}
+subjects: [{kind: ServiceAccount, name: deployer, namespace: team-a}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: team-a-reader}
+rules: [{apiGroups: [\"\"], resources: [pods], verbs: [get]}]
+";
+
+async fn cluster_role_binding_exists(kube: &LocalKube, name: &str) -> anyhow::Result<bool> {
+    let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(kube.client());
+    Ok(bindings.get_opt(name).await?.is_some())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn narrowed_namespaces_refuse_cluster_scoped_kinds_the_kinds_do_not_name()
+-> anyhow::Result<()> {
+    let objects = [
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n".to_owned(),
+        config_map_yaml("settings", Some("team-a")),
+        ESCALATION.to_owned(),
+    ]
+    .join("---\n");
+    let fleet = "fleet: acme\napps:\n  - name: team\n    path: team\n";
+    let mut s = setup(43, fleet, &[("team/objects.yaml", &objects)]).await?;
+
+    // Only team-a, every kind (`*`, the default): the namespace and its ConfigMap apply, the cluster-wide
+    // binding and role do not, and say which flag would allow them.
+    s.options.extra = vec!["--allow-namespaces".into(), "team-a".into()];
+    let agent = Agent::start(&s.kube, &s.options).await?;
+    let status = agent
+        .wait_status(
+            "team-a applied, the cluster-scoped objects refused",
+            SYNC,
+            |st| {
+                object_state(st, "ConfigMap team-a/settings") == Some("Synced")
+                    && object_state(st, "Namespace team-a") == Some("Synced")
+                    && object_state(st, "ClusterRoleBinding team-a-is-admin") == Some("Failed")
+                    && object_state(st, "ClusterRole team-a-reader") == Some("Failed")
+            },
+        )
+        .await?;
+    let message = object_message(&status, "ClusterRoleBinding team-a-is-admin");
+    assert!(
+        message.contains(
+            "rbac.authorization.k8s.io/ClusterRoleBinding is cluster-scoped and the operator allows only namespaces \
+             team-a: it applies only when --allow-kinds (allowKinds) names it"
+        ),
+        "{message}"
+    );
+    assert!(!cluster_role_binding_exists(&s.kube, "team-a-is-admin").await?);
+    let log = agent.process.log();
+    assert!(
+        log.contains("allowlist: only namespaces team-a are allowed: cluster-scoped objects"),
+        "said at start-up:\n{log}"
+    );
+    drop(agent);
+
+    // The operator names the binding's kind: it applies; the role, not named, still does not.
+    s.options.extra.extend([
+        "--allow-kinds".into(),
+        "*,rbac.authorization.k8s.io/ClusterRoleBinding".into(),
+    ]);
+    let agent = Agent::start(&s.kube, &s.options).await?;
+    agent
+        .wait_status("the named kind applied", SYNC, |st| {
+            object_state(st, "ClusterRoleBinding team-a-is-admin") == Some("Synced")
+                && object_state(st, "ClusterRole team-a-reader") == Some("Failed")
+                && object_state(st, "ConfigMap team-a/settings") == Some("Synced")
+        })
+        .await?;
+    assert!(cluster_role_binding_exists(&s.kube, "team-a-is-admin").await?);
     Ok(())
 }
 

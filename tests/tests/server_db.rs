@@ -278,9 +278,10 @@ async fn contract(db: &impl Database) {
         "delivered once"
     );
 
-    // Rekey: the next enrolment binds the new key and restarts the sequence.
-    assert!(db.allow_rekey("alpha").await.expect("rekey"));
-    assert!(!db.allow_rekey("nobody").await.expect("rekey"));
+    // Rekey: the next enrolment (within the permission's time) binds the new key and restarts the sequence.
+    let until = Timestamp::now() + jiff::SignedDuration::from_hours(1);
+    assert!(db.allow_rekey("alpha", until).await.expect("rekey"));
+    assert!(!db.allow_rekey("nobody", until).await.expect("rekey"));
     assert_eq!(
         db.enroll(enrollment(&impostor, "acme"))
             .await

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use windvane_shared::duration::parse_duration;
-use windvane_source_server::server::auth::{MIN_ADMIN_TOKEN_LEN, TokenHash};
+use windvane_source_server::server::auth::TokenHash;
 use windvane_source_server::server::forwarded::AddressBlock;
 use windvane_source_server::server::{self, ServeConfig, Server, notify};
 
@@ -33,7 +33,7 @@ Endpoints:
   GET|HEAD /channels/<ch>.json, /bundles/<sha256>.json   the static store (ETag, 304, gzip)
   POST /api/v1/clusters/<name>/enroll                    enrolment (registration token in the body)
   POST /api/v1/clusters/<name>/heartbeat                 signed heartbeats (DSSE)
-  POST /api/v1/clusters/<name>/rekey|forget              admin (Authorization: Bearer <admin token>;
+  POST /api/v1/clusters/<name>/rekey|forget              admin (Authorization: Bearer <admin token> only;
                                                          403 when the server has no --admin-token-file)
   GET  /, /clusters/<name>                               fleet page     (read token, if set)
   GET  /api/v1/fleet|clusters|clusters/<name>|drift      JSON API       (read token, if set)
@@ -69,15 +69,17 @@ struct ServeArgs {
     )]
     database_url: Option<String>,
     /// File holding the fleet registration token: agents enrol with it, and it authorises nothing else
-    /// (a name already bound to another key needs an admin's rekey first). Only its SHA-256 is kept in memory.
+    /// (a name already bound to another key needs an admin's rekey first). At least 16 bytes; only its
+    /// SHA-256 is kept in memory.
     #[arg(long, env = "WINDVANE_REGISTRATION_TOKEN_FILE", value_name = "FILE")]
     registration_token_file: PathBuf,
-    /// File holding the admin token, which authorises `windvane cluster rekey|forget` (at least 16
-    /// characters, and not the registration token). Without it the admin endpoints answer 403.
+    /// File holding the admin token, which authorises `windvane cluster rekey|forget` (at least 16 bytes,
+    /// neither the registration token nor the read token, and taken only as `Authorization: Bearer`, never
+    /// HTTP Basic, which browsers cache). Without it the admin endpoints answer 403.
     #[arg(long, env = "WINDVANE_ADMIN_TOKEN_FILE", value_name = "FILE")]
     admin_token_file: Option<PathBuf>,
-    /// File holding a read token; when given, the page, the JSON API and /metrics require it
-    /// (Authorization: Bearer TOKEN, or HTTP Basic with TOKEN as the password).
+    /// File holding a read token (at least 16 bytes); when given, the page, the JSON API and /metrics require
+    /// it (Authorization: Bearer TOKEN, or HTTP Basic with TOKEN as the password).
     #[arg(long, env = "WINDVANE_READ_TOKEN_FILE", value_name = "FILE")]
     read_token_file: Option<PathBuf>,
     /// Notifications config (JSON or YAML): sinks (webhook, slack, pagerduty), triggers, severities, selectors.
@@ -111,6 +113,16 @@ struct ServeArgs {
     /// Delete drift log rows detected longer ago than this (default: keep them all).
     #[arg(long, env = "WINDVANE_DRIFT_RETENTION", value_name = "DUR", value_parser = duration)]
     drift_retention: Option<std::time::Duration>,
+    /// How long `windvane cluster rekey` lets the cluster enrol with a new key. The permission also ends with
+    /// the next heartbeat the bound key signs (the cluster still has its key): a permission nobody uses would
+    /// let anyone holding the registration token take the name over.
+    #[arg(long, env = "WINDVANE_REKEY_TTL", value_name = "DUR", default_value = "1h", value_parser = positive_duration)]
+    rekey_ttl: std::time::Duration,
+    /// Most pointer polls held at once for one client address (behind a load balancer, name it with
+    /// --trusted-proxy so that clients are told apart): beyond it, the address's oldest held poll is answered
+    /// and that agent polls on its interval.
+    #[arg(long, env = "WINDVANE_MAX_HELD_POLLS_PER_CLIENT", value_name = "N", default_value_t = server::DEFAULT_MAX_HELD_PER_CLIENT, value_parser = at_least_one)]
+    max_held_polls_per_client: usize,
     /// Log format.
     #[arg(long, env = "WINDVANE_LOG_FORMAT", value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -118,6 +130,22 @@ struct ServeArgs {
 
 fn duration(text: &str) -> Result<std::time::Duration, String> {
     parse_duration(text).map_err(|e| e.to_string())
+}
+
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "expected a whole number of at least 1, got {text:?}"
+        )),
+    }
+}
+
+fn positive_duration(text: &str) -> Result<std::time::Duration, String> {
+    match duration(text)? {
+        std::time::Duration::ZERO => Err("must be more than zero".to_owned()),
+        positive => Ok(positive),
+    }
 }
 
 fn main() -> ExitCode {
@@ -154,7 +182,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         admin_token: args
             .admin_token_file
             .as_deref()
-            .map(|path| TokenHash::from_file_min(path, MIN_ADMIN_TOKEN_LEN))
+            .map(TokenHash::from_file)
             .transpose()?,
         read_token: args
             .read_token_file
@@ -176,6 +204,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .as_deref()
             .map(server::audit::AuditTarget::parse),
         drift_retention: args.drift_retention,
+        rekey_ttl: args.rekey_ttl,
+        max_held_polls_per_client: args.max_held_polls_per_client,
     };
     if config.admin_token.is_none() {
         tracing::warn!(

@@ -41,7 +41,9 @@ pub fn line(
     received_at: Timestamp,
     record: &DriftRecord,
 ) -> String {
-    json!({
+    // Escaped like every JSON body the server sends ([`crate::server::escape::json`]): a log pipeline that
+    // renders a line as HTML gets no markup from a cluster.
+    crate::server::escape::json(&json!({
         "cluster": cluster,
         "release": serial,
         "app": record.app,
@@ -60,8 +62,7 @@ pub fn line(
         "breakGlass": record.break_glass,
         "revertRequestedBy": record.revert_requested_by,
         "receivedAt": received_at,
-    })
-    .to_string()
+    }))
 }
 
 /// How many times one batch is POSTed before its lines are given up.

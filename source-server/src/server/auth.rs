@@ -4,9 +4,14 @@
 //! holds the registration token, so it never authorises anything but enrolling a name not bound yet.
 //!
 //! Tokens are read once from their files at start-up; only their SHA-256 is kept in memory ([`TokenHash`]),
-//! and an offered token is hashed and compared in constant time. Neither the tokens nor their hashes are ever
-//! logged. The limiter's decision ([`FailurePolicy`]) is pure, over the failures the database holds, so that
-//! every replica counts the same failures.
+//! and an offered token is hashed and compared in constant time. Every token file must hold at least
+//! [`MIN_TOKEN_BYTES`]. Neither the tokens nor their hashes are ever logged. The limiter's decision
+//! ([`FailurePolicy`]) is pure, over the failures the database holds, so that every replica counts the same
+//! failures; every kind of token is counted (registration, admin, read, and the rollout view's).
+//!
+//! The read token may come as HTTP Basic (so that a browser can prompt for it); the admin token only as a
+//! bearer token ([`bearer`]): a browser caches Basic credentials and sends them again by itself, so a page
+//! elsewhere could make a signed-in browser rekey or forget a cluster.
 
 use std::path::Path;
 use std::time::Duration;
@@ -17,9 +22,10 @@ use subtle::ConstantTimeEq;
 
 use crate::{Error, Result};
 
-/// Shortest admin token accepted (after trimming): it guards every cluster's enrolment, so a guessable one is
-/// refused at start (`head -c 32 /dev/urandom | base64` gives 44 characters).
-pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
+/// Shortest token accepted in any token file, in bytes after trimming: a guessable token is refused at start
+/// (`head -c 32 /dev/urandom | base64` gives 44). The limiter allows ten guesses a minute per address, so
+/// 16 random characters are far out of reach; one character is not.
+pub const MIN_TOKEN_BYTES: usize = 16;
 
 /// The SHA-256 of a secret token; the only form in which the server keeps it.
 #[derive(Clone)]
@@ -37,12 +43,12 @@ impl TokenHash {
         TokenHash(Sha256::digest(token.trim().as_bytes()).into())
     }
 
-    /// Reads a token file: non-empty after trimming, at most 4 KiB.
+    /// Reads a token file: at least [`MIN_TOKEN_BYTES`] after trimming, at most 4 KiB.
     pub fn from_file(path: &Path) -> Result<TokenHash> {
-        TokenHash::from_file_min(path, 1)
+        TokenHash::from_file_min(path, MIN_TOKEN_BYTES)
     }
 
-    /// Reads a token file whose token must have at least `min_len` characters after trimming.
+    /// Reads a token file whose token must have at least `min_len` bytes after trimming.
     pub fn from_file_min(path: &Path, min_len: usize) -> Result<TokenHash> {
         let bad = |detail: String| Error::TokenFile {
             path: path.to_path_buf(),
@@ -51,7 +57,7 @@ impl TokenHash {
         let bytes = windvane_store::read_capped_file(path, 4096, "token file")
             .map_err(|e| bad(e.to_string()))?;
         let text = String::from_utf8(bytes).map_err(|_| bad("not UTF-8".to_owned()))?;
-        let length = text.trim().chars().count();
+        let length = text.trim().len();
         if length == 0 {
             return Err(bad("empty token".to_owned()));
         }
@@ -64,7 +70,8 @@ impl TokenHash {
         }
         if length < min_len {
             return Err(bad(format!(
-                "token too short ({length} characters, at least {min_len}): make one with `head -c 32 /dev/urandom | base64`"
+                "token too short ({length} bytes, at least {min_len}): a short token can be guessed; make one with \
+                 `head -c 32 /dev/urandom | base64`"
             )));
         }
         Ok(TokenHash::of(&text))
@@ -82,14 +89,24 @@ impl TokenHash {
     }
 }
 
+/// The token of an `Authorization: Bearer` header; `None` when absent, unreadable or of another scheme. The
+/// admin endpoints take only this.
+pub fn bearer(authorization: Option<&[u8]>) -> Option<String> {
+    let text = std::str::from_utf8(authorization?).ok()?.trim();
+    let (scheme, rest) = text.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim().to_owned())
+}
+
 /// The credential in an `Authorization` header: a bearer token, or the password of HTTP Basic (so that a
 /// browser can prompt for the read token). `None` when absent or unreadable.
 pub fn credential(authorization: Option<&[u8]>) -> Option<String> {
+    if let Some(token) = bearer(authorization) {
+        return Some(token);
+    }
     let text = std::str::from_utf8(authorization?).ok()?.trim();
     let (scheme, rest) = text.split_once(' ')?;
-    if scheme.eq_ignore_ascii_case("bearer") {
-        return Some(rest.trim().to_owned());
-    }
     if scheme.eq_ignore_ascii_case("basic") {
         use base64::Engine as _;
         let decoded = base64::engine::general_purpose::STANDARD
@@ -169,20 +186,18 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("admin-token");
         std::fs::write(&file, "  \n").expect("write");
-        let empty = TokenHash::from_file_min(&file, MIN_ADMIN_TOKEN_LEN).expect_err("empty");
+        let empty = TokenHash::from_file(&file).expect_err("empty");
         assert!(empty.to_string().contains("empty token"), "{empty}");
         std::fs::write(&file, "short\n").expect("write");
-        let short = TokenHash::from_file_min(&file, MIN_ADMIN_TOKEN_LEN).expect_err("short");
+        let short = TokenHash::from_file(&file).expect_err("short");
+        let short = short.to_string();
         assert!(
-            short
-                .to_string()
-                .contains("too short (5 characters, at least 16)"),
-            "{short}"
+            short.contains("too short (5 bytes, at least 16)") && short.contains("admin-token"),
+            "the error names the file: {short}"
         );
-        assert!(
-            TokenHash::from_file(&file).is_ok(),
-            "the plain check only refuses empty tokens"
-        );
+        std::fs::write(&file, "ééééééé\n").expect("write");
+        let multibyte = TokenHash::from_file(&file).expect_err("14 bytes");
+        assert!(multibyte.to_string().contains("(14 bytes"), "{multibyte}");
         std::fs::write(&file, "REPLACE-ME-with-an-admin-token-of-its-own\n").expect("write");
         let placeholder = TokenHash::from_file(&file).expect_err("placeholder");
         assert!(
@@ -190,10 +205,7 @@ mod tests {
             "{placeholder}"
         );
         std::fs::write(&file, "0123456789abcdef\n").expect("write");
-        assert!(
-            TokenHash::from_file_min(&file, MIN_ADMIN_TOKEN_LEN)
-                .is_ok_and(|h| h.verify("0123456789abcdef"))
-        );
+        assert!(TokenHash::from_file(&file).is_ok_and(|h| h.verify("0123456789abcdef")));
     }
 
     #[test]
@@ -208,6 +220,12 @@ mod tests {
         assert_eq!(credential(Some(b"Digest xyz")), None);
         assert_eq!(credential(Some(b"Bearer")), None);
         assert_eq!(credential(None), None);
+        assert_eq!(bearer(Some(b"bearer  abc ")).as_deref(), Some("abc"));
+        assert_eq!(
+            bearer(Some(b"Basic YW55OnRvaw==")),
+            None,
+            "the admin endpoints take no Basic credentials"
+        );
     }
 
     #[test]

@@ -3,9 +3,12 @@
 //!
 //! The accept loop admits each new connection into a [`Connections`] table. While the table is full, the
 //! oldest connection with no request in progress (an idle keep-alive connection, or a client still sending
-//! its request line and headers) is told to close to make room; when every connection is busy with a request,
-//! the newcomer is closed at once. Busy slots free themselves: hyper's header-read timeout and the handlers'
-//! body timeout bound how long a request can take to arrive. The limit follows the process's open-file limit
+//! its request line and headers) — or only holding a long poll ([`Busy::hold_poll`]) — makes room: an idle
+//! one is told to close, a held poll to answer and close ([`super::long_poll`]); so anonymous polls cannot
+//! keep a heartbeat out, and a fresh connection is not evicted in favour of polls held since long before.
+//! When every connection is busy with another request, the newcomer is closed at once. Busy slots free
+//! themselves: hyper's header-read timeout and the handlers' body timeout bound how long a request can take
+//! to arrive. The limit follows the process's open-file limit
 //! (read from `/proc/self/limits`), keeping an eighth of it for the database, the store and outgoing
 //! connections; raise the open-file limit (e.g. systemd's `LimitNOFILE`) to allow more clients.
 
@@ -92,19 +95,67 @@ impl Admitted {
     }
 }
 
-/// Counts the requests in progress on one connection (at most one with HTTP/1.1).
+/// Counts the requests in progress on one connection (at most one with HTTP/1.1), and knows whether that
+/// request only holds a long poll.
 #[derive(Debug, Clone, Default)]
-pub struct Busy(Arc<AtomicUsize>);
+pub struct Busy(Arc<BusyState>);
+
+#[derive(Debug, Default)]
+struct BusyState {
+    requests: AtomicUsize,
+    /// Set while the request holds a long poll: the signal that answers it now.
+    poll: Mutex<Option<oneshot::Sender<()>>>,
+}
 
 impl Busy {
     /// Marks a request in progress until the returned guard is dropped.
     pub fn request(&self) -> RequestGuard {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        self.0.requests.fetch_add(1, Ordering::Relaxed);
         RequestGuard(self.clone())
     }
 
     fn idle(&self) -> bool {
-        self.0.load(Ordering::Relaxed) == 0
+        self.0.requests.load(Ordering::Relaxed) == 0
+    }
+
+    fn poll(&self) -> std::sync::MutexGuard<'_, Option<oneshot::Sender<()>>> {
+        self.0.poll.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks the request as holding a long poll until the guard is dropped; the guard's `evicted` fires when
+    /// the table needs this connection's slot.
+    pub fn hold_poll(&self) -> HeldPollGuard {
+        let (answer, evicted) = oneshot::channel();
+        *self.poll() = Some(answer);
+        HeldPollGuard {
+            busy: self.clone(),
+            evicted,
+        }
+    }
+
+    fn holding_poll(&self) -> bool {
+        self.poll().is_some()
+    }
+
+    /// Tells the held poll to answer now; false when it no longer holds.
+    fn evict_poll(&self) -> bool {
+        self.poll()
+            .take()
+            .is_some_and(|answer| answer.send(()).is_ok())
+    }
+}
+
+/// A long poll held on a connection (see [`Busy::hold_poll`]).
+#[derive(Debug)]
+pub struct HeldPollGuard {
+    busy: Busy,
+    /// Fires when the connection table needs the slot: answer the poll and close the connection.
+    pub evicted: oneshot::Receiver<()>,
+}
+
+impl Drop for HeldPollGuard {
+    fn drop(&mut self) {
+        self.busy.poll().take();
     }
 }
 
@@ -121,16 +172,28 @@ pub struct RequestGuard(Busy);
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
-        self.0.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.0.requests.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// Which connection made room for a new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evicted {
+    /// An idle connection, told to close.
+    Idle,
+    /// A connection holding a long poll, told to answer it and close.
+    HeldPoll,
 }
 
 /// What [`Connections::admit`] decided.
 #[derive(Debug)]
 pub enum Admission {
-    /// Admitted; `evicted` says whether an idle connection was told to close to make room.
-    Admitted { connection: Admitted, evicted: bool },
-    /// Every connection is busy with a request: close the new one.
+    /// Admitted; `evicted` says which connection, if any, was told to make room.
+    Admitted {
+        connection: Admitted,
+        evicted: Option<Evicted>,
+    },
+    /// Every connection is busy with a request other than a held poll: close the new one.
     Full,
 }
 
@@ -151,19 +214,27 @@ impl Connections {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Admits a new connection, making room by closing the oldest idle one when the table is full.
+    /// Admits a new connection, making room when the table is full: the oldest connection that is idle or
+    /// only holds a long poll is told to close (a held poll is answered first).
     pub fn admit(self: &Arc<Self>) -> Admission {
         let mut table = self.lock();
         let live = table.open.values().filter(|s| s.live()).count();
-        let mut evicted = false;
+        let mut evicted = None;
         if live >= self.limit {
-            let idle = table.open.values_mut().find(|s| s.live() && s.busy.idle());
-            match idle.and_then(|s| s.close.take()) {
-                Some(close) => {
-                    let _ = close.send(());
-                    evicted = true;
-                }
-                None => return Admission::Full,
+            let oldest = table
+                .open
+                .values_mut()
+                .find(|s| s.live() && (s.busy.idle() || s.busy.holding_poll()));
+            let Some(slot) = oldest else {
+                return Admission::Full;
+            };
+            let close = slot.close.take();
+            if slot.busy.evict_poll() {
+                // The poll answers with `Connection: close`; the connection ends once the answer is out.
+                evicted = Some(Evicted::HeldPoll);
+            } else if let Some(close) = close {
+                let _ = close.send(());
+                evicted = Some(Evicted::Idle);
             }
         }
         let id = table.next_id;
@@ -215,9 +286,53 @@ mod tests {
             Admission::Admitted {
                 connection,
                 evicted,
-            } => (connection, evicted),
+            } => (connection, evicted.is_some()),
             Admission::Full => panic!("refused"),
         }
+    }
+
+    #[test]
+    fn a_held_poll_makes_room_when_it_is_the_oldest_evictable_connection() {
+        let table = Connections::new(2);
+        let (first, _) = admitted(table.admit());
+        let (second, _) = admitted(table.admit());
+        let _first_request = first.busy().request();
+        let _second_request = second.busy().request();
+        let mut held = first.busy().hold_poll();
+        let mut also_held = second.busy().hold_poll();
+        // Both hold polls: the oldest is answered, not refused, and the newcomer is admitted.
+        match table.admit() {
+            Admission::Admitted {
+                connection,
+                evicted: Some(Evicted::HeldPoll),
+            } => drop(connection),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(held.evicted.try_recv(), Ok(()));
+        assert!(also_held.evicted.try_recv().is_err());
+        // A poll that stopped holding (answered) is busy like any request until it ends: with it and another
+        // busy request live, there is no room.
+        drop(also_held);
+        let (third, _) = admitted(table.admit());
+        let _third_request = third.busy().request();
+        assert!(matches!(table.admit(), Admission::Full));
+        drop(held);
+    }
+
+    #[test]
+    fn a_fresh_idle_connection_outlives_polls_held_since_before_it() {
+        let table = Connections::new(2);
+        let (poller, _) = admitted(table.admit());
+        let _request = poller.busy().request();
+        let mut held = poller.busy().hold_poll();
+        let (mut fresh, _) = admitted(table.admit());
+        let (_newcomer, evicted) = admitted(table.admit());
+        assert!(evicted);
+        assert_eq!(held.evicted.try_recv(), Ok(()), "the older held poll went");
+        assert!(
+            fresh.closed.try_recv().is_err(),
+            "the fresh connection stays"
+        );
     }
 
     #[test]

@@ -71,6 +71,10 @@ pub struct Metrics {
     pub ingest_queue_depth: AtomicU64,
     /// Pointer polls being held (`Prefer: wait`).
     pub held_polls: AtomicU64,
+    /// Held polls answered early to make room: for another poll of the same client address, and for a new
+    /// connection when the connections were at their limit.
+    pub held_polls_evicted_per_client: AtomicU64,
+    pub held_polls_evicted_for_connection: AtomicU64,
     /// Rollout views built from the database (at most one per channel and second).
     pub rollout_view_builds: AtomicU64,
     /// Rollout view reads answered with the view (`200`) and with `304`.
@@ -141,6 +145,8 @@ impl Default for Metrics {
             ingest_batches: AtomicU64::new(0),
             ingest_queue_depth: AtomicU64::new(0),
             held_polls: AtomicU64::new(0),
+            held_polls_evicted_per_client: AtomicU64::new(0),
+            held_polls_evicted_for_connection: AtomicU64::new(0),
             rollout_view_builds: AtomicU64::new(0),
             rollout_view_sent: AtomicU64::new(0),
             rollout_view_not_modified: AtomicU64::new(0),
@@ -307,6 +313,20 @@ fn render_ingest(out: &mut String, metrics: &Metrics) {
         ("windvane_held_polls", "gauge"),
         "Channel pointer polls held until the pointer changes.",
         load(&metrics.held_polls),
+    );
+    labelled(
+        out,
+        ("windvane_held_polls_evicted_total", "reason"),
+        "Held polls answered early to make room (the agent then polls on its interval): for another poll of \
+         the same client address (per_client), or for a new connection when the connections were at their \
+         limit (connections).",
+        [
+            ("per_client", load(&metrics.held_polls_evicted_per_client)),
+            (
+                "connections",
+                load(&metrics.held_polls_evicted_for_connection),
+            ),
+        ],
     );
     single(
         out,

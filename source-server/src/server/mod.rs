@@ -4,7 +4,7 @@
 //! [`Server::bind`] opens the database ([`db`]), binds the listener and starts the background tasks: the
 //! ingest writer ([`ingest::run_writer`], group commit), the notifier ([`notify::run`], when configured) and
 //! the heartbeat-log pruner. [`Server::run`] accepts HTTP/1.1 connections (hyper; at most [`conns`]' limit, the
-//! oldest idle one closed to make room) until the shutdown future completes, then lets open requests finish
+//! oldest idle one, or held poll, making room) until the shutdown future completes, then lets open requests finish
 //! and drains the ingest queue. Requests are routed by the pure
 //! [`route::route`] and handled in [`handlers`]; heartbeat signatures are checked in batches
 //! ([`verify`]). Status is computed at read time from what the database
@@ -15,6 +15,7 @@ pub mod auth;
 pub mod break_glass;
 mod conns;
 pub mod db;
+pub mod escape;
 mod files;
 pub mod forwarded;
 mod handlers;
@@ -52,12 +53,16 @@ use self::ingest::{ClusterKey, IngestJob};
 use self::metrics::Metrics;
 use crate::{Error, Result};
 
+pub use self::long_poll::DEFAULT_MAX_HELD_PER_CLIENT;
+
 /// Default allowance between an agent's clock and the server's.
 pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(5 * 60);
 /// Default capacity of the ingest queue (beyond it, 429).
 pub const DEFAULT_INGEST_QUEUE: usize = 4096;
 /// Most heartbeats in one transaction.
 pub const DEFAULT_MAX_BATCH: usize = 2048;
+/// Default time to live of an admin's rekey.
+pub const DEFAULT_REKEY_TTL: Duration = Duration::from_secs(3600);
 /// Most heartbeats whose signature is checked at once; beyond that, 429. At 10,000 heartbeats/s a check
 /// takes a few milliseconds (a batch), so some tens are in progress; hundreds mean the CPU is behind.
 pub const MAX_CHECKING: usize = 256;
@@ -76,7 +81,7 @@ pub struct ServeConfig {
     /// Hash of the fleet registration token (enrolment only).
     pub registration_token: TokenHash,
     /// Hash of the admin token (rekey, forget); the admin endpoints answer 403 when absent. Must differ from
-    /// the registration token ([`Server::bind`] refuses it otherwise).
+    /// the registration token and the read token ([`Server::bind`] refuses it otherwise).
     pub admin_token: Option<TokenHash>,
     /// Hash of the read token; the page, API and metrics are open when absent.
     pub read_token: Option<TokenHash>,
@@ -93,6 +98,10 @@ pub struct ServeConfig {
     pub audit_export: Option<audit::AuditTarget>,
     /// Drift log rows detected longer ago than this are deleted (hourly); `None` keeps them.
     pub drift_retention: Option<Duration>,
+    /// How long an admin's rekey lets the cluster enrol with a new key.
+    pub rekey_ttl: Duration,
+    /// Most polls held at once for one client address; its oldest is answered to make room for another.
+    pub max_held_polls_per_client: usize,
 }
 
 /// Shared state of all requests.
@@ -121,6 +130,7 @@ struct App {
     trusted_proxies: Vec<AddressBlock>,
     unknown_after: Option<Duration>,
     max_clock_skew: Duration,
+    rekey_ttl: Duration,
 }
 
 /// A bound server, ready to run.
@@ -135,13 +145,7 @@ pub struct Server {
 impl Server {
     /// Opens the database, binds the address and starts the background tasks.
     pub async fn bind(config: ServeConfig) -> Result<Server> {
-        if config
-            .admin_token
-            .as_ref()
-            .is_some_and(|admin| admin.same_as(&config.registration_token))
-        {
-            return Err(Error::AdminTokenIsRegistrationToken);
-        }
+        check_tokens(&config)?;
         let db = Arc::new(match &config.database_url {
             Some(url) => Db::Postgres(Box::new(db::postgres::PostgresDb::open(url).await?)),
             None => Db::Sqlite(db::sqlite::SqliteDb::open(
@@ -201,7 +205,7 @@ impl Server {
         let verifier = verify::BatchVerifier::start(Some(Arc::clone(&metrics)));
         let app = Arc::new(App {
             files: FileCache::new(config.root, files::REVALIDATE_AFTER),
-            pointer_watch: long_poll::PointerWatch::default(),
+            pointer_watch: long_poll::PointerWatch::new(config.max_held_polls_per_client),
             rollouts: rollout_cache::RolloutCache::default(),
             db,
             metrics,
@@ -217,6 +221,7 @@ impl Server {
             trusted_proxies: config.trusted_proxies,
             unknown_after: config.unknown_after,
             max_clock_skew: config.max_clock_skew,
+            rekey_ttl: config.rekey_ttl,
         });
         Ok(Server {
             listener,
@@ -267,10 +272,19 @@ impl Server {
                     connection,
                     evicted,
                 } => {
-                    if evicted {
-                        tracing::debug!(%peer, "connection limit reached: closing the oldest idle connection");
+                    match evicted {
+                        Some(conns::Evicted::Idle) => {
+                            tracing::debug!(%peer, "connection limit reached: closing the oldest idle connection")
+                        }
+                        Some(conns::Evicted::HeldPoll) => {
+                            app.metrics
+                                .held_polls_evicted_for_connection
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            tracing::debug!(%peer, "connection limit reached: answering the oldest held poll to make room");
+                        }
+                        None => {}
                     }
-                    (connection, evicted)
+                    (connection, evicted.is_some())
                 }
                 conns::Admission::Full => {
                     tracing::warn!(%peer, limit = connections.limit(), "connection limit reached and every connection is busy: refusing a connection");
@@ -280,9 +294,11 @@ impl Server {
             let _ = stream.set_nodelay(true);
             let app = Arc::clone(&app);
             let busy = admitted.busy();
-            let service = service_fn(move |request| {
+            let service = service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
                 let app = Arc::clone(&app);
                 let request_guard = busy.request();
+                // A held poll marks its connection as evictable through it (long_poll::hold).
+                request.extensions_mut().insert(busy.clone());
                 async move {
                     let response = handlers::handle(&app, request, peer).await;
                     drop(request_guard);
@@ -325,6 +341,25 @@ impl Server {
         let _ = tokio::time::timeout(Duration::from_secs(10), writer).await;
         Ok(())
     }
+}
+
+/// Refuses an admin token that is also the registration token (every cluster holds it) or the read token
+/// (whoever may look at the fleet, and every browser given it, would hold it).
+fn check_tokens(config: &ServeConfig) -> Result<()> {
+    let Some(admin) = &config.admin_token else {
+        return Ok(());
+    };
+    if admin.same_as(&config.registration_token) {
+        return Err(Error::AdminTokenIsRegistrationToken);
+    }
+    if config
+        .read_token
+        .as_ref()
+        .is_some_and(|read| admin.same_as(read))
+    {
+        return Err(Error::AdminTokenIsReadToken);
+    }
+    Ok(())
 }
 
 /// Deletes heartbeat-log rows older than the retention, and drift rows older than `drift_retention`, hourly.

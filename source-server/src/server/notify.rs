@@ -29,6 +29,7 @@ use tokio::sync::mpsc;
 use windvane_shared::heartbeat::DriftRecord;
 
 use super::db::{Database, Db, EpisodeClaim, NewDelivery, VerifiedHeartbeat, episode_key};
+use super::escape;
 use super::metrics::Metrics;
 use super::outbox;
 use super::status::{self, ClusterFacts, ClusterState, Filter};
@@ -587,28 +588,36 @@ pub fn sink_body(sink: &Sink, notification: &Notification) -> serde_json::Value 
     }
 }
 
-/// The request body for a sink.
+/// The request body for a sink. Text from the cluster (in the summary and the message) is escaped for the
+/// sink ([`super::escape`]); the body goes out as [`super::escape::json`].
 pub fn body_for(kind: SinkKind, notification: &Notification) -> serde_json::Value {
     match kind {
         SinkKind::Webhook => serde_json::to_value(notification).unwrap_or_default(),
-        SinkKind::Slack => {
-            let mut text = format!(
-                "[{}] {} (release serial {})",
-                match notification.severity {
-                    Severity::Critical => "CRITICAL",
-                    Severity::Warning => "warning",
-                    Severity::Info => "resolved",
-                },
-                notification.summary,
-                notification.serial
-            );
-            if let Some(message) = &notification.message {
-                text.push_str(&format!("\n> {message}"));
-            }
-            serde_json::json!({ "text": text })
-        }
+        SinkKind::Slack => serde_json::json!({ "text": slack_text(notification) }),
         SinkKind::Pagerduty => super::pagerduty::event(notification, ""),
     }
+}
+
+/// The Slack message: the summary on one line, then the message quoted, every line of it, so that nothing
+/// from the cluster escapes the quote or the summary line; both escaped for mrkdwn.
+fn slack_text(notification: &Notification) -> String {
+    let mut text = format!(
+        "[{}] {} (release serial {})",
+        match notification.severity {
+            Severity::Critical => "CRITICAL",
+            Severity::Warning => "warning",
+            Severity::Info => "resolved",
+        },
+        escape::slack(&escape::one_line(&notification.summary)),
+        notification.serial
+    );
+    if let Some(message) = &notification.message {
+        for line in message.lines() {
+            text.push_str("\n> ");
+            text.push_str(&escape::slack(&escape::one_line(line)));
+        }
+    }
+    text
 }
 
 /// Delay before retry `attempt` (1-based): 0.5 s doubling, at most 30 s.
@@ -711,7 +720,7 @@ async fn claim(db: &Db, config: &Config, notification: Notification) {
             .map(|sink| NewDelivery {
                 notification_id: notification.id.clone(),
                 sink: sink.name.clone(),
-                body: sink_body(sink, &notification).to_string(),
+                body: escape::json(&sink_body(sink, &notification)),
             })
             .collect()
     };
@@ -1208,6 +1217,48 @@ mod tests {
         assert_eq!(hook["id"], "c1/Failed/7");
         assert_eq!(hook["state"], "Failed");
         assert_eq!(hook["severity"], "critical");
+    }
+
+    #[test]
+    fn text_from_the_cluster_cannot_write_slack_markup_or_leave_the_quote() {
+        let mut e = event(ClusterState::OutOfSync, 7);
+        let mut record = drift("rbac.authorization.k8s.io", "ClusterRoleBinding", &[]);
+        record.manager = Some("<!channel> <https://evil.example|Approve> & co\nfake line".into());
+        e.drift = vec![record];
+        e.message =
+            Some("apply failed\n<!here> approve at <https://evil.example|this link>".into());
+        let mut t = Tracker::default();
+        let drift = t
+            .observe(&e)
+            .into_iter()
+            .find(|n| n.trigger == "Drift")
+            .expect("a drift notification");
+        let text = body_for(SinkKind::Slack, &drift)["text"]
+            .as_str()
+            .expect("text")
+            .to_owned();
+        assert!(!text.contains('<') && !text.contains("& "), "{text}");
+        assert!(
+            text.contains(
+                "&lt;!channel&gt; &lt;https://evil.example|Approve&gt; &amp; co fake line"
+            ),
+            "{text}"
+        );
+        assert_eq!(
+            text.lines().collect::<Vec<_>>()[1..],
+            [
+                "> apply failed",
+                "> &lt;!here&gt; approve at &lt;https://evil.example|this link&gt;"
+            ],
+            "every line of the message stays quoted: {text}"
+        );
+        let webhook = escape::json(&body_for(SinkKind::Webhook, &drift));
+        assert!(!webhook.contains('<'), "{webhook}");
+        let back: serde_json::Value = serde_json::from_str(&webhook).expect("JSON");
+        assert_eq!(
+            back["drift"]["manager"], "<!channel> <https://evil.example|Approve> & co\nfake line",
+            "the webhook's values decode unchanged"
+        );
     }
 
     #[test]

@@ -2,13 +2,15 @@
 //! no script, built by pure functions from the [`FleetView`] and [`ClusterDetail`] that the JSON API also
 //! serves. The page refreshes itself (`<meta http-equiv=refresh>`), puts the counts per state at the top —
 //! Unknown drawn apart from Synced — and filters by label selector and state through plain query parameters,
-//! so every view is a link. Everything that came from a cluster or a query is HTML-escaped.
+//! so every view is a link. Everything that came from a cluster or a query is HTML-escaped
+//! ([`super::escape::html`]).
 
 use std::fmt::Write as _;
 
 use jiff::Timestamp;
 
 use super::break_glass::OpenBreakGlass;
+use super::escape::html as escape;
 use super::status::ClusterState;
 use super::view::{ClusterDetail, ClusterRow, FleetView, human_age};
 use windvane_shared::fleet_api::DriftEntry;
@@ -16,22 +18,6 @@ use windvane_shared::heartbeat::Heartbeat;
 
 /// Seconds between automatic refreshes.
 pub const REFRESH_SECONDS: u32 = 15;
-
-/// Escapes text for HTML element content and quoted attribute values.
-pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 /// Percent-encodes a query parameter value.
 fn query_value(text: &str) -> String {
@@ -626,14 +612,6 @@ mod tests {
     use windvane_shared::status::SyncState;
 
     #[test]
-    fn escaping() {
-        assert_eq!(
-            escape("<a href=\"x\">&'"),
-            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
-        );
-    }
-
-    #[test]
     fn the_fleet_page_shows_counts_and_escapes_cluster_data() {
         let now = Timestamp::from_second(1_800_000_000).expect("valid");
         let clusters = vec![ClusterSummary {
@@ -642,7 +620,7 @@ mod tests {
             keyid: "k".into(),
             labels: [("team".to_owned(), "<script>alert(1)</script>".to_owned())].into(),
             enrolled_at: now,
-            rekey_allowed: false,
+            rekey_allowed_until: None,
             last_sequence: 1,
             last_seen: Some(now),
             interval_seconds: Some(30),

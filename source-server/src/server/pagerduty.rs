@@ -4,10 +4,12 @@
 //! raises folds into one incident and its recovery resolves exactly that incident; the next episode gets a
 //! new key. Critical drift reported while the cluster is not alerting (already reverted) has no episode to
 //! join: it triggers an incident of its own, keyed by the object within the episode, for a person to
-//! resolve. The notifier ([`super::notify`]) claims, dedupes and delivers.
+//! resolve. The notifier ([`super::notify`]) claims, dedupes and delivers, as JSON with markup characters
+//! escaped ([`super::escape::json`]); the summary, the incident's title, is kept to one line.
 
 use serde_json::{Value, json};
 
+use super::escape;
 use super::notify::{Notification, Severity};
 use super::status;
 
@@ -55,7 +57,11 @@ pub fn event(notification: &Notification, routing_key: &str) -> Value {
             "dedup_key": dedup_key,
         });
     }
-    let summary: String = notification.summary.chars().take(MAX_SUMMARY).collect();
+    // PagerDuty shows the summary as the incident's title: one line, whatever the cluster wrote.
+    let summary: String = escape::one_line(&notification.summary)
+        .chars()
+        .take(MAX_SUMMARY)
+        .collect();
     let mut details = json!({
         "id": notification.id,
         "trigger": notification.trigger,

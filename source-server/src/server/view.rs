@@ -138,7 +138,7 @@ mod tests {
             keyid: "k".into(),
             labels: [("env".to_owned(), env.to_owned())].into(),
             enrolled_at: at(-1000),
-            rekey_allowed: false,
+            rekey_allowed_until: None,
             last_sequence: 1,
             last_seen: last_seen.map(at),
             interval_seconds: Some(30),

@@ -43,7 +43,15 @@ pub struct Enrollment {
 pub struct Binding {
     pub fleet: String,
     pub keyid: String,
-    pub rekey_allowed: bool,
+    /// Until when an admin's rekey lets the next enrolment bind a new key ([`Database::allow_rekey`]).
+    pub rekey_until: Option<Timestamp>,
+}
+
+/// The stored `rekey_allowed` column as a deadline: it holds the milliseconds until which a rekey is allowed,
+/// 0 when none is. A database written before rekeys expired holds 1 for an allowed rekey: that reads as a
+/// deadline long past, so a permission granted then and never used is void.
+pub(crate) fn rekey_deadline(ms: i64) -> Option<Timestamp> {
+    (ms != 0).then(|| from_ms(ms))
 }
 
 pub use windvane_shared::fleet_api::DriftEntry;
@@ -51,13 +59,20 @@ pub use windvane_shared::heartbeat::EnrollOutcome;
 
 pub use crate::server::auth::RecentFailures;
 
-/// Decides an enrolment from the stored binding (pure).
-pub fn decide_enroll(existing: Option<&Binding>, fleet: &str, keyid: &str) -> EnrollOutcome {
+/// Decides an enrolment at `now` from the stored binding (pure): a rekey allowed until `now` or earlier is
+/// no longer allowed.
+pub fn decide_enroll(
+    existing: Option<&Binding>,
+    fleet: &str,
+    keyid: &str,
+    now: Timestamp,
+) -> EnrollOutcome {
+    let rekey_allowed = |b: &Binding| b.rekey_until.is_some_and(|until| until > now);
     match existing {
         None => EnrollOutcome::Enrolled,
-        Some(b) if b.fleet != fleet && !b.rekey_allowed => EnrollOutcome::FleetConflict,
+        Some(b) if b.fleet != fleet && !rekey_allowed(b) => EnrollOutcome::FleetConflict,
         Some(b) if b.keyid == keyid && b.fleet == fleet => EnrollOutcome::AlreadyEnrolled,
-        Some(b) if b.rekey_allowed => EnrollOutcome::Rekeyed,
+        Some(b) if rekey_allowed(b) => EnrollOutcome::Rekeyed,
         Some(_) => EnrollOutcome::KeyConflict,
     }
 }
@@ -213,7 +228,9 @@ pub struct ClusterSummary {
     pub keyid: String,
     pub labels: BTreeMap<String, String>,
     pub enrolled_at: Timestamp,
-    pub rekey_allowed: bool,
+    /// Until when an admin's rekey is allowed (possibly past); `None` when none was allowed since the last
+    /// enrolment or good heartbeat.
+    pub rekey_allowed_until: Option<Timestamp>,
     pub last_sequence: u64,
     pub last_seen: Option<Timestamp>,
     pub interval_seconds: Option<u64>,
@@ -262,8 +279,14 @@ pub trait Database: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<DriftEntry>>> + Send;
     /// Deletes drift log rows detected before `before` (the drift retention).
     fn prune_drift(&self, before: Timestamp) -> impl Future<Output = Result<u64>> + Send;
-    /// Lets the next enrolment of `cluster` bind a new key. False when the cluster is not enrolled.
-    fn allow_rekey(&self, cluster: &str) -> impl Future<Output = Result<bool>> + Send;
+    /// Lets an enrolment of `cluster` before `until` bind a new key; the permission ends then, or with the
+    /// next heartbeat the bound key signs ([`Database::ingest`]), whichever comes first. False when the cluster
+    /// is not enrolled.
+    fn allow_rekey(
+        &self,
+        cluster: &str,
+        until: Timestamp,
+    ) -> impl Future<Output = Result<bool>> + Send;
     /// Removes a cluster and everything stored about it. False when it was not enrolled.
     fn forget(&self, cluster: &str) -> impl Future<Output = Result<bool>> + Send;
     /// Claims the notification `(cluster, trigger, serial)` in the cluster's alert episode, moving the episode as
@@ -370,8 +393,8 @@ impl Database for Db {
     async fn prune_drift(&self, before: Timestamp) -> Result<u64> {
         delegate!(self, db => db.prune_drift(before))
     }
-    async fn allow_rekey(&self, cluster: &str) -> Result<bool> {
-        delegate!(self, db => db.allow_rekey(cluster))
+    async fn allow_rekey(&self, cluster: &str, until: Timestamp) -> Result<bool> {
+        delegate!(self, db => db.allow_rekey(cluster, until))
     }
     async fn forget(&self, cluster: &str) -> Result<bool> {
         delegate!(self, db => db.forget(cluster))
@@ -490,7 +513,7 @@ pub(crate) fn schema(serial: &str, log_id: &str) -> String {
             public_key TEXT NOT NULL,
             labels TEXT NOT NULL,
             enrolled_ms BIGINT NOT NULL,
-            rekey_allowed BIGINT NOT NULL DEFAULT 0,
+            rekey_allowed BIGINT NOT NULL DEFAULT 0, -- until when (ms), 0: not allowed
             last_sequence BIGINT NOT NULL DEFAULT 0,
             last_seen_ms BIGINT,
             interval_seconds BIGINT,
@@ -572,11 +595,11 @@ pub(crate) fn id_ranges(first: i64, end: i64, chunk: i64) -> impl Iterator<Item 
 mod tests {
     use super::*;
 
-    fn binding(fleet: &str, keyid: &str, rekey_allowed: bool) -> Binding {
+    fn binding(fleet: &str, keyid: &str, rekey_until: Option<Timestamp>) -> Binding {
         Binding {
             fleet: fleet.into(),
             keyid: keyid.into(),
-            rekey_allowed,
+            rekey_until,
         }
     }
 
@@ -596,28 +619,51 @@ mod tests {
     }
 
     #[test]
-    fn enrolment_binds_once_and_rebinds_only_when_allowed() {
-        assert_eq!(decide_enroll(None, "acme", "k1"), EnrollOutcome::Enrolled);
+    fn enrolment_binds_once_and_rebinds_only_while_a_rekey_is_allowed() {
+        let now: Timestamp = "2026-12-07T12:00:00Z".parse().expect("time");
+        let later = Some(now + jiff::SignedDuration::from_mins(30));
+        let past = Some(now - jiff::SignedDuration::from_secs(1));
+        let decide = |b: Binding, fleet, keyid| decide_enroll(Some(&b), fleet, keyid, now);
         assert_eq!(
-            decide_enroll(Some(&binding("acme", "k1", false)), "acme", "k1"),
+            decide_enroll(None, "acme", "k1", now),
+            EnrollOutcome::Enrolled
+        );
+        assert_eq!(
+            decide(binding("acme", "k1", None), "acme", "k1"),
             EnrollOutcome::AlreadyEnrolled
         );
         assert_eq!(
-            decide_enroll(Some(&binding("acme", "k1", false)), "acme", "k2"),
+            decide(binding("acme", "k1", None), "acme", "k2"),
             EnrollOutcome::KeyConflict
         );
         assert_eq!(
-            decide_enroll(Some(&binding("acme", "k1", true)), "acme", "k2"),
+            decide(binding("acme", "k1", later), "acme", "k2"),
             EnrollOutcome::Rekeyed
         );
         assert_eq!(
-            decide_enroll(Some(&binding("acme", "k1", false)), "other", "k1"),
+            decide(binding("acme", "k1", None), "other", "k1"),
             EnrollOutcome::FleetConflict
         );
         assert_eq!(
-            decide_enroll(Some(&binding("acme", "k1", true)), "other", "k2"),
+            decide(binding("acme", "k1", later), "other", "k2"),
             EnrollOutcome::Rekeyed
         );
+        assert_eq!(
+            decide(binding("acme", "k1", past), "acme", "k2"),
+            EnrollOutcome::KeyConflict,
+            "an expired rekey allows nothing"
+        );
+        assert_eq!(
+            decide(binding("acme", "k1", Some(now)), "other", "k2"),
+            EnrollOutcome::FleetConflict,
+            "it ends at its deadline"
+        );
+        assert_eq!(
+            decide(binding("acme", "k1", rekey_deadline(1)), "acme", "k2"),
+            EnrollOutcome::KeyConflict,
+            "a permission stored before rekeys expired (1) is void"
+        );
+        assert_eq!(rekey_deadline(0), None);
     }
 
     #[test]

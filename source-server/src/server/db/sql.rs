@@ -20,11 +20,12 @@ pub(crate) const SUMMARY_COLUMNS: usize = 15;
 /// A cluster's bound key and sequence, read (and, on PostgreSQL, locked) while a batch is judged.
 pub(crate) const SELECT_SEQUENCE: &str =
     "SELECT keyid, last_sequence, state FROM clusters WHERE name = ?1";
-/// A cluster's row after an accepted heartbeat; labels are kept when the heartbeat carries none (`{}`).
+/// A cluster's row after an accepted heartbeat; labels are kept when the heartbeat carries none (`{}`). The
+/// bound key just signed, so the cluster still has it: an admin's rekey permission, if any, is withdrawn.
 pub(crate) const UPDATE_FROM_HEARTBEAT: &str = "UPDATE clusters SET last_sequence = ?2, last_seen_ms = ?3, \
      interval_seconds = ?4, state = ?5, channel = ?6, applied_serial = ?7, last_error = ?8, \
      labels = CASE WHEN ?9 = '{}' THEN labels ELSE ?9 END, \
-     drift_total = drift_total + ?10, heartbeat = ?11 WHERE name = ?1";
+     drift_total = drift_total + ?10, heartbeat = ?11, rekey_allowed = 0 WHERE name = ?1";
 pub(crate) const INSERT_HEARTBEAT_LOG: &str =
     "INSERT INTO heartbeat_log (cluster, sequence, received_ms, state) VALUES (?1, ?2, ?3, ?4)";
 pub(crate) const INSERT_DRIFT: &str = "INSERT INTO drift (cluster, sequence, received_ms, detected_ms, record) \
@@ -41,7 +42,8 @@ pub(crate) const UPDATE_LABELS: &str = "UPDATE clusters SET labels = ?2 WHERE na
 pub(crate) const UPDATE_REKEYED: &str = "UPDATE clusters SET fleet = ?2, keyid = ?3, public_key = ?4, \
      labels = ?5, enrolled_ms = ?6, rekey_allowed = 0, last_sequence = 0 WHERE name = ?1";
 pub(crate) const SELECT_KEY: &str = "SELECT fleet, keyid, public_key FROM clusters WHERE name = ?1";
-pub(crate) const ALLOW_REKEY: &str = "UPDATE clusters SET rekey_allowed = 1 WHERE name = ?1";
+/// Allows a rekey until `?2` (ms); the column holds the deadline ([`super::rekey_deadline`]).
+pub(crate) const ALLOW_REKEY: &str = "UPDATE clusters SET rekey_allowed = ?2 WHERE name = ?1";
 pub(crate) const DELETE_CLUSTER: &str = "DELETE FROM clusters WHERE name = ?1";
 /// What else `forget` deletes in the cluster's transaction; its heartbeat log goes a chunk at a time after.
 pub(crate) const DELETE_CLUSTER_RECORDS: [&str; 3] = [

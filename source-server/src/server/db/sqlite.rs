@@ -18,7 +18,7 @@ use super::{
     EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, NewDelivery,
     QueuedDelivery, RecentFailures, RowUpdate, SequenceState, Settled, VerifiedHeartbeat,
     check_sequence, decide_enroll, decide_episode, episode_key, from_ms, id_ranges,
-    labels_from_json, schema, to_i64, to_u64,
+    labels_from_json, rekey_deadline, schema, to_i64, to_u64,
 };
 use crate::server::status::parse_sync_state;
 use crate::{Error, Result};
@@ -132,7 +132,7 @@ fn summary_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ClusterSummary>
         keyid: row.get(2)?,
         labels: labels_from_json(&row.get::<_, String>(3)?),
         enrolled_at: from_ms(row.get(4)?),
-        rekey_allowed: row.get::<_, i64>(5)? != 0,
+        rekey_allowed_until: rekey_deadline(row.get(5)?),
         last_sequence: to_u64(row.get(6)?),
         last_seen: row.get::<_, Option<i64>>(7)?.map(from_ms),
         interval_seconds: row.get::<_, Option<i64>>(8)?.map(to_u64),
@@ -219,11 +219,11 @@ impl Database for SqliteDb {
                         Ok(Binding {
                             fleet: r.get(0)?,
                             keyid: r.get(1)?,
-                            rekey_allowed: r.get::<_, i64>(2)? != 0,
+                            rekey_until: rekey_deadline(r.get(2)?),
                         })
                     })
                     .optional()?;
-                let outcome = decide_enroll(existing.as_ref(), &e.fleet, &e.keyid);
+                let outcome = decide_enroll(existing.as_ref(), &e.fleet, &e.keyid, e.at);
                 let labels = serde_json::to_string(&e.labels).unwrap_or_else(|_| "{}".into());
                 match outcome {
                     EnrollOutcome::Enrolled => {
@@ -367,10 +367,10 @@ impl Database for SqliteDb {
         .await
     }
 
-    async fn allow_rekey(&self, cluster: &str) -> Result<bool> {
+    async fn allow_rekey(&self, cluster: &str, until: Timestamp) -> Result<bool> {
         let cluster = cluster.to_owned();
         self.with_writer(move |conn| {
-            conn.execute(sql::ALLOW_REKEY, [&cluster])
+            conn.execute(sql::ALLOW_REKEY, params![cluster, until.as_millisecond()])
                 .map(|n| n > 0)
                 .map_err(db_err(format!("allow rekey of cluster {cluster}")))
         })

@@ -1,5 +1,7 @@
-//! Admin actions, `rekey` and `forget`: authorised by the admin token only (`--admin-token-file`), never by
-//! the registration token that every cluster holds.
+//! Admin actions, `rekey` (allowed for `--rekey-ttl`, and withdrawn by the next heartbeat the bound key
+//! signs) and `forget`: authorised by the admin token only (`--admin-token-file`), never by
+//! the registration token that every cluster holds, and only as a bearer token: HTTP Basic credentials are
+//! cached by browsers and sent again on their own ([`auth::bearer`]).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -7,6 +9,7 @@ use std::sync::Arc;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode};
+use jiff::{SignedDuration, Timestamp};
 
 use crate::server::App;
 use crate::server::auth;
@@ -27,7 +30,7 @@ pub(super) async fn handle(
     if let Some(limited) = rate_limited(app, client).await {
         return limited;
     }
-    let offered = auth::credential(
+    let offered = auth::bearer(
         request
             .headers()
             .get(header::AUTHORIZATION)
@@ -49,20 +52,23 @@ pub(super) async fn handle(
     if !offered.is_some_and(|t| admin_token.verify(&t)) {
         return token_failed(app, client, "admin token").await;
     }
-    let result = if rekey {
-        app.db.allow_rekey(cluster).await
-    } else {
-        app.db.forget(cluster).await
+    // A rekey is allowed for a while only: a permission nobody used would otherwise let anyone holding the
+    // registration token take the name over at any later time.
+    let until = rekey.then(|| rekey_deadline(Timestamp::now(), app.rekey_ttl));
+    let result = match until {
+        Some(until) => app.db.allow_rekey(cluster, until).await,
+        None => app.db.forget(cluster).await,
     };
     heartbeat::forget_key(app, cluster);
     match result {
         Ok(true) => {
             let action = if rekey { "rekey_allowed" } else { "forgotten" };
-            tracing::info!(cluster, action, "admin action");
-            json(
-                StatusCode::OK,
-                &serde_json::json!({ "cluster": cluster, "result": action }),
-            )
+            tracing::info!(cluster, action, ?until, "admin action");
+            let mut reply = serde_json::json!({ "cluster": cluster, "result": action });
+            if let Some(until) = until {
+                reply["until"] = serde_json::json!(until);
+            }
+            json(StatusCode::OK, &reply)
         }
         Ok(false) => json_error(
             StatusCode::NOT_FOUND,
@@ -74,5 +80,29 @@ pub(super) async fn handle(
             "unavailable",
             &error.to_string(),
         ),
+    }
+}
+
+/// When a rekey allowed at `now` for `ttl` ends (clamped to what a timestamp holds).
+fn rekey_deadline(now: Timestamp, ttl: std::time::Duration) -> Timestamp {
+    let ttl = SignedDuration::try_from(ttl).unwrap_or(SignedDuration::MAX);
+    now.checked_add(ttl).unwrap_or(Timestamp::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rekey_ends_after_its_time_to_live_without_overflow() {
+        let now: Timestamp = "2026-12-07T12:00:00Z".parse().expect("time");
+        assert_eq!(
+            rekey_deadline(now, std::time::Duration::from_secs(3600)),
+            "2026-12-07T13:00:00Z".parse::<Timestamp>().expect("time")
+        );
+        assert_eq!(
+            rekey_deadline(now, std::time::Duration::MAX),
+            Timestamp::MAX
+        );
     }
 }

@@ -56,7 +56,10 @@ pub(super) async fn handle(
 ) -> Response<Body> {
     let route = route::route(request.method(), request.uri().path());
     match route {
-        Route::Pointer(channel) => store::serve_pointer(app, &request, &channel).await,
+        Route::Pointer(channel) => {
+            let client = client_of(app, &request, peer);
+            store::serve_pointer(app, &request, &channel, client).await
+        }
         Route::Bundle(digest) => store::serve_file(&request, app.files.bundle(&digest)),
         Route::Approval(channel, serial) => {
             store::serve_file(&request, app.files.approval(&channel, serial))
@@ -77,11 +80,13 @@ pub(super) async fn handle(
             admin::handle(app, request, &cluster, client, false).await
         }
         Route::ApiRollout(channel) => {
+            let client = client_of(app, &request, peer);
             let form = rollout::Form::of_query(request.uri().query());
-            rollout::handle(app, &request, &channel, form).await
+            rollout::handle(app, &request, &channel, form, client).await
         }
         Route::RolloutPage(channel) => {
-            rollout::handle(app, &request, &channel, rollout::Form::Page).await
+            let client = client_of(app, &request, peer);
+            rollout::handle(app, &request, &channel, rollout::Form::Page, client).await
         }
         Route::FleetPage
         | Route::ClusterPage(_)
@@ -91,7 +96,8 @@ pub(super) async fn handle(
         | Route::ApiDrift
         | Route::ApiBreakGlass
         | Route::Metrics => {
-            if let Some(denied) = read::check_read_token(app, &request) {
+            let client = client_of(app, &request, peer);
+            if let Some(denied) = read::check_read_token(app, &request, client).await {
                 return denied;
             }
             match read::handle(app, &request, route).await {
@@ -197,8 +203,18 @@ pub(super) async fn rate_limited(app: &App, client: IpAddr) -> Option<Response<B
     Some(response)
 }
 
-/// Counts a wrong `token` (`"registration token"` or `"admin token"`) against the address and answers 401.
+/// Counts a wrong `token` (`"registration token"`, `"admin token"`, …) against the address and answers 401.
 pub(super) async fn token_failed(app: &App, client: IpAddr, token: &str) -> Response<Body> {
+    record_token_failure(app, client, token).await;
+    json_error(
+        StatusCode::UNAUTHORIZED,
+        "bad_token",
+        &format!("wrong or missing {token}"),
+    )
+}
+
+/// Counts a wrong `token` against the address (in the database, for every replica's limiter).
+async fn record_token_failure(app: &App, client: IpAddr, token: &str) {
     if let Err(error) = app
         .db
         .record_token_failure(&client.to_string(), Timestamp::now())
@@ -207,11 +223,43 @@ pub(super) async fn token_failed(app: &App, client: IpAddr, token: &str) -> Resp
         tracing::error!(%error, "cannot record a wrong token");
     }
     tracing::warn!(%client, "wrong {token}");
-    json_error(
+}
+
+/// What a check of an offered token ([`check_token`]) decided.
+pub(super) enum TokenCheck {
+    /// The token is right and the address is not refused.
+    Passed,
+    /// No token was offered (not counted: a browser asks before it prompts).
+    Missing,
+    /// Refused: the address offered too many wrong tokens lately (429), or this one is wrong (401, counted).
+    Refused(Response<Body>),
+}
+
+/// Checks a token offered for a read (`token` names it in the log and the answer): an address that offered
+/// too many wrong tokens lately is refused even with the right one, as at enrolment, so guessing any token
+/// goes at the limiter's pace; a wrong token is counted.
+pub(super) async fn check_token(
+    app: &App,
+    client: IpAddr,
+    offered: Option<String>,
+    right: impl Fn(&str) -> bool,
+    token: &str,
+) -> TokenCheck {
+    let Some(offered) = offered else {
+        return TokenCheck::Missing;
+    };
+    if let Some(limited) = rate_limited(app, client).await {
+        return TokenCheck::Refused(limited);
+    }
+    if right(&offered) {
+        return TokenCheck::Passed;
+    }
+    record_token_failure(app, client, token).await;
+    TokenCheck::Refused(json_error(
         StatusCode::UNAUTHORIZED,
-        "bad_token",
-        &format!("wrong or missing {token}"),
-    )
+        "unauthorized",
+        &format!("wrong {token}"),
+    ))
 }
 
 // ---- responses ----

@@ -1,6 +1,7 @@
 //! Reads: the fleet page, the JSON API, `/metrics` (behind the read token when one is set) and `/readyz`;
 //! views come from the pure [`view`], [`page`] and status modules.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -19,12 +20,18 @@ use crate::server::status::Filter;
 use crate::server::view::{self, ClusterDetail};
 use crate::server::{auth, page};
 
-use super::{Body, html, json, json_error, text};
+use super::{Body, TokenCheck, check_token, html, json, json_error, text};
 
 /// Most drift entries one page or API call returns.
 const DRIFT_LIMIT: u32 = 500;
 
-pub(super) fn check_read_token(app: &App, request: &Request<Incoming>) -> Option<Response<Body>> {
+/// `None` when the request may read (no read token is set, or it offers it), else the answer: 401 asking for
+/// the token, 401 for a wrong one (counted against the address), 429 while the address is refused.
+pub(super) async fn check_read_token(
+    app: &App,
+    request: &Request<Incoming>,
+    client: IpAddr,
+) -> Option<Response<Body>> {
     let expected = app.read_token.as_ref()?;
     let offered = auth::credential(
         request
@@ -32,14 +39,19 @@ pub(super) fn check_read_token(app: &App, request: &Request<Incoming>) -> Option
             .get(header::AUTHORIZATION)
             .map(HeaderValue::as_bytes),
     );
-    if offered.is_some_and(|t| expected.verify(&t)) {
-        return None;
-    }
-    let mut response = json_error(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
-        "a read token is required (Authorization: Bearer …)",
-    );
+    let mut response =
+        match check_token(app, client, offered, |t| expected.verify(t), "read token").await {
+            TokenCheck::Passed => return None,
+            TokenCheck::Refused(response) if response.status() == StatusCode::TOO_MANY_REQUESTS => {
+                return Some(response);
+            }
+            TokenCheck::Refused(response) => response,
+            TokenCheck::Missing => json_error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a read token is required (Authorization: Bearer …)",
+            ),
+        };
     response.headers_mut().insert(
         header::WWW_AUTHENTICATE,
         HeaderValue::from_static("Bearer, Basic realm=\"windvane\", charset=\"UTF-8\""),

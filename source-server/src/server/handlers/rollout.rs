@@ -10,9 +10,11 @@
 //! ([`crate::server::rollout_cache`]); `If-None-Match` gets `304`. Agents ask for `?summary=1`: every
 //! wave's counts and only its clusters not done (at most 20), O(waves) instead of O(fleet).
 //!
-//! Access: the read token when one is set — or the fleet registration token, which every agent holds.
+//! Access: the read token when one is set — or the fleet registration token, which every agent holds; wrong
+//! tokens count against the client's address ([`super::check_token`]).
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -28,7 +30,7 @@ use crate::server::db::Database;
 use crate::server::view::ClusterRow;
 use crate::server::{auth, page, route, view};
 
-use super::{Body, JSON, html, json_error};
+use super::{Body, JSON, TokenCheck, check_token, html, json_error};
 
 /// Which representation a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,13 +60,10 @@ pub(super) async fn handle(
     request: &Request<Incoming>,
     channel: &str,
     form: Form,
+    client: IpAddr,
 ) -> Response<Body> {
-    if !allowed(app, request) {
-        return json_error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "the read token or the registration token is required (Authorization: Bearer …)",
-        );
+    if let Some(denied) = check_access(app, request, client).await {
+        return denied;
     }
     let Ok(file) = app.files.pointer(channel) else {
         return json_error(
@@ -125,17 +124,30 @@ pub(super) async fn handle(
     response.unwrap_or_default()
 }
 
-fn allowed(app: &App, request: &Request<Incoming>) -> bool {
-    let Some(read_token) = app.read_token.as_ref() else {
-        return true;
-    };
+/// `None` when the request may read the view (no read token is set, or it offers the read token or the
+/// registration token), else the answer; wrong tokens count against the address like any other.
+async fn check_access(
+    app: &App,
+    request: &Request<Incoming>,
+    client: IpAddr,
+) -> Option<Response<Body>> {
+    let read_token = app.read_token.as_ref()?;
     let offered = auth::credential(
         request
             .headers()
             .get(header::AUTHORIZATION)
             .map(HeaderValue::as_bytes),
     );
-    offered.is_some_and(|t| read_token.verify(&t) || app.registration_token.verify(&t))
+    let right = |t: &str| read_token.verify(t) || app.registration_token.verify(t);
+    match check_token(app, client, offered, right, "read or registration token").await {
+        TokenCheck::Passed => None,
+        TokenCheck::Refused(response) => Some(response),
+        TokenCheck::Missing => Some(json_error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the read token or the registration token is required (Authorization: Bearer …)",
+        )),
+    }
 }
 
 /// The channel's pointer payload as the store holds it.

@@ -1,6 +1,7 @@
 //! The static store: channel pointers and bundles from the file cache, with strong ETags, `304`, gzip and
 //! the cache lifetimes each kind may have (pointers `no-cache`, bundles `immutable`).
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use hyper::body::Incoming;
@@ -8,8 +9,9 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 
 use crate::server::App;
+use crate::server::conns;
 use crate::server::files::{CachedFile, FileError, FileKind};
-use crate::server::long_poll;
+use crate::server::long_poll::{self, HoldEnd};
 use crate::server::route::{self};
 
 use super::{Body, JSON, NOSNIFF, json_error};
@@ -23,11 +25,14 @@ static PREFERENCE_APPLIED: header::HeaderName =
     header::HeaderName::from_static("preference-applied");
 
 /// A channel pointer; a `GET` with `If-None-Match` and `Prefer: wait=N` is held while the pointer is
-/// unchanged ([`long_poll`]), and any answer to a `Prefer: wait` says `Preference-Applied: wait=N`.
+/// unchanged ([`long_poll`]), and any answer to a `Prefer: wait` says `Preference-Applied: wait=N` — except
+/// a poll evicted to make room, which closes its connection and says nothing, so the agent polls on its
+/// interval next.
 pub(super) async fn serve_pointer(
     app: &Arc<App>,
     request: &Request<Incoming>,
     channel: &str,
+    client: IpAddr,
 ) -> Response<Body> {
     let headers = request.headers();
     let wait = headers
@@ -37,10 +42,22 @@ pub(super) async fn serve_pointer(
     let Some(wait) = wait else {
         return serve_file(request, app.files.pointer(channel));
     };
-    if let Some(if_none_match) = headers.get(header::IF_NONE_MATCH) {
-        long_poll::hold(app, channel, if_none_match.as_bytes(), wait).await;
-    }
+    let ended = match headers.get(header::IF_NONE_MATCH) {
+        Some(if_none_match) => {
+            // The connection's request counter, put there by the accept loop (absent in no other case).
+            let connection = request.extensions().get::<conns::Busy>();
+            let holder = (client, connection);
+            long_poll::hold(app, channel, if_none_match.as_bytes(), wait, holder).await
+        }
+        None => HoldEnd::Answered,
+    };
     let mut response = serve_file(request, app.files.pointer(channel));
+    if ended == HoldEnd::Evicted {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return response;
+    }
     if let Ok(applied) = HeaderValue::from_str(&format!("wait={}", wait.as_secs())) {
         response
             .headers_mut()
