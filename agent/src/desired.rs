@@ -27,6 +27,8 @@ pub struct Desired {
     pub ignored_pointers: Vec<String>,
     /// The app's `namespace:`, for a namespaced object that names none (`None`: `default`).
     pub default_namespace: Option<String>,
+    /// How the object runs once, if it does ([`crate::run_once`]): its disappearance may not be drift.
+    pub run_once: Option<crate::run_once::RunOnce>,
     /// The body sent with server-side apply, as `serde_json::to_vec` writes it.
     body: Box<[u8]>,
 }
@@ -35,6 +37,7 @@ impl Desired {
     /// Keeps a rendered object, its body serialized.
     pub fn of(object: DesiredObject) -> Self {
         Self {
+            run_once: crate::run_once::shape(&object.body),
             body: compact(&object.body),
             app: object.app,
             id: object.id,
