@@ -22,6 +22,7 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, watcher};
 use serde_json::{Value, json};
 use windvane_tests::fleet::{Agent, AgentOptions, Cluster, FleetTree, Publisher, metric};
@@ -90,7 +91,9 @@ fn record_runs(kube: &LocalKube, name: &'static str) -> Arc<Mutex<BTreeMap<Strin
     let seen = Arc::clone(&runs);
     let jobs = Api::<Job>::namespaced(kube.client(), "default");
     tokio::spawn(async move {
-        let mut stream = watcher(jobs, watcher::Config::default()).boxed();
+        let mut stream = watcher(jobs, watcher::Config::default())
+            .default_backoff()
+            .boxed();
         while let Some(event) = stream.next().await {
             let objects = match event {
                 Ok(
