@@ -604,7 +604,7 @@ mod tests {
             done: Some(crate::run_once::Finished::Succeeded),
             ..entry("x", "certgen", true)
         };
-        let previous = inventory(&[done.clone()]);
+        let previous = inventory(std::slice::from_ref(&done));
         let same = InventoryEntry {
             applied_hash: "h1".into(),
             ..entry("x", "certgen", true)

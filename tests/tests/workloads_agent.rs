@@ -375,3 +375,71 @@ async fn one_object_refused_by_a_webhook_without_backend_is_retried_alone_and_la
     );
     Ok(())
 }
+
+/// A Deployment as charts render it with no annotations set: `annotations: {}`.
+const CHART_DEPLOYMENT: &str = r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: controller
+  namespace: default
+  annotations: {}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: controller}}
+  template:
+    metadata:
+      annotations: {}
+      labels: {app: controller}
+    spec:
+      containers:
+        - name: controller
+          image: registry.invalid/controller:v1
+          volumeMounts: [{name: tmp, mountPath: /tmp}]
+      volumes: [{name: tmp, emptyDir: {}}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_annotations_map_is_no_drift_when_a_controller_annotates_the_object()
+-> anyhow::Result<()> {
+    let kube = LocalKube::start().await?;
+    let publisher = Publisher::new(45)?;
+    let tree = FleetTree::new()?;
+    tree.write("fleet.yaml", FLEET_YAML)?;
+    tree.write("apps/ingress/deployment.yaml", CHART_DEPLOYMENT)?;
+    publisher.publish(&tree, "stable")?;
+    let server = StoreServer::start(publisher.store()).await?;
+    let options = AgentOptions::new(&server.url(), &publisher.public_key_path(), "prod-eu");
+    let agent = Agent::start(&kube, &options).await?;
+    agent
+        .wait_status("the Deployment Synced", SYNC, |s| s["state"] == "Synced")
+        .await?;
+    let deployments =
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(kube.client(), "default");
+    wait_for(
+        "the Deployment controller's revision annotation",
+        SYNC,
+        || async {
+            let live = deployments.get("controller").await?;
+            Ok(live
+                .metadata
+                .annotations
+                .is_some_and(|a| a.contains_key("deployment.kubernetes.io/revision"))
+                .then_some(()))
+        },
+    )
+    .await?;
+    holds_for(Duration::from_secs(5), async || {
+        let status = agent.status().await?;
+        let drift = status["drift"].as_array().map_or(0, Vec::len);
+        anyhow::ensure!(drift == 0, "false drift: {}", status["drift"]);
+        Ok(true)
+    })
+    .await?;
+    let text = agent.metrics().await?;
+    assert_eq!(
+        metric(&text, "windvane_apply_total{result=\"written\"}"),
+        Some(1.0),
+        "written once: {text}"
+    );
+    Ok(())
+}
