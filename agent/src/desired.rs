@@ -27,14 +27,18 @@ pub struct Desired {
     pub ignored_pointers: Vec<String>,
     /// The app's `namespace:`, for a namespaced object that names none (`None`: `default`).
     pub default_namespace: Option<String>,
+    /// How the object runs once, if it does ([`crate::run_once`]): its disappearance may not be drift.
+    pub run_once: Option<crate::run_once::RunOnce>,
     /// The body sent with server-side apply, as `serde_json::to_vec` writes it.
     body: Box<[u8]>,
 }
 
 impl Desired {
     /// Keeps a rendered object, its body serialized.
-    pub fn of(object: DesiredObject) -> Self {
+    pub fn of(mut object: DesiredObject) -> Self {
+        drop_empty_annotations(&mut object.body);
         Self {
+            run_once: crate::run_once::shape(&object.body),
             body: compact(&object.body),
             app: object.app,
             id: object.id,
@@ -121,5 +125,43 @@ mod tests {
             desired.body().pointer("/metadata/namespace"),
             Some(&json!("default"))
         );
+    }
+}
+
+/// Removes an empty `metadata.annotations: {}` (charts print one for every empty `annotations` value). Sent,
+/// it would make Windvane own the empty map; the first controller to annotate the object (a Deployment's
+/// revision) then takes that ownership, which reads as drift and is reverted for nothing. Sending no map
+/// asks for the same thing: no annotations of Windvane's.
+fn drop_empty_annotations(body: &mut Value) {
+    if let Some(metadata) = body.get_mut("metadata").and_then(Value::as_object_mut)
+        && metadata
+            .get("annotations")
+            .is_some_and(|a| a.as_object().is_some_and(serde_json::Map::is_empty) || a.is_null())
+    {
+        metadata.remove("annotations");
+    }
+}
+
+#[cfg(test)]
+mod empty_annotations_tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn an_empty_annotations_map_is_not_sent_and_anything_else_is() {
+        let mut empty = json!({"metadata": {"name": "web", "annotations": {}},
+            "spec": {"template": {"spec": {"volumes": [{"name": "tmp", "emptyDir": {}}]}}}});
+        drop_empty_annotations(&mut empty);
+        assert_eq!(
+            empty,
+            json!({"metadata": {"name": "web"},
+                "spec": {"template": {"spec": {"volumes": [{"name": "tmp", "emptyDir": {}}]}}}}),
+            "only metadata.annotations goes; other empty maps mean something"
+        );
+        let mut kept = json!({"metadata": {"name": "web", "annotations": {"a": "1"}}});
+        let before = kept.clone();
+        drop_empty_annotations(&mut kept);
+        assert_eq!(kept, before);
     }
 }

@@ -51,6 +51,10 @@ pub struct InventoryEntry {
     /// Left the release but was not pruned (prune off or disabled): reported until someone removes it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub orphaned: bool,
+    /// A run-once object that finished for the body `applied_hash` ([`crate::run_once`]): gone from the
+    /// cluster, it is not applied again until a release changes its body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub done: Option<crate::run_once::Finished>,
 }
 
 impl InventoryEntry {
@@ -266,11 +270,15 @@ pub fn next(
         .filter_map(|outcome| match outcome {
             Applied::Yes(mut entry) => {
                 let key = entry.key();
+                let before = previous.entries.get(&key);
                 if entry.owned_digest.is_none() {
-                    entry.owned_digest = previous
-                        .entries
-                        .get(&key)
-                        .and_then(|e| e.owned_digest.clone());
+                    entry.owned_digest = before.and_then(|e| e.owned_digest.clone());
+                }
+                // A run-once object stays done for as long as its body is the one that finished.
+                if entry.done.is_none() {
+                    entry.done = before
+                        .filter(|e| e.applied_hash == entry.applied_hash)
+                        .and_then(|e| e.done);
                 }
                 Some((key, entry))
             }
@@ -336,6 +344,7 @@ mod tests {
             applied_hash: String::new(),
             owned_digest: None,
             orphaned: false,
+            done: None,
         }
     }
 
@@ -586,6 +595,50 @@ mod tests {
         let inventory = inventory(&[entry("x", "a", true), entry("y", "b", false)]);
         let json = serde_json::to_string(&inventory).unwrap();
         assert_eq!(serde_json::from_str::<Inventory>(&json).unwrap(), inventory);
+    }
+
+    #[test]
+    fn a_run_once_object_stays_done_only_while_its_body_is_the_one_that_finished() {
+        let done = InventoryEntry {
+            applied_hash: "h1".into(),
+            done: Some(crate::run_once::Finished::Succeeded),
+            ..entry("x", "certgen", true)
+        };
+        let previous = inventory(std::slice::from_ref(&done));
+        let same = InventoryEntry {
+            applied_hash: "h1".into(),
+            ..entry("x", "certgen", true)
+        };
+        let after = next(
+            &previous,
+            vec![Applied::Yes(same)],
+            &PrunePlan::default(),
+            &BTreeMap::new(),
+            2,
+            true,
+        );
+        assert_eq!(
+            after.entries[&done.key()].done,
+            done.done,
+            "left alone: still done"
+        );
+        let changed = InventoryEntry {
+            applied_hash: "h2".into(),
+            ..entry("x", "certgen", true)
+        };
+        let after = next(
+            &previous,
+            vec![Applied::Yes(changed)],
+            &PrunePlan::default(),
+            &BTreeMap::new(),
+            2,
+            true,
+        );
+        assert_eq!(
+            after.entries[&done.key()].done,
+            None,
+            "a new body runs again"
+        );
     }
 
     #[test]

@@ -72,6 +72,8 @@ struct Values {
     source_fetch: BTreeMap<String, u64>,
     enrolments: BTreeMap<String, u64>,
     apply: BTreeMap<String, u64>,
+    /// Objects that failed to apply and are retried alone ([`crate::retry`]).
+    apply_retrying: u64,
     release_serial: Option<u64>,
     source_stale: bool,
     /// The wave (1-based) a held release waits for; 0 when none waits.
@@ -103,6 +105,7 @@ impl Default for Values {
             source_fetch: BTreeMap::new(),
             enrolments: BTreeMap::new(),
             apply: BTreeMap::new(),
+            apply_retrying: 0,
             release_serial: None,
             source_stale: false,
             rollout_waiting_wave: 0,
@@ -185,6 +188,11 @@ impl Metrics {
     /// Whether the source is stale: it cannot be reached, so the last known good release is enforced.
     pub fn set_source_stale(&self, stale: bool) {
         self.lock().source_stale = stale;
+    }
+
+    /// How many objects that failed to apply are retried alone.
+    pub fn set_apply_retrying(&self, objects: usize) {
+        self.lock().apply_retrying = objects as u64;
     }
 
     /// Object counts per state.
@@ -276,6 +284,12 @@ fn render_source(out: &mut String, values: &Values) {
         "windvane_apply_total",
         "Object applies, by result.",
         &values.apply,
+    );
+    single(
+        out,
+        ("windvane_apply_retrying", "gauge"),
+        "Objects that failed to apply and are retried alone, each on its own back-off.",
+        values.apply_retrying,
     );
     header(
         out,

@@ -68,6 +68,9 @@ pub struct LiveCache {
     listed: Arc<tokio::sync::watch::Sender<HashSet<(String, String)>>>,
     changes: mpsc::UnboundedSender<Change>,
     fleet: String,
+    /// Jobs and Pods last seen finished ([`crate::run_once::finished`]), kept past their deletion: a Job
+    /// removed by its TTL controller the moment it completes may be gone before the engine looks at it.
+    finished: Arc<Mutex<HashMap<ObjectKey, crate::run_once::Finished>>>,
 }
 
 impl std::fmt::Debug for LiveCache {
@@ -88,6 +91,7 @@ impl LiveCache {
             listed: Arc::new(tokio::sync::watch::Sender::new(HashSet::new())),
             changes,
             fleet: fleet.to_owned(),
+            finished: Arc::default(),
         };
         (cache, receiver)
     }
@@ -104,6 +108,36 @@ impl LiveCache {
     pub fn health(&self, key: &ObjectKey) -> Option<crate::health::Health> {
         let objects = self.objects.read().expect("live cache lock");
         crate::health::assess_text(&key.group, &key.kind, objects.get(key)?)
+    }
+
+    /// How the Job or Pod `key` finished, if it was last seen finished (present or deleted since).
+    pub fn finished(&self, key: &ObjectKey) -> Option<crate::run_once::Finished> {
+        self.finished
+            .lock()
+            .expect("finished lock")
+            .get(key)
+            .copied()
+    }
+
+    /// Records whether a Job or Pod is finished as `object` (the object, or its data with `status` at the
+    /// top) shows it. A deleted object's last state only adds a finish: it never forgets one.
+    fn note_finished(&self, key: &ObjectKey, object: &Value, deleted: bool) {
+        if !matches!(
+            (key.group.as_str(), key.kind.as_str()),
+            ("batch", "Job") | ("", "Pod")
+        ) {
+            return;
+        }
+        let mut finished = self.finished.lock().expect("finished lock");
+        match crate::run_once::finished(&key.group, &key.kind, object) {
+            Some(how) => {
+                finished.insert(key.clone(), how);
+            }
+            None if !deleted => {
+                finished.remove(key);
+            }
+            None => {}
+        }
     }
 
     /// True when the watch has seen the object (cheaper than [`LiveCache::get`]).
@@ -135,10 +169,12 @@ impl LiveCache {
     /// it is instead of serialising `live` again.
     pub fn observe_text(&self, live: &Value, text: Vec<u8>) {
         if let Some(id) = ObjectRef::of(live) {
+            let key = ObjectKey::of(&id);
+            self.note_finished(&key, live, false);
             self.objects
                 .write()
                 .expect("live cache lock")
-                .insert(ObjectKey::of(&id), text.into_boxed_slice());
+                .insert(key, text.into_boxed_slice());
         }
     }
 
@@ -218,6 +254,7 @@ impl LiveCache {
 
     fn apply(&self, object: DynamicObject) -> Option<ObjectKey> {
         let key = key_of(&object)?;
+        self.note_finished(&key, &object.data, false);
         let text = serde_json::to_vec(&object).ok()?;
         drop(object);
         debug!(object = ?key, "watch: updated");
@@ -234,6 +271,7 @@ impl LiveCache {
             return;
         };
         debug!(object = ?key, "watch: deleted");
+        self.note_finished(&key, &object.data, true);
         self.objects.write().expect("live cache lock").remove(&key);
         let _ = self.changes.send(Change::Deleted(key));
     }
@@ -314,5 +352,33 @@ mod tests {
         assert!(cache.contains(&key));
         assert_eq!(cache.get(&key), Some(live));
         assert_eq!(cache.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_finish_is_remembered_past_the_deletion_and_forgotten_when_it_runs_again() {
+        let (cache, _changes) = LiveCache::new("fleet");
+        let job = |conditions: Value| -> DynamicObject {
+            serde_json::from_value(json!({"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": "certgen", "namespace": "a"}, "status": {"conditions": conditions}}))
+            .unwrap()
+        };
+        let done = job(json!([{"type": "Complete", "status": "True"}]));
+        let key = key_of(&done).unwrap();
+        cache.apply(job(json!([])));
+        assert_eq!(cache.finished(&key), None, "running");
+        cache.apply(done.clone());
+        cache.delete(done);
+        assert!(!cache.contains(&key));
+        assert_eq!(
+            cache.finished(&key),
+            Some(crate::run_once::Finished::Succeeded)
+        );
+        cache.delete(job(json!([])));
+        assert_eq!(
+            cache.finished(&key),
+            Some(crate::run_once::Finished::Succeeded)
+        );
+        cache.apply(job(json!([])));
+        assert_eq!(cache.finished(&key), None, "created again: running again");
     }
 }

@@ -10,6 +10,7 @@ mod ordered;
 mod pending;
 mod prevent;
 mod reconcile;
+mod retry;
 mod timers;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -31,7 +32,7 @@ use crate::cluster::Cluster;
 use crate::drift::ContestTracker;
 use crate::fetcher::Fetcher;
 use crate::heal::Healer;
-use crate::inventory::Inventory;
+use crate::inventory::{Inventory, ObjectKey};
 use crate::metrics::Metrics;
 use crate::packed::PackedBundle;
 use crate::report::StatusTx;
@@ -118,6 +119,8 @@ pub struct Engine {
     prevention: prevent::Prevention,
     /// The apps whose drift is only reported now, in a `heal: report` deny window.
     report_only: BTreeSet<String>,
+    /// Objects that failed to apply, each retried alone on its own back-off.
+    retries: crate::retry::ObjectRetries,
 }
 
 /// What [`Engine::publish_drift`] last published from.
@@ -197,6 +200,7 @@ impl Engine {
             enforced_apps: BTreeMap::new(),
             prevention: prevent::Prevention::default(),
             report_only: BTreeSet::new(),
+            retries: crate::retry::ObjectRetries::default(),
         };
         match known_good {
             Ok(Some(known_good)) => match engine.verify_known_good(&known_good) {
@@ -247,7 +251,8 @@ impl Engine {
         let _fetcher = AbortOnDrop(fetcher);
         loop {
             self.run_due_timers().await;
-            let wake = self.timers.next_wake(self.healer.next_timer());
+            let heal = [self.healer.next_timer(), self.retries.next_at()];
+            let wake = self.timers.next_wake(heal.into_iter().flatten().min());
             tokio::select! {
                 _ = tokio::time::sleep_until(wake.into()) => self.on_heal_timers().await,
                 Some(change) = self.changes.recv() => self.on_change(change).await,
@@ -304,6 +309,7 @@ impl Engine {
         if self.timers.retry_due(Instant::now()) || self.timers.take_policy_due(Instant::now()) {
             self.sync().await;
         }
+        self.retry_failed().await;
     }
 
     /// Starts the watches of every kind the inventory holds and waits, bounded, for their first lists.
@@ -346,6 +352,7 @@ impl Engine {
         let key = match &change {
             Change::Updated(key) | Change::Deleted(key) => key.clone(),
         };
+        self.note_finished(&key).await;
         let failed = self
             .status
             .borrow()
@@ -357,6 +364,28 @@ impl Engine {
         }
         self.healer.on_change(&key, &self.status).await;
         self.publish_drift();
+    }
+
+    /// A run-once object ([`crate::run_once`]) the watches saw finish is done for the body it was applied
+    /// with: recorded in the inventory (persisted, so that a restart does not run it again) and told to the
+    /// healer, for which its disappearance is no longer drift.
+    async fn note_finished(&mut self, key: &ObjectKey) {
+        let Some(shape) = self.healer.run_once(key) else {
+            return;
+        };
+        let Some(entry) = self.inventory.entries.get_mut(key) else {
+            return;
+        };
+        if entry.done.is_some() {
+            return;
+        }
+        let Some(done) = crate::run_once::done(shape, true, self.live.finished(key)) else {
+            return;
+        };
+        entry.done = Some(done);
+        info!(object = ?key, finished = ?done, "run-once object finished; it is not run again for this release");
+        self.healer.mark_done(key, done);
+        self.persist_inventory().await;
     }
 
     /// The healer's grace periods, holds and back-offs that end now.

@@ -63,23 +63,22 @@ struct Concluded {
 /// How a sync went, as far as the next step is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct SyncVerdict {
-    /// Every object applied (or unchanged) and every app rendered.
-    complete: bool,
-    /// Problems that are not about one object: render, prune, prune failures.
+    /// Problems that are not about one object: an app did not render, prunes held back or failed.
     errors: usize,
     /// Some apps wait for the apps they depend on to become healthy.
     waiting: bool,
-    /// Something failed: an app did not render, a prune or an object's apply failed or was refused.
+    /// Something failed that only a whole sync can try again: an app did not render, a prune failed.
     failed: bool,
     /// The prevention policy could not be written and should be tried again.
     prevention_retry: bool,
 }
 
 impl SyncVerdict {
-    /// Idle when all is done; a recheck (soon, without back-off) when apps only wait for their
-    /// dependencies; otherwise a retry with back-off.
+    /// Idle when all is done — objects that failed to apply are retried alone ([`crate::retry`]), never by
+    /// sending the release again; a recheck (soon, without back-off) when apps only wait for their
+    /// dependencies; otherwise a retry of the whole sync with back-off.
     fn next(self) -> Next {
-        if self.complete && self.errors == 0 && !self.prevention_retry {
+        if self.errors == 0 && !self.failed && !self.prevention_retry && !self.waiting {
             Next::Idle
         } else if self.waiting && !self.failed && !self.prevention_retry {
             Next::Recheck
@@ -123,7 +122,13 @@ impl Engine {
             self.prevention_removed();
         }
         let applied_by = started.elapsed();
-        // Objects that did not open are Failed, never sent; their apps' prunes wait like any failure's.
+        // Objects that did not open are Failed, never sent; their apps' prunes wait like any failure's. They
+        // are tried again with the whole sync (which reads the key again), never sent alone.
+        let sealed: BTreeSet<ObjectKey> = release
+            .sealed
+            .iter()
+            .map(|(object, _)| ObjectKey::of(&object.id))
+            .collect();
         report.results.extend(
             release
                 .sealed
@@ -133,7 +138,13 @@ impl Engine {
         // Counted before the status says the sync is done, so that whoever reads both sees them agree.
         self.count_outcomes(&report);
         let concluded = self
-            .conclude(enforced, &report, &release.unrendered, release.empty)
+            .conclude(
+                enforced,
+                &report,
+                &release.unrendered,
+                release.empty,
+                &sealed,
+            )
             .await;
         let elapsed = started.elapsed();
         self.metrics.observe_sync(elapsed);
@@ -144,6 +155,7 @@ impl Engine {
             total: elapsed,
         };
         log_sync(&report, &concluded.prune, concluded.complete, phases);
+        self.queue_failures(&report.results, &sealed);
         self.persist_inventory().await;
         // After the inventory is safe: the watches' first lists of what was just applied are the heaviest
         // reads of a sync, and would only delay that write. Drift meanwhile is in those lists.
@@ -225,6 +237,7 @@ impl Engine {
         report: &ApplyReport,
         unrendered: &[RenderError],
         release_empty: bool,
+        sealed: &BTreeSet<ObjectKey>,
     ) -> Concluded {
         let serial = enforced.accepted.pointer.serial;
         let (prune, waiting) = self.plan_release_prune(enforced, report, unrendered, release_empty);
@@ -232,7 +245,10 @@ impl Engine {
         let complete = report.complete() && unrendered.is_empty();
         let next = inventory::next(
             &self.inventory,
-            report.results.iter().map(inventory_record),
+            report
+                .results
+                .iter()
+                .map(|r| inventory_record(r, &self.live)),
             &prune,
             &pruned,
             serial,
@@ -245,7 +261,7 @@ impl Engine {
         let (prevention, objects) =
             futures::join!(self.keep_prevention(&report.results, serial), async {
                 tokio::task::yield_now().await;
-                object_statuses(&live, report)
+                object_statuses(&live, &next, report)
             });
         self.inventory = next;
 
@@ -253,17 +269,13 @@ impl Engine {
             .iter()
             .map(|(app, error)| format!("app {app}: {error}"))
             .collect();
+        // An app's prunes postponed for its failed objects wait for their retries, not for another sync.
+        let held_back = usize::from(prune.held_back.is_some());
         errors.extend(prune.reasons().cloned());
         let verdict = SyncVerdict {
-            complete,
-            errors: errors.len() + prune_errors.len(),
+            errors: unrendered.len() + held_back + prune_errors.len(),
             waiting: !waiting.is_empty(),
-            failed: !unrendered.is_empty()
-                || !prune_errors.is_empty()
-                || report
-                    .results
-                    .iter()
-                    .any(|r| matches!(r.outcome, Outcome::Failed(_) | Outcome::Refused(_))),
+            failed: !unrendered.is_empty() || !prune_errors.is_empty() || !sealed.is_empty(),
             // A prevention policy that could not be written is tried again with the sync's retry; a cluster
             // too old for it is only told so (it still detects and heals).
             prevention_retry: prevention.is_err() && !self.prevention_refused(),
@@ -383,7 +395,8 @@ impl Engine {
     }
 
     /// True when an object need not be written: its body is as last applied and the live object still owns
-    /// what that apply left it owning.
+    /// what that apply left it owning; or it runs once, finished for this body and is gone
+    /// ([`crate::run_once::skip_apply`]).
     fn unchanged(&self, key: &ObjectKey, hash: &str) -> bool {
         let Some(entry) = self
             .inventory
@@ -393,6 +406,10 @@ impl Engine {
         else {
             return false;
         };
+        let done_hash = entry.done.map(|_| entry.applied_hash.as_str());
+        if crate::run_once::skip_apply(done_hash, hash, self.live.contains(key)) {
+            return true;
+        }
         if self.healer.has_baseline(key) {
             return self.live.contains(key);
         }
@@ -403,7 +420,7 @@ impl Engine {
     }
 
     /// Counts the objects' outcomes (`windvane_apply_total`).
-    fn count_outcomes(&self, report: &ApplyReport) {
+    pub(super) fn count_outcomes(&self, report: &ApplyReport) {
         for result in &report.results {
             self.metrics.apply(match result.outcome {
                 Outcome::Applied { written: true } => "written",
@@ -416,7 +433,7 @@ impl Engine {
     }
 
     /// Makes sure every applied kind is watched, its lists paged for the largest object of the kind.
-    async fn watch_applied(&self, report: &ApplyReport) {
+    pub(super) async fn watch_applied(&self, report: &ApplyReport) {
         // By (group, kind): the version first applied, and the largest body of any version.
         let mut largest: BTreeMap<(&str, &str), (&str, usize)> = BTreeMap::new();
         for result in &report.results {
@@ -440,7 +457,7 @@ impl Engine {
     /// lands: every object the sync applied is in the release persisted as last known good before any of it
     /// was applied, and a restarted agent syncs that release first — recording what it applied and pruning
     /// what left — before it takes a newer one.
-    async fn persist_inventory(&self) {
+    pub(super) async fn persist_inventory(&self) {
         let started = Instant::now();
         match self.state.save_inventory(&self.inventory).await {
             Ok(()) => debug!(
@@ -562,6 +579,12 @@ impl Engine {
                 self.healer.adopt(&key, Baseline::of(&live));
             }
         }
+        self.healer.set_done(
+            self.inventory
+                .entries
+                .iter()
+                .filter_map(|(key, entry)| Some((key.clone(), entry.done?))),
+        );
     }
 }
 
@@ -580,22 +603,37 @@ fn waiting_apps(results: &[ObjectResult]) -> BTreeSet<String> {
         .collect()
 }
 
-fn applied(result: &ObjectResult) -> bool {
+pub(super) fn applied(result: &ObjectResult) -> bool {
     matches!(result.outcome, Outcome::Applied { .. })
 }
 
-/// What one object's apply means for the inventory.
-/// Each applied object's state, by key.
-fn object_statuses(live: &LiveCache, report: &ApplyReport) -> BTreeMap<ObjectKey, ObjectStatus> {
+/// Each applied object's state, by key (`inventory` as the sync leaves it: which run-once objects are done).
+fn object_statuses(
+    live: &LiveCache,
+    inventory: &inventory::Inventory,
+    report: &ApplyReport,
+) -> BTreeMap<ObjectKey, ObjectStatus> {
     report
         .results
         .iter()
-        .map(|result| (result.key(), object_status(live, result)))
+        .map(|result| {
+            let key = result.key();
+            let status = match inventory.entries.get(&key).and_then(|e| e.done) {
+                Some(done) if !live.contains(&key) && applied(result) => ObjectStatus {
+                    app: result.object.app.clone(),
+                    display: result.object.id.to_string(),
+                    state: SyncState::Synced,
+                    message: done.gone_message(),
+                },
+                _ => object_status(live, result),
+            };
+            (key, status)
+        })
         .collect()
 }
 
 /// An object's state from its apply outcome and its live health.
-fn object_status(live: &LiveCache, result: &ObjectResult) -> ObjectStatus {
+pub(super) fn object_status(live: &LiveCache, result: &ObjectResult) -> ObjectStatus {
     let failure = match &result.outcome {
         Outcome::Applied { .. } => None,
         Outcome::Failed(message) | Outcome::Refused(message) => Some(message.as_str()),
@@ -619,12 +657,19 @@ fn object_status(live: &LiveCache, result: &ObjectResult) -> ObjectStatus {
     }
 }
 
-fn inventory_record(result: &ObjectResult) -> Applied {
+/// What one object's apply means for the inventory: a run-once object is done once applied if marked so,
+/// or once the watches saw it finish.
+pub(super) fn inventory_record(result: &ObjectResult, live: &LiveCache) -> Applied {
     if !applied(result) {
         return Applied::No(result.key());
     }
     let id = &result.object.id;
+    let done = result
+        .object
+        .run_once
+        .and_then(|shape| crate::run_once::done(shape, true, live.finished(&result.key())));
     Applied::Yes(InventoryEntry {
+        done,
         app: result.object.app.clone(),
         api_version: id.api_version.clone(),
         kind: id.kind.clone(),
@@ -713,7 +758,6 @@ mod tests {
     use super::*;
 
     const DONE: SyncVerdict = SyncVerdict {
-        complete: true,
         errors: 0,
         waiting: false,
         failed: false,
@@ -722,9 +766,12 @@ mod tests {
 
     #[test]
     fn a_sync_idles_when_done_rechecks_when_apps_only_wait_and_retries_otherwise() {
-        assert_eq!(DONE.next(), Next::Idle);
+        assert_eq!(
+            DONE.next(),
+            Next::Idle,
+            "done, or only objects failed: they are retried alone"
+        );
         let waiting = SyncVerdict {
-            complete: false,
             waiting: true,
             ..DONE
         };

@@ -176,6 +176,11 @@ impl DriftMachine {
         self.contest.retain(|key| desired.contains_key(key));
     }
 
+    /// Adds one object to the release's set (it landed after the others, on a retry of its own).
+    pub fn insert_desired(&mut self, object: Desired) {
+        self.desired.insert(ObjectKey::of(&object.id), object);
+    }
+
     /// The desired object of `key`, when it is managed.
     pub fn desired(&self, key: &ObjectKey) -> Option<&Desired> {
         self.desired.get(key)

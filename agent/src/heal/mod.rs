@@ -11,7 +11,7 @@ pub mod machine;
 #[cfg(test)]
 mod tests;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +28,7 @@ use crate::drift::{Baseline, ContestTracker};
 use crate::inventory::ObjectKey;
 use crate::metrics::Metrics;
 use crate::report::StatusTx;
+use crate::run_once::{Finished, RunOnce};
 use crate::watch::LiveCache;
 use machine::{Action, Cause, DRIFT_DETECTED, DriftMachine, Now};
 
@@ -39,6 +40,9 @@ pub struct Healer {
     metrics: Arc<Metrics>,
     /// Events go out in order from a background task, so emitting one never delays a revert.
     events: mpsc::UnboundedSender<(Event, ObjectReference)>,
+    /// Run-once objects done for the body the release gives them ([`crate::run_once`]): their absence is
+    /// not drift.
+    done: HashMap<ObjectKey, Finished>,
 }
 
 impl std::fmt::Debug for Healer {
@@ -78,7 +82,44 @@ impl Healer {
             machine: DriftMachine::new(hold_cap, contest),
             metrics,
             events,
+            done: HashMap::new(),
         }
+    }
+
+    /// The run-once objects done for the body they have now (from the inventory, after each sync).
+    pub fn set_done(&mut self, done: impl IntoIterator<Item = (ObjectKey, Finished)>) {
+        self.done = done.into_iter().collect();
+    }
+
+    /// A run-once object just finished: from now on its absence is not drift.
+    pub fn mark_done(&mut self, key: &ObjectKey, how: Finished) {
+        self.done.insert(key.clone(), how);
+    }
+
+    /// How a managed object runs once, if it does.
+    pub fn run_once(&self, key: &ObjectKey) -> Option<RunOnce> {
+        self.machine.desired(key).and_then(|d| d.run_once)
+    }
+
+    /// One more object of the release to watch over (a failed object that landed on a retry of its own).
+    pub fn add_desired(&mut self, object: Desired) {
+        self.machine.insert_desired(object);
+    }
+
+    /// A done run-once object found gone: reported, not healed. True when that is what `key` is.
+    fn gone_and_done(&self, key: &ObjectKey, live: Option<&Value>, status: &StatusTx) -> bool {
+        let Some(how) = self.done.get(key).copied().filter(|_| live.is_none()) else {
+            return false;
+        };
+        status.send_if_modified(|status| {
+            let Some(object) = status.objects.get_mut(key) else {
+                return false;
+            };
+            object.state = windvane_shared::status::SyncState::Synced;
+            object.message = how.gone_message();
+            true
+        });
+        true
     }
 
     /// The objects of the release now enforced, as applied; drift is judged against these.
@@ -191,6 +232,10 @@ impl Healer {
         };
         let span = info_span!("drift", object = %desired.id, app = %desired.app);
         let live = self.live.get(key);
+        if self.gone_and_done(key, live.as_ref(), status) {
+            span.in_scope(|| info!("run-once object finished and removed; not recreated"));
+            return;
+        }
         let actions = span.in_scope(|| {
             self.machine
                 .on_event(key, live.as_ref(), Now::current(), cause)
@@ -287,6 +332,9 @@ impl Healer {
                 Some(live) => Some(live),
                 None => self.fetch(&key).await,
             };
+            if self.gone_and_done(&key, live.as_ref(), status) {
+                continue;
+            }
             let Some(dry_run) = self.dry_run(&key).await else {
                 continue;
             };

@@ -69,6 +69,7 @@ fn applied(bundle: Bundle) -> Inventory {
                 applied_hash: object.body_hash(),
                 owned_digest: None,
                 orphaned: false,
+                done: None,
             };
             inventory.entries.insert(ObjectKey::of(&object.id), entry);
         }
