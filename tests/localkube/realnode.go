@@ -507,6 +507,8 @@ func (n *realNode) kubeletServer(kubeconfig, caFile string, port int) (*kubeleto
 	kc.EvictionHard = map[string]string{"memory.available": "100Mi"}
 	kc.ImageGCHighThresholdPercent = 100
 	kc.ImageGCLowThresholdPercent = 99
+	// No name servers in pods: the machine's would be off the machine, which
+	// pods cannot reach (and must not try to).
 	kc.ResolverConfig = ""
 	kc.NodeStatusUpdateFrequency = metav1.Duration{Duration: 10 * time.Second}
 	kc.SyncFrequency = metav1.Duration{Duration: 10 * time.Second}
