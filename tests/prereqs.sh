@@ -33,6 +33,10 @@ requirements=(
   "tests|the load balancer in front of the server replicas test|/usr/sbin/haproxy|haproxy"
   "tests|the loopback-only network namespace the tests run in (tests/loopback-only)|unshare|util-linux"
   "tests|bringing loopback up in that namespace|ip|iproute2"
+  "tests|the real node's container runtime (localkube --real-node)|/usr/sbin/runc|runc"
+  "tests|the real node's pod network (CNI bridge, host-local, loopback, portmap)|/usr/lib/cni/bridge|containernetworking-plugins"
+  "tests|the test workload image (deploy/images/build.sh)|/bin/busybox|busybox-static"
+  "tests|building OCI images without Docker (deploy/images/build.sh)|umoci|umoci"
 )
 
 found() {

@@ -46,6 +46,9 @@ type fakeNode struct {
 	name   string
 	pods   corelisters.PodLister
 	queue  workqueue.TypedRateLimitingInterface[string]
+	// bindOnly: a real kubelet runs the pods (--real-node); only the
+	// scheduler's part (binding) is done here.
+	bindOnly bool
 }
 
 // register creates (or, after a restart, refreshes) the Node object: Ready,
@@ -204,7 +207,9 @@ func (n *fakeNode) run(ctx context.Context, factory informers.SharedInformerFact
 	for i := 0; i < 4; i++ {
 		go n.worker(ctx)
 	}
-	go n.renewLease(ctx)
+	if !n.bindOnly {
+		go n.renewLease(ctx)
+	}
 	return nil
 }
 
@@ -239,6 +244,9 @@ func (n *fakeNode) sync(ctx context.Context, key string) error {
 		return err
 	}
 	pods := n.client.CoreV1().Pods(ns)
+	if n.bindOnly && (pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil) {
+		return nil
+	}
 
 	switch {
 	case pod.DeletionTimestamp != nil:

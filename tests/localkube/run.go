@@ -53,6 +53,8 @@ type config struct {
 	exitWithStdin    bool
 	removeOnStdinEOF bool
 	profiling        bool
+	realNode         bool
+	node             realNodeConfig
 }
 
 func parseFlags(args []string) (config, error) {
@@ -70,6 +72,16 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&c.exitWithStdin, "exit-with-stdin", false, "shut down when stdin reaches end of file (the parent died or closed it)")
 	fs.BoolVar(&c.profiling, "profiling", false, "serve Go's profiles of the whole process (etcd and the control plane) at the apiserver's /debug/pprof/ (cluster-admin only)")
 	fs.BoolVar(&c.removeOnStdinEOF, "remove-data-dir-on-stdin-eof", false, "like --exit-with-stdin, and also delete --data-dir after shutting down that way")
+	fs.BoolVar(&c.realNode, "real-node", false, "run a real kubelet with containerd and runc instead of the fake node (root, cgroup v1 or v2, inside tests/loopback-only; see README.md)")
+	fs.StringVar(&c.node.containerd, "containerd", defaultContainerd(), "--real-node: the containerd binary (ctr and containerd-shim-runc-v2 beside it; tests/tools/build-realnode.sh builds them)")
+	fs.StringVar(&c.node.runc, "runc", "/usr/sbin/runc", "--real-node: the runc binary")
+	fs.StringVar(&c.node.cniBinDir, "cni-bin-dir", "/usr/lib/cni", "--real-node: the CNI plugins' directory")
+	fs.StringVar(&c.node.sandboxImage, "sandbox-image", "docker.io/windvane-test/pause:local", "--real-node: the pod sandbox image (it must be loaded with --load-image: nothing is pulled)")
+	fs.Func("load-image", "--real-node: an OCI image archive to load into the node's containerd (repeatable; deploy/images/build.sh builds them)", func(v string) error {
+		abs, err := filepath.Abs(v)
+		c.node.loadImages = append(c.node.loadImages, abs)
+		return err
+	})
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: localkube --data-dir DIR [flags]\n       localkube kubectl [kubectl args]\n\nflags:\n")
 		fs.PrintDefaults()
@@ -88,6 +100,9 @@ func parseFlags(args []string) (config, error) {
 		return c, err
 	}
 	c.dataDir = abs
+	if !c.realNode && len(c.node.loadImages) > 0 {
+		return c, errors.New("--load-image needs --real-node")
+	}
 	if c.kubeconfigOut == "" {
 		c.kubeconfigOut = filepath.Join(c.dataDir, "admin.kubeconfig")
 	}
@@ -225,6 +240,17 @@ func run(ctx context.Context, c config, readyOut io.Writer) error {
 	port := ln.Addr().(*net.TCPAddr).Port
 	server := fmt.Sprintf("https://127.0.0.1:%d", port)
 
+	var realNode *realNode
+	if c.realNode {
+		// Started first: it checks the machine, and fails before anything else runs.
+		realNode = newRealNode(c.node, c.dataDir, c.nodeName)
+		defer realNode.stop()
+		if err := realNode.start(ctx); err != nil {
+			ln.Close()
+			return err
+		}
+	}
+
 	etcd, etcdURL, err := startEtcd(c.dataDir)
 	if err != nil {
 		ln.Close()
@@ -316,8 +342,13 @@ func run(ctx context.Context, c config, readyOut io.Writer) error {
 		}
 	}()
 
-	node := &fakeNode{client: client, name: c.nodeName}
-	if err := waitFor(deadline, apiDone, "node registration", func(ctx context.Context) (bool, error) {
+	node := &fakeNode{client: client, name: c.nodeName, bindOnly: c.realNode}
+	var kubeletDone <-chan error // nil (never ready) without a real node
+	if c.realNode {
+		if kubeletDone, err = realNode.runKubelet(compCtx, internalKubeconfig, p.caCert()); err != nil {
+			return err
+		}
+	} else if err := waitFor(deadline, apiDone, "node registration", func(ctx context.Context) (bool, error) {
 		if err := node.register(ctx); err != nil {
 			klog.V(1).Infof("localkube: %v (retrying)", err)
 			return false, nil
@@ -335,6 +366,20 @@ func run(ctx context.Context, c config, readyOut io.Writer) error {
 		stopComponents()
 		factory.Shutdown()
 	}()
+	if c.realNode {
+		if err := waitFor(deadline, apiDone, "the real node's kubelet to report the node Ready", func(ctx context.Context) (bool, error) {
+			select {
+			case err := <-kubeletDone:
+				kubeletDone = closedWith(err)
+				return false, fmt.Errorf("the kubelet stopped: %v", err)
+			default:
+			}
+			return nodeReady(ctx, client, c.nodeName)
+		}); err != nil {
+			return err
+		}
+		realNode.restoreSysctls()
+	}
 
 	if err := waitFor(deadline, apiDone, "default ServiceAccount", func(ctx context.Context) (bool, error) {
 		if _, err := client.CoreV1().Nodes().Get(ctx, c.nodeName, metav1.GetOptions{}); err != nil {
@@ -371,6 +416,8 @@ func run(ctx context.Context, c config, readyOut io.Writer) error {
 	case err := <-kcmDone:
 		kcmDone = closedWith(err)
 		return fmt.Errorf("kube-controller-manager stopped: %v", err)
+	case err := <-kubeletDone:
+		return fmt.Errorf("the kubelet stopped: %v", err)
 	case err := <-etcd.Err():
 		return fmt.Errorf("etcd failed: %v", err)
 	}

@@ -25,6 +25,14 @@
 //! directories (and logs) after the test for inspection.
 //!
 //! The bundled, version-matched kubectl is [`LocalKube::kubectl`].
+//!
+//! [`LocalKube::start_real_node`] starts one whose node is real (`localkube
+//! --real-node`): a kubelet runs pods as containers through containerd and
+//! runc, with the images of `deploy/images/build.sh` (`windvane-test/busybox:local`)
+//! loaded. It needs root, cgroups, and a network namespace with only loopback
+//! (`tests/loopback-only`); where the machine cannot run it, starting fails with
+//! localkube's list of what is missing. Such a localkube is stopped with
+//! SIGTERM even on drop, so that it removes its pods, containerd and cgroups.
 
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, Read};
@@ -48,6 +56,18 @@ pub const BINARY_ENV: &str = "WINDVANE_LOCALKUBE";
 /// set, every start checks `/version` and fails on another minor, so a run meant for one release
 /// cannot pass on another binary.
 pub const MINOR_ENV: &str = "WINDVANE_LOCALKUBE_MINOR";
+
+/// Environment variable naming the containerd binary for a real node (`ctr` and
+/// `containerd-shim-runc-v2` beside it); default `<workspace>/target/tools/containerd`,
+/// where `tests/tools/build-realnode.sh` puts it.
+pub const CONTAINERD_ENV: &str = "WINDVANE_CONTAINERD";
+
+/// Environment variable naming the directory of `deploy/images/build.sh`'s image
+/// archives; default `<workspace>/target/images`.
+pub const IMAGES_ENV: &str = "WINDVANE_IMAGES";
+
+/// The test workload image a real node has loaded: a shell and `sleep`.
+pub const BUSYBOX_IMAGE: &str = "windvane-test/busybox:local";
 
 /// Environment variable that, when set to `1`, keeps data directories.
 pub const KEEP_ENV: &str = "WINDVANE_LOCALKUBE_KEEP";
@@ -89,6 +109,8 @@ pub struct LocalKube {
     config: kube::Config,
     /// Extra localkube flags it was started with (kept for restarts).
     args: Vec<String>,
+    /// Started with `--real-node`: stopped with SIGTERM even on drop.
+    real_node: bool,
 }
 
 impl LocalKube {
@@ -102,6 +124,43 @@ impl LocalKube {
     /// `["--controllers", "*,-garbage-collector-controller"]`), as [`start`](Self::start) does.
     pub async fn start_with(args: &[&str]) -> Result<Self> {
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        Self::start_args(args).await
+    }
+
+    /// Starts a localkube whose node runs real containers (`--real-node`), with
+    /// the images of `deploy/images/build.sh` loaded (among them
+    /// [`BUSYBOX_IMAGE`]), and waits until the node is Ready. Fails, naming
+    /// what to build or install, where containerd or the images are missing or
+    /// the machine cannot run the node.
+    pub async fn start_real_node() -> Result<Self> {
+        let workspace = workspace_dir();
+        let containerd = env_path(CONTAINERD_ENV, workspace.join("target/tools/containerd"));
+        if !containerd.is_file() {
+            bail!(
+                "containerd not found at {} (set {CONTAINERD_ENV} or build it: run tests/tools/build-realnode.sh)",
+                containerd.display()
+            );
+        }
+        let images = env_path(IMAGES_ENV, workspace.join("target/images"));
+        let busybox = images.join("busybox.tar");
+        if !busybox.is_file() {
+            bail!(
+                "image archive {} not found (set {IMAGES_ENV} or build it: run deploy/images/build.sh)",
+                busybox.display()
+            );
+        }
+        let args = vec![
+            "--real-node".to_owned(),
+            "--containerd".to_owned(),
+            containerd.display().to_string(),
+            "--load-image".to_owned(),
+            busybox.display().to_string(),
+        ];
+        Self::start_args(args).await
+    }
+
+    async fn start_args(args: Vec<String>) -> Result<Self> {
+        let real_node = args.iter().any(|a| a == "--real-node");
         let binary = binary_path()?;
         let keep = std::env::var(KEEP_ENV).is_ok_and(|v| v == "1");
         let mut data_dir = tempfile::Builder::new()
@@ -128,6 +187,7 @@ impl LocalKube {
             keep,
             config,
             args,
+            real_node,
         };
         // Fail here, not in the first test step, if the kubeconfig is unusable.
         let client = kube::Client::try_from(kube.config.clone())
@@ -311,20 +371,52 @@ impl LocalKube {
 
 impl Drop for LocalKube {
     fn drop(&mut self) {
+        // A real node's pods, containerd and shims outlive a SIGKILL of
+        // localkube (they are not in its process group): let it stop them.
+        if self.real_node
+            && let Some(mut child) = self.child.take()
+        {
+            stop_blocking(&mut child);
+        }
         self.kill();
     }
+}
+
+/// SIGTERM, then waits up to [`STOP_TIMEOUT`] without an async runtime (for
+/// Drop), then SIGKILLs the group if it is still there.
+fn stop_blocking(child: &mut Child) {
+    if signal(child.id(), "TERM", false).is_ok() {
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while Instant::now() < deadline {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    kill_group(child);
+}
+
+/// The workspace's root directory (the tests crate's parent).
+fn workspace_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate lives inside the workspace")
+        .to_path_buf()
+}
+
+/// `$var` as a path, else `default`.
+fn env_path(var: &str, default: PathBuf) -> PathBuf {
+    std::env::var_os(var).map_or(default, PathBuf::from)
 }
 
 /// Where the localkube binary is: `$WINDVANE_LOCALKUBE`, else
 /// `<workspace>/target/localkube/localkube`.
 pub fn binary_path() -> Result<PathBuf> {
-    let path = match std::env::var_os(BINARY_ENV) {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .expect("the tests crate lives inside the workspace")
-            .join("target/localkube/localkube"),
-    };
+    let path = env_path(
+        BINARY_ENV,
+        workspace_dir().join("target/localkube/localkube"),
+    );
     if !path.is_file() {
         bail!(
             "localkube binary not found at {} (set {BINARY_ENV} or build it: run tests/localkube/build.sh)",
