@@ -280,3 +280,398 @@ fn windvane_reads_yaml_exactly_as_kubectl_and_helm_do() -> anyhow::Result<()> {
     ensure!(compared > 20_000, "only {compared} documents compared");
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// `windvane build` on trees shaped like published files and charts.
+
+/// Runs the real `windvane` with the real engines.
+fn windvane(args: &[&str]) -> anyhow::Result<Output> {
+    Ok(Command::new(binary("windvane")?)
+        .args(args)
+        .env("WINDVANE_HELM", tool("helm")?)
+        .env_remove("WINDVANE_STRICT")
+        .output()?)
+}
+
+/// `windvane build` of `tree` (with `extra` flags): the bundle and standard error, or the error's text.
+fn build(tree: &FleetTree, extra: &[&str]) -> anyhow::Result<Result<(Value, String), String>> {
+    let out = tree.path().join("../bundle.json");
+    let source = tree.path().display().to_string();
+    let output_path = out.display().to_string();
+    let mut args = vec!["build", source.as_str(), "-o", output_path.as_str()];
+    args.extend_from_slice(extra);
+    let output = windvane(&args)?;
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    if !output.status.success() {
+        return Ok(Err(stderr));
+    }
+    let bundle = serde_json::from_slice(&std::fs::read(&out)?)?;
+    std::fs::remove_file(&out)?;
+    Ok(Ok((bundle, stderr)))
+}
+
+/// Every object of an app of a bundle (every variant of an engine's), by kind and name.
+fn objects<'b>(bundle: &'b Value, app: &str) -> Vec<&'b Value> {
+    let Some(app) = bundle["apps"]
+        .as_array()
+        .and_then(|apps| apps.iter().find(|a| a["name"] == app))
+    else {
+        return Vec::new();
+    };
+    let plain = app["manifests"].as_array().into_iter().flatten();
+    let rendered = app["rendered"]["variants"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|variant| variant["manifests"].as_array().into_iter().flatten());
+    plain
+        .chain(rendered)
+        .map(|manifest| &manifest["object"])
+        .collect()
+}
+
+fn object<'b>(bundle: &'b Value, app: &str, kind: &str, name: &str) -> anyhow::Result<&'b Value> {
+    objects(bundle, app)
+        .into_iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .with_context(|| format!("app {app} has no {kind} {name}"))
+}
+
+const YAML11_FLEET: &str = "\
+fleet: acme
+apps:
+  - name: files
+    path: apps/files
+    namespace: files
+  - name: chart
+    path: charts/mounts
+    namespace: mounts
+";
+
+/// A plain install file with what published files hold: an octal mode, yes/on booleans, a merge key and an
+/// underscored number.
+const YAML11_FILE: &str = "\
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: agent
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: agent}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec:
+      containers:
+        - &container
+          name: agent
+          image: example.invalid/agent:1
+          securityContext: {readOnlyRootFilesystem: yes, privileged: off}
+          env:
+            - {name: LIMIT, value: \"1_000\"}
+        - <<: *container
+          name: sidecar
+      terminationGracePeriodSeconds: 1_000
+      volumes:
+        - name: config
+          configMap: {name: agent, defaultMode: 0644}
+";
+
+/// A chart with no `helm:` in fleet.yaml, whose own output has YAML 1.1 forms no chart user can change.
+const MOUNTS_CHART: &[(&str, &str)] = &[
+    (
+        "charts/mounts/Chart.yaml",
+        "apiVersion: v2\nname: mounts\nversion: 0.1.0\n",
+    ),
+    ("charts/mounts/values.yaml", "mode: \"0600\"\n"),
+    (
+        "charts/mounts/templates/pod.yaml",
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {{ .Release.Name }}-pod
+spec:
+  automountServiceAccountToken: on
+  containers: [{name: c, image: example.invalid/c:1}]
+  volumes:
+    - name: secret
+      secret: {secretName: s, defaultMode: {{ .Values.mode }}}
+",
+    ),
+];
+
+/// Issue 43: YAML 1.1 forms in plain files and in Helm's output are read as kubectl reads them, with a
+/// warning naming file and line; `--strict` refuses them. A folder with a Chart.yaml and no `helm:` is a chart.
+#[test]
+fn build_reads_yaml11_as_kubectl_does_and_strict_refuses() -> anyhow::Result<()> {
+    let tree = FleetTree::new()?;
+    tree.write("fleet.yaml", YAML11_FLEET)?;
+    tree.write("apps/files/agent.yaml", YAML11_FILE)?;
+    for (path, text) in MOUNTS_CHART {
+        tree.write(path, text)?;
+    }
+    let (bundle, stderr) = build(&tree, &[])?.map_err(anyhow::Error::msg)?;
+    let deployment = object(&bundle, "files", "Deployment", "agent")?;
+    let pod_spec = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod_spec["volumes"][0]["configMap"]["defaultMode"], 420);
+    assert_eq!(pod_spec["terminationGracePeriodSeconds"], 1000);
+    let main = &pod_spec["containers"][0];
+    assert_eq!(
+        main["securityContext"],
+        serde_json::json!({"readOnlyRootFilesystem": true, "privileged": false})
+    );
+    let sidecar = &pod_spec["containers"][1];
+    assert_eq!(sidecar["name"], "sidecar");
+    assert_eq!(
+        sidecar["image"], "example.invalid/agent:1",
+        "the merge key brought the container in"
+    );
+    assert_eq!(
+        main["env"][0]["value"], "1_000",
+        "a quoted scalar stays text"
+    );
+    // The chart, recognised by its Chart.yaml, rendered by helm; its output read as kubectl reads it.
+    let pod = object(&bundle, "chart", "Pod", "chart-pod")?;
+    assert_eq!(pod["spec"]["volumes"][0]["secret"]["defaultMode"], 384);
+    assert_eq!(pod["spec"]["automountServiceAccountToken"], true);
+    for expected in [
+        "warning: apps/files/agent.yaml:15:53: \"yes\"",
+        "warning: apps/files/agent.yaml:15:70: \"off\"",
+        "warning: apps/files/agent.yaml:18:11: \"<<\"",
+        "warning: apps/files/agent.yaml:20:38: \"1_000\"",
+        "warning: apps/files/agent.yaml:23:49: \"0644\"",
+        // Lines count in the template's rendered document, as helm printed it.
+        "warning: charts/mounts (helm): mounts/templates/pod.yaml:11:44: \"0600\"",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "{expected:?} missing in:\n{stderr}"
+        );
+    }
+    assert!(
+        stderr.contains("read 420, a YAML 1.2 reader 644"),
+        "{stderr}"
+    );
+    let refused = build(&tree, &["--strict"])?
+        .err()
+        .context("--strict built the tree")?;
+    assert!(
+        refused
+            .contains("apps/files/agent.yaml:15:53: \"yes\" reads differently in YAML 1.1 and 1.2"),
+        "{refused}"
+    );
+    Ok(())
+}
+
+/// Issue 43: a monitoring stack's dashboards keep Grafana's `${cluster}`, `${namespace}`,
+/// `${__data.fields.X}` and `${datasource}`, in an app that declares no values; `windvane build` names the
+/// apps whose manifests hold Windvane variables; a near miss is an error with a suggestion.
+#[test]
+fn only_windvane_variables_are_substituted() -> anyhow::Result<()> {
+    let tree = FleetTree::new()?;
+    tree.write(
+        "fleet.yaml",
+        "fleet: acme\napps:\n  - name: dashboards\n    path: apps/dashboards\n    namespace: monitoring\n  \
+         - name: web\n    path: apps/web\n    namespace: web\n    values: {replicas: 2}\n",
+    )?;
+    let dashboard = "apiVersion: v1
+kind: ConfigMap
+metadata: {name: cluster-overview}
+data:
+  overview.json: |
+    {\"templating\": {\"list\": [{\"name\": \"cluster\"}, {\"name\": \"namespace\"}]},
+     \"panels\": [{\"datasource\": \"${datasource}\",
+       \"targets\": [{\"expr\": \"sum(up{cluster=\\\"${cluster}\\\", namespace=~\\\"${namespace}\\\"})\"}],
+       \"links\": [{\"url\": \"/d/pods?var-pod=${__data.fields.pod}&var-cluster=${cluster:text}\"}]}]}
+  run.sh: 'exec agent --home ${HOME} --match ${1}'
+";
+    tree.write("apps/dashboards/overview.yaml", dashboard)?;
+    tree.write(
+        "apps/web/deploy.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: web}\ndata:\n  cluster: ${cluster.name}\n  \
+         replicas: \"${values.replicas}\"\n",
+    )?;
+    let (bundle, stderr) = build(&tree, &[])?.map_err(anyhow::Error::msg)?;
+    assert!(
+        stderr.contains("variables: substituted per cluster in app(s) web\n"),
+        "{stderr}"
+    );
+    // What a cluster gets: the dashboard exactly as written.
+    let source = tree.path().display().to_string();
+    let output = windvane(&["render", &source, "--cluster", "eu-1"])?;
+    ensure!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let rendered = String::from_utf8(output.stdout)?;
+    let written =
+        object(&bundle, "dashboards", "ConfigMap", "cluster-overview")?["data"]["overview.json"]
+            .as_str()
+            .context("overview.json")?
+            .to_owned();
+    assert!(
+        written.contains("cluster=\\\"${cluster}\\\"") && written.contains("${__data.fields.pod}")
+    );
+    let rendered_docs =
+        windvane_shared::yaml::documents_to_json(&rendered, "render", YamlLimits::default())?;
+    let rendered_dashboard = rendered_docs
+        .iter()
+        .map(|(_, v)| v)
+        .find(|v| v["metadata"]["name"] == "cluster-overview")
+        .context("the dashboard is rendered")?;
+    assert_eq!(rendered_dashboard["data"]["overview.json"], written);
+    assert_eq!(
+        rendered_dashboard["data"]["run.sh"],
+        "exec agent --home ${HOME} --match ${1}"
+    );
+    assert!(rendered.contains("cluster: eu-1"), "{rendered}");
+    // Near misses stay errors, with a suggestion.
+    for (text, hint) in [
+        ("${cluster.nmae}", "did you mean ${cluster.name}?"),
+        ("\"${values.replcas}\"", "did you mean ${values.replicas}?"),
+    ] {
+        tree.write(
+            "apps/web/deploy.yaml",
+            &format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: web}}\ndata:\n  x: {text}\n"
+            ),
+        )?;
+        let refused = build(&tree, &[])?.err().context("a near miss built")?;
+        assert!(refused.contains(hint), "{refused}");
+    }
+    Ok(())
+}
+
+/// A chart with dependencies as `helm dependency build` leaves them: one unpacked in charts/, one packed as a
+/// .tgz, one disabled by its `condition:`.
+#[test]
+fn chart_dependencies_in_charts_folder_render_and_a_disabled_one_does_not() -> anyhow::Result<()> {
+    let tree = FleetTree::new()?;
+    tree.write(
+        "fleet.yaml",
+        "fleet: acme\napps:\n  - name: stack\n    path: charts/stack\n    namespace: stack\n",
+    )?;
+    tree.write(
+        "charts/stack/Chart.yaml",
+        "apiVersion: v2\nname: stack\nversion: 1.0.0\ndependencies:\n  - {name: alpha, version: 0.1.0, repository: \"\"}\n  \
+         - {name: beta, version: 0.2.0, repository: \"\"}\n  - {name: gamma, version: 0.3.0, repository: \"\", condition: gamma.enabled}\n",
+    )?;
+    tree.write(
+        "charts/stack/values.yaml",
+        "gamma: {enabled: false}\nbeta: {greeting: from-parent}\n",
+    )?;
+    tree.write(
+        "charts/stack/templates/own.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: stack-own}\n",
+    )?;
+    for (name, version) in [("alpha", "0.1.0"), ("beta", "0.2.0"), ("gamma", "0.3.0")] {
+        let dir = if name == "beta" {
+            "packing/beta".to_owned()
+        } else {
+            format!("charts/stack/charts/{name}")
+        };
+        tree.write(
+            &format!("{dir}/Chart.yaml"),
+            &format!("apiVersion: v2\nname: {name}\nversion: {version}\n"),
+        )?;
+        tree.write(&format!("{dir}/values.yaml"), "greeting: own\n")?;
+        tree.write(
+            &format!("{dir}/templates/cm.yaml"),
+            &format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}}}\ndata: {{greeting: {{{{ .Values.greeting }}}}}}\n"),
+        )?;
+    }
+    let packed = Command::new(tool("helm")?)
+        .args([
+            "package",
+            "packing/beta",
+            "--destination",
+            "charts/stack/charts",
+        ])
+        .current_dir(tree.path())
+        .output()?;
+    ensure!(
+        packed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&packed.stderr)
+    );
+    std::fs::remove_dir_all(tree.path().join("packing"))?;
+    ensure!(
+        tree.path()
+            .join("charts/stack/charts/beta-0.2.0.tgz")
+            .is_file()
+    );
+    let (bundle, _) = build(&tree, &[])?.map_err(anyhow::Error::msg)?;
+    let mut names: Vec<String> = objects(&bundle, "stack")
+        .iter()
+        .map(|o| {
+            o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    names.sort();
+    assert_eq!(names, ["alpha", "beta", "stack-own"]);
+    assert_eq!(
+        object(&bundle, "stack", "ConfigMap", "beta")?["data"]["greeting"],
+        "from-parent"
+    );
+    Ok(())
+}
+
+/// A chart that installs a CRD and renders a resource of it only when `.Capabilities.APIVersions.Has` it:
+/// built as it will be once its CRD exists, and the same on every build.
+#[test]
+fn a_chart_that_asks_for_its_own_crds_renders_them_the_same_every_time() -> anyhow::Result<()> {
+    let tree = FleetTree::new()?;
+    tree.write(
+        "fleet.yaml",
+        "fleet: acme\napps:\n  - name: widgets\n    path: charts/widgets\n    namespace: widgets\n",
+    )?;
+    tree.write(
+        "charts/widgets/Chart.yaml",
+        "apiVersion: v2\nname: widgets\nversion: 0.1.0\n",
+    )?;
+    tree.write(
+        "charts/widgets/crds/widgets.yaml",
+        "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: widgets.example.com}
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {kind: Widget, plural: widgets, singular: widget, listKind: WidgetList}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+",
+    )?;
+    tree.write(
+        "charts/widgets/templates/default.yaml",
+        "{{- if .Capabilities.APIVersions.Has \"example.com/v1/Widget\" }}
+apiVersion: example.com/v1
+kind: Widget
+metadata: {name: default}
+{{- end }}
+{{- if .Capabilities.APIVersions.Has \"example.com/v1\" }}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: widgets-enabled}
+{{- end }}
+",
+    )?;
+    let (first, _) = build(&tree, &[])?.map_err(anyhow::Error::msg)?;
+    object(&first, "widgets", "Widget", "default")?;
+    object(&first, "widgets", "ConfigMap", "widgets-enabled")?;
+    for _ in 0..2 {
+        let (again, _) = build(&tree, &[])?.map_err(anyhow::Error::msg)?;
+        assert_eq!(
+            again, first,
+            "the same chart built again gives another bundle"
+        );
+    }
+    Ok(())
+}
