@@ -52,7 +52,9 @@
 //! directories (`.git`) are skipped; other files (`README.md`) are ignored; a `kustomization.yaml` below a plain
 //! app's folder is refused, because the bundle would silently lack what kustomize would have generated. YAML files may hold several
 //! documents; empty ones are skipped; a `kind: List` document is expanded into its items. Both `fleet.yaml` and
-//! the manifests are read by [`crate::yaml`], so YAML that kubectl would read differently is refused.
+//! the manifests are read by [`crate::yaml`]: manifests as kubectl reads them, with a [`YamlWarning`] where a
+//! YAML 1.2 reader would differ ([`LoadOptions::strict_yaml`] refuses them instead); `fleet.yaml` strictly.
+//! A folder holding a `Chart.yaml` (and no kustomization) is a Helm chart even without `helm:`.
 //!
 //! ```no_run
 //! use windvane_shared::bundle::BundleLimits;
