@@ -17,6 +17,7 @@ use windvane_shared::keys::{self, TrustedKeys};
 use windvane_shared::release::{self, AcceptedRelease, PointerExpectations};
 use windvane_shared::render::ClusterIdentity;
 use windvane_shared::selector::{Labels, parse_label_assignment};
+use windvane_shared::source::{LoadOptions, Loaded};
 use windvane_shared::{source, yaml_out};
 use windvane_store::{self as store, PublishRequest, StoreLocation};
 
@@ -30,6 +31,10 @@ pub struct BuildArgs {
     /// Where to write the bundle; `-` for standard output.
     #[arg(short, long, value_name = "FILE")]
     output: PathBuf,
+    /// Refuse manifests that kubectl (YAML 1.1) and a YAML 1.2 reader read differently (`mode: 0644`, `on:`,
+    /// `<<` merge keys), instead of reading them as kubectl does with a warning.
+    #[arg(long, env = "WINDVANE_STRICT")]
+    strict: bool,
     #[command(flatten)]
     engines: EngineArgs,
 }
@@ -61,6 +66,9 @@ pub struct PublishArgs {
         env = "WINDVANE_TRUSTED_KEYS"
     )]
     trusted_keys: Vec<PathBuf>,
+    /// As for `windvane build --strict`: refuse YAML that kubectl and a YAML 1.2 reader read differently.
+    #[arg(long, env = "WINDVANE_STRICT")]
+    strict: bool,
     #[command(flatten)]
     engines: EngineArgs,
 }
@@ -132,7 +140,13 @@ fn parse_label_arg(text: &str) -> Result<(String, String), String> {
 
 pub fn build(args: BuildArgs) -> anyhow::Result<()> {
     let engines = args.engines.engines(&args.source)?;
-    let bundle = source::load_fleet_dir_with(&args.source, BundleLimits::default(), &engines)?;
+    let options = LoadOptions {
+        strict_yaml: args.strict,
+    };
+    let loaded =
+        source::load_fleet_source(&args.source, BundleLimits::default(), &engines, options)?;
+    report_loaded(&loaded);
+    let bundle = loaded.bundle;
     let bytes = bundle.to_json_bytes();
     let summary = summary_line(&bundle, &bytes);
     if args.output.as_os_str() == "-" {
@@ -148,7 +162,7 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
 }
 
 pub fn publish(args: PublishArgs) -> anyhow::Result<()> {
-    let bundle = load_bundle_source(&args.source, &args.engines)?;
+    let bundle = load_bundle_source(&args.source, &args.engines, args.strict)?;
     let key_pem = super::read_text(&args.key)?;
     warn_if_readable_by_others(&args.key);
     let key = keys::signing_key_from_pem(&key_pem, &args.key.display().to_string())?;
@@ -228,7 +242,7 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<()> {
 
 pub fn render(args: RenderArgs) -> anyhow::Result<()> {
     let mut bundle = match &args.source {
-        Some(path) => load_bundle_source(path, &args.engines)?,
+        Some(path) => load_bundle_source(path, &args.engines, false)?,
         None => runtime()?.block_on(fetch_verified(&args.store))?.1,
     };
     let labels: Labels = args.labels.into_iter().collect();
@@ -337,15 +351,17 @@ fn load_trusted_keys(paths: &[PathBuf], required: bool) -> anyhow::Result<Truste
     )?)
 }
 
-/// A fleet tree (directory) is built; a file is read as a bundle built earlier.
-fn load_bundle_source(path: &Path, engines: &EngineArgs) -> anyhow::Result<Bundle> {
+/// A fleet tree (directory) is built, its warnings and variables reported on standard error; a file is
+/// read as a bundle built earlier.
+fn load_bundle_source(path: &Path, engines: &EngineArgs, strict: bool) -> anyhow::Result<Bundle> {
     if path.is_dir() {
         let engines = engines.engines(path)?;
-        return Ok(source::load_fleet_dir_with(
-            path,
-            BundleLimits::default(),
-            &engines,
-        )?);
+        let options = LoadOptions {
+            strict_yaml: strict,
+        };
+        let loaded = source::load_fleet_source(path, BundleLimits::default(), &engines, options)?;
+        report_loaded(&loaded);
+        return Ok(loaded.bundle);
     }
     let bytes = store::read_capped_file(path, release::DEFAULT_MAX_BUNDLE_BYTES, "bundle")?;
     Bundle::from_json_slice(&bytes, BundleLimits::default()).with_context(|| {
@@ -354,6 +370,39 @@ fn load_bundle_source(path: &Path, engines: &EngineArgs) -> anyhow::Result<Bundl
             path.display()
         )
     })
+}
+
+/// Most YAML warnings printed one by one; the rest are counted.
+const MAX_WARNINGS_SHOWN: usize = 20;
+
+/// Tells the user, on standard error, what reading the tree noticed: YAML read as kubectl reads it where a
+/// YAML 1.2 reader would not (file and line), and which apps hold variables that each cluster fills in.
+fn report_loaded(loaded: &Loaded) {
+    for warning in loaded.warnings.iter().take(MAX_WARNINGS_SHOWN) {
+        // File names come from the tree and from charts' `# Source:` lines: no control characters reach the
+        // terminal.
+        let text: String = warning
+            .to_string()
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+        eprintln!("warning: {text}");
+    }
+    if let Some(more) = loaded.warnings.len().checked_sub(MAX_WARNINGS_SHOWN)
+        && more > 0
+    {
+        eprintln!(
+            "warning: {more} more YAML 1.1 forms read as kubectl reads them (--strict lists the first)"
+        );
+    }
+    if loaded.substituted.is_empty() {
+        eprintln!("variables: none (no app's manifests hold ${{cluster.…}} or ${{values.…}})");
+    } else {
+        eprintln!(
+            "variables: substituted per cluster in app(s) {}",
+            loaded.substituted.join(", ")
+        );
+    }
 }
 
 fn summary_line(bundle: &Bundle, bytes: &[u8]) -> String {

@@ -2,7 +2,8 @@
 //! that every `fleet.yaml` and manifest goes through, and the YAML writer (`yaml_out`) that `windvane render`
 //! and the agent's diffs print with.
 //!
-//! Mode 0: the bytes are a YAML stream; mode 1: a `.json` manifest. Besides not panicking, every value read
+//! Mode 0: the bytes are a YAML stream, read both strictly and as kubectl reads it (YAML 1.1 forms, `<<`
+//! merges, aliases capped by nodes and by bytes); mode 1: a `.json` manifest. Besides not panicking, every value read
 //! must come back unchanged when written by `yaml_out` and read again: the writer promises that what it writes
 //! plain reads back as the same string, and people copy `windvane render` output into fleet trees.
 #![no_main]
@@ -10,7 +11,7 @@
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use windvane_fuzz::mode;
-use windvane_shared::yaml::{YamlLimits, documents_to_json, json_to_value};
+use windvane_shared::yaml::{Yaml11, YamlLimits, documents_to_json, json_to_value, read_documents};
 use windvane_shared::yaml_out::to_yaml_string;
 
 fuzz_target!(|data: &[u8]| {
@@ -21,6 +22,15 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
+    if mode == 0
+        && let Ok(read) = read_documents(text, "fuzz.yaml", YamlLimits::default(), Yaml11::Read)
+    {
+        // What the strict reading accepts, the kubectl reading reads the same, with no warning.
+        if let Ok(strict) = documents_to_json(text, "fuzz.yaml", YamlLimits::default()) {
+            assert_eq!(strict, read.documents, "the strict and the kubectl readings differ");
+            assert!(read.warnings.is_empty(), "a warning where the strict reading saw none");
+        }
+    }
     let values: Vec<Value> = if mode == 0 {
         match documents_to_json(text, "fuzz.yaml", YamlLimits::default()) {
             Ok(documents) => {

@@ -26,6 +26,7 @@ pub mod selector;
 pub mod sops;
 pub mod source;
 pub mod status;
+pub mod variables;
 pub mod window;
 pub mod yaml;
 pub mod yaml_out;

@@ -25,6 +25,7 @@ use serde_json::{Map, Value};
 
 use crate::bundle::{Manifest, Rendered, Variant};
 use crate::desired::WAVE_ANNOTATION;
+use crate::yaml::YamlWarning;
 use crate::{Error, Result};
 
 /// Most distinct engine inputs one app may need; each is one run of the engine at build time.
@@ -163,12 +164,14 @@ impl Engines for NoEngines {
 }
 
 /// Renders an engine app: plans the inputs, runs the engine once per distinct input, and folds the outputs
-/// into variants. `changes` as for [`plan`].
+/// into variants. `changes` as for [`plan`]. Scalars of the output read as kubectl reads them, where YAML 1.2
+/// reads otherwise, are added to `warnings`.
 pub fn render(
     app: &str,
     spec: &EngineSpec,
     changes: &[(usize, RenderChange)],
     engines: &dyn Engines,
+    warnings: &mut Vec<YamlWarning>,
 ) -> Result<Rendered> {
     if let EngineSpec::Helm(helm) = spec {
         check_helm_arguments(app, helm)?;
@@ -194,16 +197,35 @@ pub fn render(
     for job in jobs {
         let manifests = match (&job.input, &chart) {
             (EngineInput::Helm { values }, Some((helm, chart))) => {
-                let output = engines
-                    .helm_template(helm, chart, values)
-                    .map_err(|e| engine_error(format!("helm template {}", chart_shown(helm)), e))?;
-                helm_manifests(app, &chart_shown(helm), &output)?
+                let template = |spec: &HelmSpec, warnings: &mut Vec<YamlWarning>| {
+                    let output = engines.helm_template(spec, chart, values).map_err(|e| {
+                        engine_error(format!("helm template {}", chart_shown(spec)), e)
+                    })?;
+                    helm_manifests(app, &chart_shown(spec), &output, warnings)
+                };
+                let mut first_warnings = Vec::new();
+                let manifests = template(helm, &mut first_warnings)?;
+                // A chart that installs CRDs and checks `.Capabilities.APIVersions.Has` for them renders
+                // as it would once they exist: again, told about its own CRDs (the same on every build).
+                match own_api_versions(&helm.api_versions, &manifests) {
+                    None => {
+                        warnings.extend(first_warnings);
+                        manifests
+                    }
+                    Some(api_versions) => {
+                        let widened = HelmSpec {
+                            api_versions,
+                            ..(*helm).clone()
+                        };
+                        template(&widened, warnings)?
+                    }
+                }
             }
             (EngineInput::Kustomize { directory, shown }, _) => {
                 let output = engines
                     .kustomize_build(directory)
                     .map_err(|e| engine_error(format!("kustomize build {shown}"), e))?;
-                kustomize_manifests(shown, &output)?
+                kustomize_manifests(shown, &output, warnings)?
             }
             (EngineInput::Helm { .. }, None) => {
                 unreachable!("helm inputs are planned for helm apps only")
@@ -336,6 +358,50 @@ fn is_plain_name(text: &str) -> bool {
         && text
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'+'))
+}
+
+/// The `--api-versions` a chart is rendered again with when its output holds CustomResourceDefinitions whose
+/// group/versions (`example.com/v1`, and `example.com/v1/Widget`, the two forms `APIVersions.Has` takes) are
+/// not among `given`: `given` and those, sorted and without repeats, so the same chart always gets the same
+/// list. `None` when the output adds nothing.
+pub fn own_api_versions(given: &[String], manifests: &[Manifest]) -> Option<Vec<String>> {
+    let mut own = Vec::new();
+    for manifest in manifests {
+        let object = &manifest.object;
+        let is_crd = object.get("kind").and_then(Value::as_str) == Some("CustomResourceDefinition")
+            && object
+                .get("apiVersion")
+                .and_then(Value::as_str)
+                .is_some_and(|v| v.starts_with("apiextensions.k8s.io/"));
+        if !is_crd {
+            continue;
+        }
+        let spec = object.get("spec");
+        let group = spec.and_then(|s| s.get("group")).and_then(Value::as_str);
+        let kind = spec
+            .and_then(|s| s.pointer("/names/kind"))
+            .and_then(Value::as_str);
+        let versions = spec
+            .and_then(|s| s.get("versions"))
+            .and_then(Value::as_array);
+        let (Some(group), Some(kind), Some(versions)) = (group, kind, versions) else {
+            continue;
+        };
+        for version in versions
+            .iter()
+            .filter_map(|v| v.get("name").and_then(Value::as_str))
+        {
+            own.push(format!("{group}/{version}"));
+            own.push(format!("{group}/{version}/{kind}"));
+        }
+    }
+    if own.iter().all(|version| given.contains(version)) {
+        return None;
+    }
+    own.extend(given.iter().cloned());
+    own.sort();
+    own.dedup();
+    Some(own)
 }
 
 /// How a chart is named in file names of its manifests.
@@ -509,7 +575,12 @@ pub fn assemble(
 /// The manifests of `helm template` output. Each document is named after the template it came from
 /// (`charts/web (helm): web/templates/deployment.yaml`, from Helm's `# Source:` comments); hooks get their
 /// meaning ([`hook_meaning`]): dropped, or kept in an earlier or later wave.
-pub fn helm_manifests(app: &str, chart_shown: &str, output: &str) -> Result<Vec<Manifest>> {
+pub fn helm_manifests(
+    app: &str,
+    chart_shown: &str,
+    output: &str,
+    warnings: &mut Vec<YamlWarning>,
+) -> Result<Vec<Manifest>> {
     let mut manifests = Vec::new();
     let mut documents_per_source: BTreeMap<String, usize> = BTreeMap::new();
     for chunk in split_documents(output) {
@@ -519,7 +590,7 @@ pub fn helm_manifests(app: &str, chart_shown: &str, output: &str) -> Result<Vec<
             .unwrap_or("(no source)")
             .trim();
         let file = format!("{chart_shown} (helm): {source}");
-        let chunk_manifests = crate::source::manifests_of(&file, chunk)?;
+        let chunk_manifests = crate::source::manifests_of(&file, chunk, warnings)?;
         crate::sops::refuse_in_engine_output(&chunk_manifests)?;
         for mut manifest in chunk_manifests {
             let count = documents_per_source.entry(source.to_owned()).or_default();
@@ -535,8 +606,12 @@ pub fn helm_manifests(app: &str, chart_shown: &str, output: &str) -> Result<Vec<
 }
 
 /// The manifests of `kustomize build` output, named `DIRECTORY (kustomize)` and numbered in order.
-pub fn kustomize_manifests(shown: &str, output: &str) -> Result<Vec<Manifest>> {
-    let manifests = crate::source::manifests_of(&format!("{shown} (kustomize)"), output)?;
+pub fn kustomize_manifests(
+    shown: &str,
+    output: &str,
+    warnings: &mut Vec<YamlWarning>,
+) -> Result<Vec<Manifest>> {
+    let manifests = crate::source::manifests_of(&format!("{shown} (kustomize)"), output, warnings)?;
     crate::sops::refuse_in_engine_output(&manifests)?;
     Ok(manifests)
 }
@@ -794,7 +869,7 @@ metadata:
 
     #[test]
     fn helm_output_is_named_by_template_and_hooks_get_waves_or_are_dropped() {
-        let manifests = helm_manifests("web", "charts/web", HELM_OUTPUT).unwrap();
+        let manifests = helm_manifests("web", "charts/web", HELM_OUTPUT, &mut Vec::new()).unwrap();
         let named: Vec<(String, usize)> = manifests
             .iter()
             .map(|m| (m.file.clone(), m.document))
@@ -879,6 +954,39 @@ metadata:
         ];
         ok.chart = repository("web", "oci://registry.example.com/charts");
         assert!(check_helm_arguments("web", &ok).is_ok());
+    }
+
+    #[test]
+    fn a_charts_own_crds_become_its_api_versions_sorted() {
+        let crd = |group: &str, kind: &str, versions: &[&str]| Manifest {
+            file: "crds/x.yaml".to_owned(),
+            document: 0,
+            object: json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": "x"}, "spec": {"group": group, "names": {"kind": kind},
+                "versions": versions.iter().map(|v| json!({"name": v})).collect::<Vec<_>>()}}),
+        };
+        let manifests = vec![
+            manifest("a"),
+            crd("z.example.com", "Zed", &["v1"]),
+            crd("a.example.com", "Ay", &["v2", "v1"]),
+        ];
+        let given = vec!["policy/v1".to_owned()];
+        assert_eq!(
+            own_api_versions(&given, &manifests).unwrap(),
+            [
+                "a.example.com/v1",
+                "a.example.com/v1/Ay",
+                "a.example.com/v2",
+                "a.example.com/v2/Ay",
+                "policy/v1",
+                "z.example.com/v1",
+                "z.example.com/v1/Zed"
+            ]
+        );
+        // Nothing new (or no CRD): render once.
+        let all = own_api_versions(&given, &manifests).unwrap();
+        assert_eq!(own_api_versions(&all, &manifests), None);
+        assert_eq!(own_api_versions(&given, &[manifest("a")]), None);
     }
 
     #[test]

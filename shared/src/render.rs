@@ -14,9 +14,11 @@
 //! - A string that is exactly one `${...}` takes the value's JSON type, so `replicas: ${values.replicas}` is a
 //!   number and `${values.resources}` can be a whole mapping. Inside a longer string, strings, numbers and
 //!   booleans are inserted as text; a mapping, list or null there is an error.
-//! - Only `${cluster...}` and `${values...}` are variables: any other `${...}` (`${1}`, `${datasource}`,
-//!   `${HOSTNAME:-x}`, an unclosed `${`) is another tool's syntax and kept verbatim, so real dashboards,
-//!   alert rules and scripts survive. `$${` is a literal `${`. Inserted values are not interpolated again.
+//! - Which `${...}` is a variable is [`variables`]' one grammar: only well-formed `${cluster.…}` and
+//!   `${values.…}`; any other `${...}` (`${cluster}`, `${1}`, `${datasource}`, `${HOSTNAME:-x}`, an unclosed
+//!   `${`) is another tool's syntax and kept verbatim, so real dashboards, alert rules and scripts survive; a
+//!   near miss (`${cluster.nmae}`, `${values.replcas}` where `replicas` is defined) is an error with a
+//!   suggestion. `$${` is a literal `${`. Inserted values are not interpolated again.
 //! - A variable that is not defined is an error, never an empty string: a cluster missing a label must not
 //!   get a half-configured object.
 
@@ -30,6 +32,7 @@ use crate::bundle::{
     App, Bundle, Customization, Manifest, ObjectRef, Policy, check_manifest_object,
 };
 use crate::selector::Labels;
+use crate::variables::{self, Piece, Variable};
 use crate::{Error, Result};
 
 /// Who a cluster is, as its agent was told by its operator: the names `${cluster.*}` refers to, and the labels
@@ -162,6 +165,31 @@ pub fn check_renders_somewhere(app: &App) -> Result<()> {
         }),
         other => other,
     }
+}
+
+/// Whether any manifest of `app` (any variant, for an engine's) that is substituted holds a Windvane variable
+/// ([`variables`]): what `windvane build` names, so that a substitution nobody expected is visible.
+pub fn uses_variables(app: &App) -> bool {
+    fn holds(value: &Value) -> bool {
+        match value {
+            Value::String(text) => variables::has_variable(text),
+            Value::Array(items) => items.iter().any(holds),
+            Value::Object(map) => map.values().any(holds),
+            Value::Null | Value::Bool(_) | Value::Number(_) => false,
+        }
+    }
+    let disabled = |object: &Value| {
+        object
+            .pointer("/metadata/annotations/windvane.io~1substitute")
+            .and_then(Value::as_str)
+            == Some("disabled")
+    };
+    app.substitute
+        && app
+            .manifest_sets()
+            .into_iter()
+            .flatten()
+            .any(|manifest| !disabled(&manifest.object) && holds(&manifest.object))
 }
 
 fn render_with(app: &App, manifests: &[Manifest], context: &Variables) -> Result<RenderedApp> {
@@ -327,55 +355,55 @@ struct Variables<'a> {
 }
 
 impl Variables<'_> {
-    /// `Ok(None)` for a well-formed but undefined variable; `Err` with a message for a malformed one.
-    fn lookup(&self, expression: &str) -> std::result::Result<Option<Value>, String> {
-        if expression == "cluster.name" {
-            return Ok(Some(Value::String(self.cluster.name.clone())));
-        }
-        if let Some(key) = expression.strip_prefix("cluster.labels.") {
-            if key.is_empty() {
-                return Err(
-                    "${cluster.labels.} names no label; write ${cluster.labels.KEY}".to_owned(),
-                );
+    /// `Ok(None)` for an undefined variable; `Err` with a message for a near miss of a defined one
+    /// (`${values.replcas}` where `replicas` is defined).
+    fn lookup(&self, variable: Variable<'_>) -> std::result::Result<Option<Value>, String> {
+        match variable {
+            Variable::ClusterName => Ok(Some(Value::String(self.cluster.name.clone()))),
+            Variable::ClusterLabel(key) if self.any_label => {
+                Ok(Some(Value::String(label_placeholder(key))))
             }
-            if self.any_label {
-                return Ok(Some(Value::String(label_placeholder(key))));
-            }
-            return Ok(self
+            Variable::ClusterLabel(key) => Ok(self
                 .cluster
                 .labels
                 .get(key)
-                .map(|v| Value::String(v.clone())));
+                .map(|v| Value::String(v.clone()))),
+            Variable::Values(path) => self.value_at(path),
         }
-        if expression == "cluster.labels" {
-            return Err("${cluster.labels} names no label; write ${cluster.labels.KEY}".to_owned());
-        }
-        if let Some(path) = expression.strip_prefix("values.") {
-            let mut parts = path.split('.');
-            if parts.clone().any(str::is_empty) {
-                return Err(format!("${{{expression}}} has an empty name between dots"));
+    }
+
+    /// The value at a dotted path of the values; a missing name with a defined one close to it is a near miss.
+    fn value_at(&self, path: &str) -> std::result::Result<Option<Value>, String> {
+        let mut current = self.values;
+        let mut walked = String::from("values");
+        let mut names = path.split('.').peekable();
+        while let Some(name) = names.next() {
+            let Some(value) = current.get(name) else {
+                let Some(near) = variables::closest(name, current.keys().map(String::as_str))
+                else {
+                    return Ok(None);
+                };
+                let rest: Vec<&str> = names.collect();
+                let suggestion = [walked.as_str(), near]
+                    .into_iter()
+                    .chain(rest)
+                    .collect::<Vec<_>>()
+                    .join(".");
+                return Err(format!(
+                    "${{values.{path}}} is not defined; did you mean ${{{suggestion}}}?"
+                ));
+            };
+            if names.peek().is_none() {
+                return Ok(Some(value.clone()));
             }
-            let Some(first) = parts.next() else {
+            let Some(map) = value.as_object() else {
                 return Ok(None);
             };
-            let mut current = self.values.get(first);
-            for part in parts {
-                current = current
-                    .and_then(|value| value.as_object())
-                    .and_then(|map| map.get(part));
-            }
-            return Ok(current.cloned());
+            walked.push('.');
+            walked.push_str(name);
+            current = map;
         }
-        if expression.is_empty() {
-            return Err(
-                "empty ${}; write ${cluster.name}, ${cluster.labels.KEY} or ${values.NAME}"
-                    .to_owned(),
-            );
-        }
-        Err(format!(
-            "unknown variable ${{{expression}}}: variables are ${{cluster.name}}, ${{cluster.labels.KEY}} and \
-             ${{values.NAME}}; write $${{ for a literal ${{"
-        ))
+        Ok(None)
     }
 }
 
@@ -478,71 +506,6 @@ fn render_in_place(
     Ok(())
 }
 
-/// Whether a `${...}` expression (or the start of an unterminated one) is ours: only the `cluster` and
-/// `values` namespaces are variables, so the `${...}` of Grafana, Prometheus or a shell script in a
-/// real manifest passes through untouched.
-fn names_a_variable(expression: &str) -> bool {
-    let expression = expression.trim_start();
-    ["cluster", "values"].iter().any(|root| {
-        expression.strip_prefix(root).is_some_and(|after| {
-            after.is_empty() || after.starts_with('.') || after.trim_start().starts_with('}')
-        })
-    })
-}
-
-/// One piece of a string: literal text, or a `${...}` expression.
-enum Piece<'t> {
-    Text(String),
-    Variable(&'t str),
-}
-
-/// Splits a string into literal text and `${...}` expressions (trimmed), turning `$${` into `${`.
-fn split_template(text: &str) -> std::result::Result<Vec<Piece<'_>>, String> {
-    let mut pieces = Vec::new();
-    let mut literal = String::new();
-    let mut rest = text;
-    while let Some(at) = rest.find('$') {
-        let after = &rest[at..];
-        if let Some(escaped) = after.strip_prefix("$${") {
-            literal.push_str(&rest[..at]);
-            literal.push_str("${");
-            rest = escaped;
-        } else if let Some(inner) = after.strip_prefix("${") {
-            literal.push_str(&rest[..at]);
-            let Some(end) = inner.find('}') else {
-                if names_a_variable(inner) {
-                    return Err(format!(
-                        "unterminated ${{ in {text:?}; close it with }} or write $${{ for a literal ${{"
-                    ));
-                }
-                literal.push_str(after);
-                rest = "";
-                continue;
-            };
-            let expression = inner[..end].trim();
-            if !names_a_variable(expression) {
-                // `${1}`, `${datasource}`, `${HOSTNAME}`: another tool's syntax, kept verbatim.
-                literal.push_str(&after[..end + 3]);
-                rest = &inner[end + 1..];
-                continue;
-            }
-            if !literal.is_empty() {
-                pieces.push(Piece::Text(std::mem::take(&mut literal)));
-            }
-            pieces.push(Piece::Variable(expression));
-            rest = &inner[end + 1..];
-        } else {
-            literal.push_str(&rest[..=at]);
-            rest = &after[1..];
-        }
-    }
-    literal.push_str(rest);
-    if !literal.is_empty() {
-        pieces.push(Piece::Text(literal));
-    }
-    Ok(pieces)
-}
-
 fn render_string(
     text: &str,
     context: &Variables<'_>,
@@ -552,23 +515,23 @@ fn render_string(
     if !text.contains('$') {
         return Ok(Value::String(text.to_owned()));
     }
-    let pieces = split_template(text).map_err(|detail| site.template_error(pointer, detail))?;
-    let resolve = |expression: &str| -> Result<Value> {
-        match context.lookup(expression) {
+    let pieces = variables::split(text).map_err(|detail| site.template_error(pointer, detail))?;
+    let resolve = |variable: Variable<'_>| -> Result<Value> {
+        match context.lookup(variable) {
             Ok(Some(value)) => Ok(value),
-            Ok(None) => Err(site.undefined(pointer, expression)),
+            Ok(None) => Err(site.undefined(pointer, &variable.to_string())),
             Err(detail) => Err(site.template_error(pointer, detail)),
         }
     };
     // Exactly one `${...}` and nothing else: the value keeps its type.
-    if let [Piece::Variable(expression)] = pieces.as_slice() {
-        return resolve(expression);
+    if let [Piece::Variable(variable)] = pieces.as_slice() {
+        return resolve(*variable);
     }
     let mut out = String::with_capacity(text.len());
     for piece in &pieces {
         match piece {
             Piece::Text(literal) => out.push_str(literal),
-            Piece::Variable(expression) => match resolve(expression)? {
+            Piece::Variable(variable) => match resolve(*variable)? {
                 Value::String(s) => out.push_str(&s),
                 Value::Number(n) => out.push_str(&n.to_string()),
                 Value::Bool(b) => out.push_str(if b { "true" } else { "false" }),
@@ -581,7 +544,7 @@ fn render_string(
                     return Err(site.template_error(
                         pointer,
                         format!(
-                            "${{{expression}}} is {what}, which cannot be part of a longer string; use it as the \
+                            "${{{variable}}} is {what}, which cannot be part of a longer string; use it as the \
                              whole value"
                         ),
                     ));
@@ -803,8 +766,58 @@ mod tests {
         assert!(detail(json!({"x": "${values.m"})).contains("unterminated"));
         assert!(detail(json!({"x": "${cluster.labels}"})).contains("names no label"));
         assert!(detail(json!({"x": "${cluster.labels.}"})).contains("names no label"));
-        assert!(detail(json!({"x": "${values}"})).contains("unknown variable"));
         assert!(detail(json!({"x": "${values..a}"})).contains("empty name"));
+        // Near misses are errors with a suggestion, at build time and on the agent alike.
+        let error = detail(json!({"x": "${cluster.nmae}"}));
+        assert!(error.contains("did you mean ${cluster.name}?"), "{error}");
+        let Err(Error::Template { detail: error, .. }) = render_one(
+            json!({"image": {"tag": "1"}}),
+            json!({"x": "n=${values.image.tga}"}),
+        ) else {
+            panic!()
+        };
+        assert!(
+            error.contains("did you mean ${values.image.tag}?"),
+            "{error}"
+        );
+        let error = detail(json!({"x": "${values.M}"}));
+        assert!(error.contains("did you mean ${values.m}?"), "{error}");
+    }
+
+    #[test]
+    fn near_misses_of_values_are_caught_at_build_time() {
+        let object = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"},
+                            "data": {"r": "${values.replcas}"}});
+        let error = check_renders_somewhere(&app(json!({"replicas": 2}), vec![object.clone()]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("did you mean ${values.replicas}?"),
+            "{error}"
+        );
+        // With nothing close, it is an undefined variable, as before.
+        let error = check_renders_somewhere(&app(json!({"image": "x"}), vec![object])).unwrap_err();
+        assert!(matches!(error, Error::NeverDefined { .. }), "{error}");
+    }
+
+    /// Grafana dashboards and shell scripts in an app that declares no values at all: nothing is a variable,
+    /// nothing fails, nothing changes (issue 43).
+    #[test]
+    fn dashboards_keep_their_own_variables_on_an_app_without_values() {
+        let dashboard = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "dash"},
+            "data": {"d.json": "{\"expr\": \"up{cluster=\\\"${cluster}\\\", namespace=\\\"${namespace}\\\"}\", \
+                     \"link\": \"${__data.fields.Pod}\", \"ds\": \"${datasource}\", \"all\": \"${values}\"}",
+                     "run.sh": "echo ${HOME} ${1}"}});
+        let app = app(json!({}), vec![dashboard.clone()]);
+        check_renders_somewhere(&app).unwrap();
+        assert!(!uses_variables(&app));
+        let rendered = render_app(&app, &cluster()).unwrap();
+        assert_eq!(rendered.objects[0].object, dashboard);
+        let mut with_one = app.clone();
+        with_one.manifests[0].object["data"]["name"] = json!("${cluster.name}");
+        assert!(uses_variables(&with_one));
+        with_one.substitute = false;
+        assert!(!uses_variables(&with_one));
     }
 
     #[test]

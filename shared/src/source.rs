@@ -52,7 +52,9 @@
 //! directories (`.git`) are skipped; other files (`README.md`) are ignored; a `kustomization.yaml` below a plain
 //! app's folder is refused, because the bundle would silently lack what kustomize would have generated. YAML files may hold several
 //! documents; empty ones are skipped; a `kind: List` document is expanded into its items. Both `fleet.yaml` and
-//! the manifests are read by [`crate::yaml`], so YAML that kubectl would read differently is refused.
+//! the manifests are read by [`crate::yaml`]: manifests as kubectl reads them, with a [`YamlWarning`] where a
+//! YAML 1.2 reader would differ ([`LoadOptions::strict_yaml`] refuses them instead); `fleet.yaml` strictly.
+//! A folder holding a `Chart.yaml` (and no kustomization) is a Helm chart even without `helm:`.
 //!
 //! ```no_run
 //! use windvane_shared::bundle::BundleLimits;
@@ -82,7 +84,8 @@ use crate::prerender::{
 use crate::render;
 use crate::rollout::{Gate, Rollout, Wave};
 use crate::selector::{LabelSelector, Operator, Requirement};
-use crate::yaml::{self, YamlLimits};
+use crate::variables::edit_distance;
+use crate::yaml::{self, Yaml11, YamlLimits, YamlWarning};
 use crate::{Error, Result};
 
 /// The name of the fleet configuration file at the root of a fleet source tree.
@@ -109,6 +112,62 @@ pub fn load_fleet_dir_with(
     root: &Path,
     limits: BundleLimits,
     engines: &dyn Engines,
+) -> Result<Bundle> {
+    load_fleet_source(root, limits, engines, LoadOptions::default()).map(|loaded| loaded.bundle)
+}
+
+/// How a fleet tree is read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Refuse manifests that kubectl (YAML 1.1) and a YAML 1.2 reader read differently, instead of reading
+    /// them as kubectl does with a warning (`windvane build --strict`).
+    pub strict_yaml: bool,
+}
+
+/// A fleet tree read into a bundle, with what `windvane build` tells its user about it.
+#[derive(Debug)]
+pub struct Loaded {
+    pub bundle: Bundle,
+    /// Every scalar of a manifest (a file or an engine's output) read as kubectl reads it where a YAML 1.2
+    /// reader reads something else, in the order read.
+    pub warnings: Vec<YamlWarning>,
+    /// The apps whose manifests hold a Windvane variable (`${cluster.name}`, `${values.…}`), which each
+    /// cluster's agent fills in, in the order of `fleet.yaml`.
+    pub substituted: Vec<String>,
+}
+
+/// [`load_fleet_dir_with`], with the warnings and the apps whose manifests hold variables.
+pub fn load_fleet_source(
+    root: &Path,
+    limits: BundleLimits,
+    engines: &dyn Engines,
+    options: LoadOptions,
+) -> Result<Loaded> {
+    let mut warnings = Vec::new();
+    let bundle = load_bundle(root, limits, engines, &mut warnings)?;
+    if options.strict_yaml
+        && let Some(first) = warnings.first()
+    {
+        return Err(first.clone().into_error());
+    }
+    let substituted = bundle
+        .apps
+        .iter()
+        .filter(|app| render::uses_variables(app))
+        .map(|app| app.name.clone())
+        .collect();
+    Ok(Loaded {
+        bundle,
+        warnings,
+        substituted,
+    })
+}
+
+fn load_bundle(
+    root: &Path,
+    limits: BundleLimits,
+    engines: &dyn Engines,
+    warnings: &mut Vec<YamlWarning>,
 ) -> Result<Bundle> {
     let canonical_root = fs::canonicalize(root).map_err(|e| Error::io(root, e))?;
     let mut reader = TreeReader {
@@ -148,7 +207,7 @@ pub fn load_fleet_dir_with(
         // thing reported.
         app.app.validate()?;
         if let Some((spec, changes)) = engine_spec(&reader, root, &app, index)? {
-            let rendered = prerender::render(&app.app.name, &spec, &changes, engines)?;
+            let rendered = prerender::render(&app.app.name, &spec, &changes, engines, warnings)?;
             app.app.rendered = Some(rendered);
             objects += app.app.object_count();
             if objects > limits.max_objects {
@@ -166,7 +225,7 @@ pub fn load_fleet_dir_with(
         let files = reader.app_files(root, path, &field)?;
         for (relative, absolute) in files {
             let text = reader.read(&absolute, &relative)?;
-            for manifest in manifests_of(&relative, &text)? {
+            for manifest in manifests_of(&relative, &text, warnings)? {
                 objects += 1;
                 if objects > limits.max_objects {
                     return Err(Error::TooMany {
@@ -207,17 +266,22 @@ fn engine_spec(
         (None, Some(path)) => {
             let (directory, shown) =
                 reader.resolve(root, path, &format!("{at}.path"), Want::Directory)?;
-            if !has_kustomization(&directory) {
+            if has_kustomization(&directory) {
+                EngineSpec::Kustomize { directory, shown }
+            } else if directory.join(CHART_FILE).is_file() {
+                // A chart as published: recognised by its Chart.yaml, as a kustomization is by its file.
+                let helm = HelmConfig::defaults(&format!("{at}.helm"));
+                EngineSpec::Helm(helm_spec(reader, root, &app.app, &helm, Some(path), &at)?)
+            } else {
                 if let Some((_, change)) = app.changes.first() {
                     return Err(config_error(
                         change.at(),
-                        "this app is a plain folder of manifests (no helm: and no kustomization.yaml), so a \
-                         customization can change its values only",
+                        "this app is a plain folder of manifests (no helm:, no Chart.yaml and no \
+                         kustomization.yaml), so a customization can change its values only",
                     ));
                 }
                 return Ok(None);
             }
-            EngineSpec::Kustomize { directory, shown }
         }
         (None, None) => unreachable!("an app without helm.repo has a path"),
     };
@@ -342,12 +406,19 @@ fn list_kind(object: &Value) -> Option<&str> {
 }
 
 /// The manifests of one file: every non-empty document, `kind: List` documents expanded into their items,
-/// each checked to be a Kubernetes object.
-pub(crate) fn manifests_of(file: &str, text: &str) -> Result<Vec<Manifest>> {
+/// each checked to be a Kubernetes object. YAML is read as kubectl reads it; where a YAML 1.2 reader would
+/// read otherwise, a warning is added to `warnings`.
+pub(crate) fn manifests_of(
+    file: &str,
+    text: &str,
+    warnings: &mut Vec<YamlWarning>,
+) -> Result<Vec<Manifest>> {
     let documents = if file.ends_with(".json") {
         vec![(0, yaml::json_to_value(text, file)?)]
     } else {
-        yaml::documents_to_json(text, file, YamlLimits::default())?
+        let read = yaml::read_documents(text, file, YamlLimits::default(), Yaml11::Read)?;
+        warnings.extend(read.warnings);
+        read.documents
     };
     let mut manifests = Vec::new();
     for (document, object) in documents {
@@ -634,6 +705,9 @@ impl Want {
 }
 
 /// The file names kustomize reads as a kustomization.
+/// The file that makes a folder a Helm chart.
+const CHART_FILE: &str = "Chart.yaml";
+
 const KUSTOMIZATION_FILES: [&str; 3] = ["kustomization.yaml", "kustomization.yml", "Kustomization"];
 
 fn is_kustomization(name: &str) -> bool {
@@ -675,6 +749,26 @@ struct HelmConfig {
     kube_version: Option<String>,
     api_versions: Vec<String>,
     values: ValuesConfig,
+}
+
+impl HelmConfig {
+    /// The `helm:` of an app that has none but whose folder is a chart: every default.
+    fn defaults(at: &str) -> Self {
+        Self {
+            repo: None,
+            chart: None,
+            version: None,
+            digest: None,
+            release_name: None,
+            kube_version: None,
+            api_versions: Vec::new(),
+            values: ValuesConfig {
+                at: at.to_owned(),
+                files: Vec::new(),
+                inline: Map::new(),
+            },
+        }
+    }
 }
 
 /// Helm values as `fleet.yaml` gives them: `valuesFiles` (relative to the fleet root), then `values`.
@@ -1331,21 +1425,6 @@ fn wrong_type(field: &str, expected: &str, found: &Value) -> Error {
     config_error(field, format!("expected {expected}, found {found}{hint}"))
 }
 
-/// Levenshtein distance, for "did you mean" hints on short field names.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut previous: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut current = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let substitution = previous[j] + usize::from(ca != *cb);
-            current.push(substitution.min(previous[j + 1] + 1).min(current[j] + 1));
-        }
-        previous = current;
-    }
-    previous[b.len()]
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -1662,8 +1741,8 @@ mod tests {
     fn lists_expand_and_json_files_are_one_document() {
         let list = "apiVersion: v1\nkind: List\nitems:\n  - {apiVersion: v1, kind: ConfigMap, metadata: {name: a}}\n  \
                     - {apiVersion: v1, kind: ConfigMap, metadata: {name: b}}\n";
-        let manifests =
-            manifests_of("x.yaml", &format!("---\n{list}")).unwrap_or_else(|e| panic!("{e}"));
+        let manifests = manifests_of("x.yaml", &format!("---\n{list}"), &mut Vec::new())
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(manifests.len(), 2);
         assert!(
             manifests
@@ -1671,12 +1750,12 @@ mod tests {
                 .all(|m| m.document == 0 && m.file == "x.yaml")
         );
         assert!(matches!(
-            manifests_of("x.yaml", "apiVersion: v1\nkind: List\n"),
+            manifests_of("x.yaml", "apiVersion: v1\nkind: List\n", &mut Vec::new()),
             Err(Error::Manifest { .. })
         ));
         let typed = "apiVersion: v1\nkind: ConfigMapList\nitems:\n  - {apiVersion: v1, kind: ConfigMap, metadata: {name: a}}\n  \
                      - {apiVersion: v1, kind: ConfigMap, metadata: {name: b}}\n";
-        let names: Vec<_> = manifests_of("y.yaml", typed)
+        let names: Vec<_> = manifests_of("y.yaml", typed, &mut Vec::new())
             .unwrap_or_else(|e| panic!("{e}"))
             .iter()
             .map(|m| m.object["metadata"]["name"].clone())
@@ -1684,7 +1763,7 @@ mod tests {
         assert_eq!(names, ["a", "b"]);
         let bad = "apiVersion: v1\nkind: RoleBindingList\nitems:\n  - {apiVersion: v1, kind: ConfigMap, metadata: {name: a}}\n  \
                    - {metadata: {name: b}}\n";
-        match manifests_of("z.yaml", bad) {
+        match manifests_of("z.yaml", bad, &mut Vec::new()) {
             Err(Error::Manifest { file, detail, .. }) => {
                 assert_eq!(file, "z.yaml");
                 assert!(
@@ -1697,6 +1776,7 @@ mod tests {
         let json_manifest = manifests_of(
             "x.json",
             r#"{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}"#,
+            &mut Vec::new(),
         )
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(json_manifest[0].document, 0);

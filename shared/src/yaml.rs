@@ -1,33 +1,35 @@
-//! YAML and JSON manifest text to [`serde_json::Value`]s, refusing whatever a YAML 1.1 reader and a YAML 1.2
-//! reader would read differently.
+//! YAML and JSON manifest text to [`serde_json::Value`]s, read as kubectl and Helm read them.
 //!
 //! Where the data comes from: the files of a fleet source tree ([`crate::source`] reads `fleet.yaml` and every
-//! manifest through here). Where it goes: the values become [`crate::bundle::Manifest`] objects and the fleet
-//! configuration, and end up, rendered, on clusters.
+//! manifest through here), and the output of `helm template` and `kustomize build`. Where it goes: the values
+//! become [`crate::bundle::Manifest`] objects and the fleet configuration, and end up, rendered, on clusters.
 //!
-//! Why refuse: a release engineer checks a manifest with `kubectl`, which reads YAML through
-//! `sigs.k8s.io/yaml` and go-yaml v2, mostly as YAML 1.1. Windvane reads the YAML 1.2 core schema. If the two
-//! readings of a file differ (`mode: 0644` is 420 to kubectl and 644 to a 1.2 reader; `on:` is the key `true`
-//! to kubectl), whichever one Windvane picked would surprise someone, so such a scalar is an
-//! [`Error::AmbiguousYaml`] that says what to write instead. What is refused, for plain (unquoted, untagged)
-//! scalars, keys included:
+//! Which reading: kubectl and Helm read YAML through `sigs.k8s.io/yaml` and go-yaml v2, with YAML 1.1 rules,
+//! and a chart's output is written for them. So plain (unquoted, untagged) scalars resolve as go-yaml v2
+//! resolves them ([`Resolution`]), exactly, which a differential test against the real Go parser checks:
 //!
-//! - `yes`, `no`, `on`, `off`, `y`, `n` in any case (1.1 booleans);
-//! - integers with a leading zero such as `0644` or `-012` (1.1 octal);
-//! - `0b1010` (1.1 binary), a sign before `0x`/`0o`, and upper-case `0X`/`0O`/`0B` prefixes;
-//! - numbers with `_`, such as `1_000` (1.1 ignores the `_`);
-//! - base-60 numbers such as `1:30` or `190:20:30`;
-//! - `<<` merge keys (1.1 merges a mapping in; 1.2 has no merge keys).
+//! - `y`, `Y`, `yes`, `Yes`, `YES`, `on`, `On`, `ON`, `true`, `True`, `TRUE` are true; the same forms of `n`,
+//!   `no`, `off`, `false` are false; `~`, `null`, `Null`, `NULL` and the empty scalar are null;
+//! - a scalar starting with a digit or a sign is, with every `_` removed, an integer in Go's syntax when it is
+//!   one (`0644` is the octal 420, `0x1F`, `0o17`, `0b101`, `-12`, `1_000` is 1000), else a float of the form
+//!   `[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?`, else a string (`1:30`, `2024-01-01`);
+//! - a scalar starting with `.` is a float when Go parses it as one (`.5`); `.inf` and `.nan` are refused (JSON
+//!   cannot hold them); everything else, and every quoted or block scalar, is a string;
+//! - a plain `<<` key merges the mapping (or list of mappings, earlier ones first) it is given into the
+//!   mapping it is in, as go-yaml v2 does: its keys replace the ones written before it, keys after it win.
 //!
-//! Resolution otherwise follows the YAML 1.2 core schema: `~`, `null`, `Null`, `NULL` and the empty scalar are
-//! null; `true`/`True`/`TRUE`/`false`/`False`/`FALSE` are booleans; `[-+]?[0-9]+`, `0o[0-7]+` and
-//! `0x[0-9a-fA-F]+` are integers; the core float form is a float (`.inf` and `.nan` are refused: JSON cannot
-//! hold them); everything else, and every quoted or block scalar, is a string. A float with no fractional part
-//! (`1.0`) becomes the integer `1`, as kubectl sends it, so that a Kubernetes integer field accepts it. The tags
+//! A float with no fractional part (`1.0`) becomes the integer `1`, as Go's JSON encoder writes it. The tags
 //! `!!str`, `!!int`, `!!float`, `!!bool`, `!!null`, `!!map` and `!!seq` are honoured; any other tag is refused.
-//! Mapping keys must be scalars and are turned into strings; a key given twice in one mapping is refused.
-//! Aliases are expanded, and every node an alias expands to counts toward [`YamlLimits::max_nodes`], so that a
-//! "billion laughs" file fails fast instead of exhausting memory.
+//! Mapping keys must be scalars and become strings (`on:` is the key `"true"`, as kubectl reads it); a key
+//! written twice in one mapping is refused (go-yaml silently keeps the last one, which hides mistakes).
+//!
+//! Where that reading differs from a YAML 1.2 reader's (the form most editors and linters assume), the reader
+//! records a [`YamlWarning`] naming the file, line and both readings; with [`Yaml11::Refuse`] (`windvane build
+//! --strict`, and the configuration files Windvane itself reads) the same is an [`Error::AmbiguousYaml`].
+//!
+//! Aliases are expanded, and every node and byte an alias expands to counts toward [`YamlLimits::max_nodes`]
+//! and [`YamlLimits::max_bytes`], so that a "billion laughs" file, or a large anchor aliased many times, fails
+//! fast instead of exhausting memory.
 
 use std::collections::HashMap;
 
@@ -46,29 +48,106 @@ pub struct YamlLimits {
     pub max_nodes: usize,
     /// Deepest nesting of sequences and mappings.
     pub max_depth: usize,
+    /// Most bytes of scalar text one stream may produce, alias expansions included, with [`NODE_BYTES`] more
+    /// per node: what the values take in memory grows with this, not with the node count (one 7 MiB anchor
+    /// aliased 250 000 times is 1.7 TB in few nodes).
+    pub max_bytes: usize,
 }
+
+/// What each node counts toward [`YamlLimits::max_bytes`] besides its text: a floor on its size in memory.
+pub const NODE_BYTES: usize = 16;
 
 impl Default for YamlLimits {
     fn default() -> Self {
         Self {
             max_nodes: 1_000_000,
             max_depth: 256,
+            // Twice the largest engine output ([`crate::source`] caps a file at 8 MiB; helm and kustomize may
+            // print up to 64 MiB), so that no legitimate input reaches it.
+            max_bytes: 128 << 20,
         }
     }
 }
 
+/// What to do with a scalar that kubectl (YAML 1.1) and a YAML 1.2 reader read differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Yaml11 {
+    /// Read it as kubectl does and record a [`YamlWarning`].
+    Read,
+    /// Refuse it with [`Error::AmbiguousYaml`] (`windvane build --strict`).
+    Refuse,
+}
+
+/// A scalar read as kubectl reads it, where a YAML 1.2 reader would read something else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct YamlWarning {
+    pub file: String,
+    /// 1-based line and column of the scalar.
+    pub line: usize,
+    pub column: usize,
+    /// The scalar as written.
+    pub value: String,
+    /// The two readings.
+    pub detail: String,
+    /// What to write to make the reading unambiguous.
+    pub suggestion: String,
+}
+
+impl YamlWarning {
+    /// The same, as the error `--strict` makes of it.
+    pub fn into_error(self) -> Error {
+        Error::AmbiguousYaml {
+            file: self.file,
+            line: self.line,
+            column: self.column,
+            value: self.value,
+            detail: self.detail,
+            suggestion: self.suggestion,
+        }
+    }
+}
+
+impl std::fmt::Display for YamlWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {:?} read as kubectl reads it: {}; write {} to say so",
+            self.file, self.line, self.column, self.value, self.detail, self.suggestion
+        )
+    }
+}
+
+/// The documents of a stream and the warnings about how they were read.
+#[derive(Debug, Default, PartialEq)]
+pub struct YamlDocuments {
+    /// Every non-empty document with its index in the stream (see [`documents_to_json`]).
+    pub documents: Vec<(usize, Value)>,
+    pub warnings: Vec<YamlWarning>,
+}
+
 /// Reads every non-empty document of a (multi-document) YAML stream as JSON, each with its index in the
-/// stream. Indexes count from 0 and include the empty documents that are skipped, so that they match what
-/// the user sees when counting `---` separators. A document that is only `null` counts as empty. `file` names
-/// the source in errors.
+/// stream, refusing what kubectl and a YAML 1.2 reader read differently ([`Yaml11::Refuse`]): for the
+/// configuration files Windvane reads itself. Indexes count from 0 and include the empty documents that are
+/// skipped, so that they match what the user sees when counting `---` separators. A document that is only
+/// `null` counts as empty. `file` names the source in errors.
 pub fn documents_to_json(
     text: &str,
     file: &str,
     limits: YamlLimits,
 ) -> Result<Vec<(usize, Value)>> {
+    read_documents(text, file, limits, Yaml11::Refuse).map(|read| read.documents)
+}
+
+/// [`documents_to_json`], with YAML 1.1 forms read as kubectl reads them when `yaml11` says so.
+pub fn read_documents(
+    text: &str,
+    file: &str,
+    limits: YamlLimits,
+    yaml11: Yaml11,
+) -> Result<YamlDocuments> {
     // yaml-rust2 does not skip a byte-order mark; editors on some platforms write one.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let mut builder = Builder::new(file, limits);
+    let mut builder = Builder::new(file, limits, yaml11);
     let mut parser = Parser::new_from_str(text);
     // Pulling events one by one (rather than `Parser::load`, which recurses per nesting level) keeps a deeply
     // nested hostile file from overflowing the stack: the depth cap is checked here before anything recurses.
@@ -85,7 +164,10 @@ pub fn documents_to_json(
         }
         builder.on_event(event, mark)?;
     }
-    Ok(builder.documents)
+    Ok(YamlDocuments {
+        documents: builder.documents,
+        warnings: builder.warnings,
+    })
 }
 
 /// Reads a JSON file: exactly one value, with no trailing content. A key given twice in one object is refused
@@ -109,20 +191,30 @@ fn position(mark: &Marker) -> String {
 struct Builder<'a> {
     file: &'a str,
     limits: YamlLimits,
-    /// Nodes produced so far in this stream, alias expansions included.
+    yaml11: Yaml11,
+    /// Nodes and bytes produced so far in this stream, alias expansions included.
     nodes: usize,
+    bytes: usize,
     stack: Vec<Frame>,
-    /// Completed anchored nodes of the current document, with how many nodes each expands to.
-    anchors: HashMap<usize, (Value, usize)>,
+    /// Completed anchored nodes of the current document, with how many nodes and bytes each expands to.
+    anchors: HashMap<usize, Anchored>,
     root: Option<Value>,
     document_index: usize,
     documents: Vec<(usize, Value)>,
+    warnings: Vec<YamlWarning>,
+}
+
+struct Anchored {
+    value: Value,
+    nodes: usize,
+    bytes: usize,
 }
 
 struct Frame {
     anchor: usize,
-    /// `Builder::nodes` when this collection started, to know how many nodes an alias to it expands to.
+    /// `Builder::nodes` and `bytes` when this collection started, to know what an alias to it expands to.
     nodes_before: usize,
+    bytes_before: usize,
     kind: FrameKind,
 }
 
@@ -131,23 +223,33 @@ enum FrameKind {
     Mapping {
         map: Map<String, Value>,
         /// The key read and waiting for its value; `None` when the next node is a key.
-        pending_key: Option<String>,
+        pending_key: Option<Key>,
         /// Line of each key, to name both places when a key repeats.
         key_lines: HashMap<String, usize>,
     },
 }
 
+/// A mapping key waiting for its value.
+enum Key {
+    Name(String),
+    /// A plain `<<`: the value is merged in.
+    Merge,
+}
+
 impl<'a> Builder<'a> {
-    fn new(file: &'a str, limits: YamlLimits) -> Self {
+    fn new(file: &'a str, limits: YamlLimits, yaml11: Yaml11) -> Self {
         Self {
             file,
             limits,
+            yaml11,
             nodes: 0,
+            bytes: 0,
             stack: Vec::new(),
             anchors: HashMap::new(),
             root: None,
             document_index: 0,
             documents: Vec::new(),
+            warnings: Vec::new(),
         }
     }
 
@@ -198,14 +300,25 @@ impl<'a> Builder<'a> {
         }
     }
 
-    fn count(&mut self, nodes: usize, mark: &Marker) -> Result<()> {
+    fn count(&mut self, nodes: usize, bytes: usize, mark: &Marker) -> Result<()> {
         self.nodes = self.nodes.saturating_add(nodes);
+        self.bytes = self.bytes.saturating_add(bytes);
         if self.nodes > self.limits.max_nodes {
             return Err(self.parse_error(
                 mark,
                 format!(
                     "more than {} nodes (aliases expanding to too much data?); the cap protects every reader",
                     self.limits.max_nodes
+                ),
+            ));
+        }
+        if self.bytes > self.limits.max_bytes {
+            return Err(self.parse_error(
+                mark,
+                format!(
+                    "more than {} MiB of values (aliases expanding to too much data?); the cap protects every \
+                     reader",
+                    self.limits.max_bytes >> 20
                 ),
             ));
         }
@@ -247,10 +360,11 @@ impl<'a> Builder<'a> {
                 format!("nested deeper than {} levels", self.limits.max_depth),
             ));
         }
-        self.count(1, mark)?;
+        self.count(1, NODE_BYTES, mark)?;
         self.stack.push(Frame {
             anchor,
             nodes_before: self.nodes - 1,
+            bytes_before: self.bytes - NODE_BYTES,
             kind,
         });
         Ok(())
@@ -265,10 +379,12 @@ impl<'a> Builder<'a> {
             FrameKind::Mapping { map, .. } => Value::Object(map),
         };
         if frame.anchor > 0 {
-            self.anchors.insert(
-                frame.anchor,
-                (value.clone(), self.nodes - frame.nodes_before),
-            );
+            let anchored = Anchored {
+                value: value.clone(),
+                nodes: self.nodes - frame.nodes_before,
+                bytes: self.bytes - frame.bytes_before,
+            };
+            self.anchors.insert(frame.anchor, anchored);
         }
         self.attach(value, mark)
     }
@@ -282,10 +398,31 @@ impl<'a> Builder<'a> {
         mark: Marker,
     ) -> Result<()> {
         let is_key = self.expecting_key();
-        let value = self.resolve_scalar(text, style, tag, is_key, &mark)?;
-        self.count(1, &mark)?;
+        let bytes = text.len().saturating_add(NODE_BYTES);
+        self.count(1, bytes, &mark)?;
+        if is_key && text == "<<" && style == TScalarStyle::Plain && tag.is_none() {
+            self.differs(
+                &mark,
+                text,
+                "a merge key: kubectl and Helm merge the mapping it is given into this one; YAML 1.2 has \
+                 no merge keys and reads the key \"<<\""
+                    .to_owned(),
+                "the merged fields out in full instead of <<".to_owned(),
+            )?;
+            return self.set_pending(Key::Merge, &mark);
+        }
+        if is_key && anchor == 0 && style == TScalarStyle::Plain && tag.is_none() {
+            let key = self.plain_key(text, &mark)?;
+            return self.set_key_name(key, &mark);
+        }
+        let value = self.resolve_scalar(text, style, tag, &mark)?;
         if anchor > 0 {
-            self.anchors.insert(anchor, (value.clone(), 1));
+            let anchored = Anchored {
+                value: value.clone(),
+                nodes: 1,
+                bytes,
+            };
+            self.anchors.insert(anchor, anchored);
         }
         if is_key {
             self.set_key(value, &mark)
@@ -295,19 +432,19 @@ impl<'a> Builder<'a> {
     }
 
     fn on_alias(&mut self, id: usize, mark: Marker) -> Result<()> {
-        let Some(nodes) = self.anchors.get(&id).map(|(_, nodes)| *nodes) else {
+        let Some((nodes, bytes)) = self.anchors.get(&id).map(|a| (a.nodes, a.bytes)) else {
             // The parser has already resolved the name, so the anchor exists but is not complete yet.
             return Err(self.parse_error(
                 &mark,
                 "an alias refers to a node that contains it (a recursive alias)",
             ));
         };
-        // Count before cloning, so that an expansion over the cap is never materialised.
-        self.count(nodes, &mark)?;
+        // Count before cloning, so that an expansion over the caps is never materialised.
+        self.count(nodes, bytes, &mark)?;
         let value = self
             .anchors
             .get(&id)
-            .map_or(Value::Null, |(value, _)| value.clone());
+            .map_or(Value::Null, |anchored| anchored.value.clone());
         if self.expecting_key() {
             self.set_key(value, &mark)
         } else {
@@ -315,64 +452,57 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// Records a mapping key (a resolved scalar) after turning it into a string and checking it is new.
+    /// Records a mapping key (a resolved scalar, quoted, tagged or from an alias) after turning it into a string
+    /// as `sigs.k8s.io/yaml` does.
     fn set_key(&mut self, key: Value, mark: &Marker) -> Result<()> {
-        let key = match key {
-            Value::String(s) => s,
-            Value::Bool(_) | Value::Number(_) => key.to_string(),
-            Value::Null => {
-                return Err(self.parse_error(
-                    mark,
-                    "a mapping key is null; quote it if it is meant as text",
-                ));
-            }
-            Value::Array(_) | Value::Object(_) => {
-                return Err(self.parse_error(
-                    mark,
-                    "a mapping key must be a scalar, not a sequence or mapping",
-                ));
-            }
-        };
+        let key = key_string(&key).map_err(|detail| self.parse_error(mark, detail))?;
+        self.set_key_name(key, mark)
+    }
+
+    /// Records a mapping key after checking it is new.
+    fn set_key_name(&mut self, key: String, mark: &Marker) -> Result<()> {
         let line = mark.line();
-        let duplicate = match self.stack.last_mut() {
+        let first = match self.stack.last_mut() {
             Some(Frame {
-                kind:
-                    FrameKind::Mapping {
-                        pending_key,
-                        key_lines,
-                        ..
-                    },
+                kind: FrameKind::Mapping { key_lines, .. },
                 ..
-            }) => match key_lines.insert(key.clone(), line) {
-                Some(first) => Some(first),
-                None => {
-                    *pending_key = Some(key.clone());
-                    None
-                }
-            },
+            }) => key_lines.insert(key.clone(), line),
             _ => return Err(self.parse_error(mark, "a key outside a mapping")),
         };
-        match duplicate {
+        match first {
             Some(first) => Err(self.parse_error(
                 mark,
                 format!("duplicate key {key:?} (first on line {first}); a mapping may give a key only once"),
             )),
-            None => Ok(()),
+            None => self.set_pending(Key::Name(key), mark),
+        }
+    }
+
+    fn set_pending(&mut self, key: Key, mark: &Marker) -> Result<()> {
+        match self.stack.last_mut() {
+            Some(Frame {
+                kind: FrameKind::Mapping { pending_key, .. },
+                ..
+            }) => {
+                *pending_key = Some(key);
+                Ok(())
+            }
+            _ => Err(self.parse_error(mark, "a key outside a mapping")),
         }
     }
 
     fn attach(&mut self, value: Value, mark: &Marker) -> Result<()> {
-        match self.stack.last_mut() {
+        let pending = match self.stack.last_mut() {
             None => {
                 self.root = Some(value);
-                Ok(())
+                return Ok(());
             }
             Some(Frame {
                 kind: FrameKind::Sequence(items),
                 ..
             }) => {
                 items.push(value);
-                Ok(())
+                return Ok(());
             }
             Some(Frame {
                 kind:
@@ -381,42 +511,54 @@ impl<'a> Builder<'a> {
                     },
                 ..
             }) => match pending_key.take() {
-                Some(key) => {
+                Some(Key::Name(key)) => {
                     map.insert(key, value);
-                    Ok(())
+                    return Ok(());
                 }
-                None => Err(self.parse_error(mark, "a mapping value without a key")),
+                Some(Key::Merge) => merge(map, value),
+                None => Err("a mapping value without a key"),
             },
-        }
+        };
+        pending.map_err(|detail| self.parse_error(mark, detail))
     }
 
-    fn ambiguous(&self, mark: &Marker, value: &str, reading: Reading11) -> Error {
-        Error::AmbiguousYaml {
+    /// A scalar read differently by kubectl and a YAML 1.2 reader: a warning, or with `--strict` an error.
+    fn differs(
+        &mut self,
+        mark: &Marker,
+        value: &str,
+        detail: String,
+        suggestion: String,
+    ) -> Result<()> {
+        let warning = YamlWarning {
             file: self.file.to_owned(),
             line: mark.line(),
             column: mark.col() + 1,
             value: value.to_owned(),
-            detail: reading.detail,
-            suggestion: reading.suggestion,
+            detail,
+            suggestion,
+        };
+        match self.yaml11 {
+            Yaml11::Refuse => Err(warning.into_error()),
+            Yaml11::Read => {
+                self.warnings.push(warning);
+                Ok(())
+            }
         }
     }
 
     fn resolve_scalar(
-        &self,
+        &mut self,
         text: &str,
         style: TScalarStyle,
         tag: Option<&Tag>,
-        is_key: bool,
         mark: &Marker,
     ) -> Result<Value> {
         let Some(tag) = tag else {
             if style != TScalarStyle::Plain {
                 return Ok(Value::String(text.to_owned()));
             }
-            if let Some(reading) = yaml11_reading(text, is_key) {
-                return Err(self.ambiguous(mark, text, reading));
-            }
-            return self.core_value(text, mark);
+            return self.plain_value(text, mark);
         };
         let Some(kind) = core_tag(tag) else {
             return Err(self.parse_error(mark, unsupported_tag(tag)));
@@ -427,59 +569,153 @@ impl<'a> Builder<'a> {
         if !matches!(kind, "null" | "bool" | "int" | "float") {
             return Err(self.parse_error(mark, unsupported_tag(tag)));
         }
-        // An explicit `!!int 0644` is still read as octal by a 1.1 reader.
-        if let Some(reading) = yaml11_reading(text, false) {
-            return Err(self.ambiguous(mark, text, reading));
+        // go-yaml resolves a tagged scalar as an untagged one, then checks the tag (`!!int 0644` is 420), and
+        // makes a signed integer a float for `!!float`.
+        let mut value = self.plain_value(text, mark)?;
+        if kind == "float"
+            && let Some(int) = value.as_i64()
+        {
+            // Go's float64(int), rounding as it does.
+            #[allow(clippy::cast_precision_loss)]
+            let float = int as f64;
+            value = float_value(float);
         }
-        let value = self.core_value(text, mark)?;
         let fits = match kind {
             "null" => value.is_null(),
             "bool" => value.is_boolean(),
-            "int" => value.is_i64() || value.is_u64(),
-            // Core schema: an integer literal is a valid float too.
-            _ => value.is_number(),
+            // Go checks the resolved tag: `!!int 1e3` is a float, refused, though JSON writes it 1000.
+            "int" => is_int11(text),
+            // A signed integer became a float above; Go refuses an unsigned one.
+            _ => value.is_f64() || value.is_i64(),
         };
         if fits {
             Ok(value)
         } else {
             Err(self.parse_error(
                 mark,
-                format!("{text:?} is not a valid !!{kind} in the YAML 1.2 core schema"),
+                format!("{text:?} is not a valid !!{kind} as kubectl reads it"),
             ))
         }
     }
 
-    /// Resolves an untagged plain scalar by the YAML 1.2 core schema.
-    fn core_value(&self, text: &str, mark: &Marker) -> Result<Value> {
-        match core_kind(text) {
-            CoreKind::Null => Ok(Value::Null),
-            CoreKind::Bool(b) => Ok(Value::Bool(b)),
-            CoreKind::Int { negative, digits, radix } => {
-                let parsed = u64::from_str_radix(digits, radix).ok().and_then(|magnitude| {
-                    if negative {
-                        0i64.checked_sub_unsigned(magnitude).map(Value::from)
-                    } else {
-                        Some(Value::from(magnitude))
-                    }
-                });
-                parsed.ok_or_else(|| {
-                    self.parse_error(
-                        mark,
-                        format!("the integer {text} does not fit in 64 bits; quote it if it is meant as text"),
-                    )
-                })
+    /// A plain scalar as kubectl reads it, with a warning (or, strict, an error) where YAML 1.2 differs.
+    fn plain_value(&mut self, text: &str, mark: &Marker) -> Result<Value> {
+        let kubectl = match resolve11(text) {
+            Resolution::Value(value) => value,
+            Resolution::Float(f) if f.is_finite() => float_value(f),
+            Resolution::Float(_) => {
+                return Err(self.parse_error(
+                    mark,
+                    format!(
+                        "{text} (infinity or not-a-number) cannot be represented in JSON; quote it for a string"
+                    ),
+                ));
             }
-            CoreKind::Float => match text.parse::<f64>() {
-                Ok(f) if f.is_finite() => Ok(float_value(f)),
-                _ => Err(self.parse_error(mark, format!("the number {text} is too large for JSON"))),
-            },
-            CoreKind::NotFinite => Err(self.parse_error(
+        };
+        let core = core_value(text);
+        if core.as_ref() != Some(&kubectl) {
+            let yaml12 = core.map_or_else(|| "no JSON value".to_owned(), |v| v.to_string());
+            let suggestion = match &kubectl {
+                Value::String(_) => format!("{text:?} (quoted)"),
+                other => format!("{other}, or {text:?} (quoted) for the string"),
+            };
+            self.differs(
                 mark,
-                format!("{text} (infinity or not-a-number) cannot be represented in JSON; quote it for a string"),
-            )),
-            CoreKind::Str => Ok(Value::String(text.to_owned())),
+                text,
+                format!("kubectl and Helm (YAML 1.1) read {kubectl}, a YAML 1.2 reader {yaml12}"),
+                suggestion,
+            )?;
+        }
+        Ok(kubectl)
+    }
+
+    /// A plain key as kubectl reads it (`on` is `"true"`, `0644` is `"420"`, `1e6` is `"1e+06"`), with a
+    /// warning (or, strict, an error) where a YAML 1.2 reader reads another key.
+    fn plain_key(&mut self, text: &str, mark: &Marker) -> Result<String> {
+        let kubectl = match resolve11(text) {
+            Resolution::Value(value) => {
+                key_string(&value).map_err(|detail| self.parse_error(mark, detail))?
+            }
+            Resolution::Float(f) => float_key(f),
+        };
+        let yaml12 = core_value(text).and_then(|value| key_string(&value).ok());
+        if yaml12.as_deref() != Some(kubectl.as_str()) {
+            let yaml12 =
+                yaml12.map_or_else(|| "no key".to_owned(), |key| format!("the key {key:?}"));
+            self.differs(
+                mark,
+                text,
+                format!("kubectl and Helm (YAML 1.1) read the key {kubectl:?}, a YAML 1.2 reader {yaml12}"),
+                format!("{text:?} (quoted) for the key"),
+            )?;
+        }
+        Ok(kubectl)
+    }
+}
+
+/// A mapping key as `sigs.k8s.io/yaml` writes it; an error for the keys it refuses.
+fn key_string(key: &Value) -> std::result::Result<String, String> {
+    match key {
+        Value::String(s) => Ok(s.clone()),
+        Value::Bool(b) => Ok(b.to_string()),
+        Value::Number(n) if n.is_i64() => Ok(n.to_string()),
+        Value::Number(n) if n.is_f64() => Ok(float_key(n.as_f64().unwrap_or_default())),
+        Value::Number(n) => Err(format!(
+            "the mapping key {n} does not fit a signed 64-bit integer; quote it"
+        )),
+        Value::Null => Err("a mapping key is null; quote it if it is meant as text".to_owned()),
+        Value::Array(_) | Value::Object(_) => {
+            Err("a mapping key must be a scalar, not a sequence or mapping".to_owned())
         }
     }
+}
+
+/// Merges a `<<` key's value into `map` as go-yaml v2 does: a mapping's keys replace the ones already there;
+/// a list of mappings is merged from its last item to its first, so that earlier ones take precedence.
+fn merge(map: &mut Map<String, Value>, value: Value) -> std::result::Result<(), &'static str> {
+    const WANT: &str = "a << merge key must be given a mapping or a list of mappings";
+    match value {
+        Value::Object(merged) => {
+            map.extend(merged);
+            Ok(())
+        }
+        Value::Array(items) => {
+            if !items.iter().all(Value::is_object) {
+                return Err(WANT);
+            }
+            for item in items.into_iter().rev() {
+                if let Value::Object(merged) = item {
+                    map.extend(merged);
+                }
+            }
+            Ok(())
+        }
+        _ => Err(WANT),
+    }
+}
+
+/// A float mapping key as `sigs.k8s.io/yaml` writes it: Go's `%g` at single precision, shortest digits, in
+/// exponent form below 1e-4 and from 1e6 on (`1e+06`), infinities and not-a-number in YAML's words.
+fn float_key(f: f64) -> String {
+    // Go converts to single precision here.
+    #[allow(clippy::cast_possible_truncation)]
+    let single = f as f32;
+    if single.is_nan() {
+        return ".nan".to_owned();
+    }
+    if single.is_infinite() {
+        return if single > 0.0 { ".inf" } else { "-.inf" }.to_owned();
+    }
+    let scientific = format!("{single:e}");
+    let (mantissa, exponent) = scientific
+        .split_once('e')
+        .unwrap_or((scientific.as_str(), "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    if single == 0.0 || (-4..6).contains(&exponent) {
+        return single.to_string();
+    }
+    let sign = if exponent < 0 { '-' } else { '+' };
+    format!("{mantissa}e{sign}{:02}", exponent.unsigned_abs())
 }
 
 /// A JSON number for a finite float: integral values within the exactly-representable range become integers,
@@ -519,63 +755,178 @@ fn unsupported_tag(tag: &Tag) -> String {
     )
 }
 
-/// How the YAML 1.2 core schema reads a plain scalar.
+/// How go-yaml v2 resolves a plain scalar, as `sigs.k8s.io/yaml` turns it into JSON.
 #[derive(Debug, PartialEq)]
-enum CoreKind<'t> {
-    Null,
-    Bool(bool),
-    Int {
-        negative: bool,
-        digits: &'t str,
-        radix: u32,
-    },
-    Float,
-    NotFinite,
-    Str,
+enum Resolution {
+    Value(Value),
+    /// A float, kept as such for keys (`1.0:` is the key `"1"`, `1e6:` is `"1e+06"`). `.inf` and `.nan` are
+    /// floats too, which JSON cannot hold as values (Go's JSON encoder refuses them).
+    Float(f64),
 }
 
-fn core_kind(text: &str) -> CoreKind<'_> {
+/// go-yaml v2's `resolve` for an untagged plain scalar (resolve.go), step by step: the table of fixed words,
+/// then by the first character a float (`.`), or an integer or float (a digit or sign), else a string.
+/// Timestamps become strings when read into JSON, so they need no step of their own.
+fn resolve11(text: &str) -> Resolution {
+    let fixed = match text {
+        "y" | "Y" | "yes" | "Yes" | "YES" | "true" | "True" | "TRUE" | "on" | "On" | "ON" => {
+            Some(Value::Bool(true))
+        }
+        "n" | "N" | "no" | "No" | "NO" | "false" | "False" | "FALSE" | "off" | "Off" | "OFF" => {
+            Some(Value::Bool(false))
+        }
+        "" | "~" | "null" | "Null" | "NULL" => Some(Value::Null),
+        ".nan" | ".NaN" | ".NAN" => return Resolution::Float(f64::NAN),
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => {
+            return Resolution::Float(f64::INFINITY);
+        }
+        "-.inf" | "-.Inf" | "-.INF" => return Resolution::Float(f64::NEG_INFINITY),
+        _ => None,
+    };
+    if let Some(value) = fixed {
+        return Resolution::Value(value);
+    }
+    let string = || Resolution::Value(Value::String(text.to_owned()));
+    match text.as_bytes()[0] {
+        b'.' => go_float(text).map_or_else(string, Resolution::Float),
+        b'+' | b'-' | b'0'..=b'9' => {
+            let plain = text.replace('_', "");
+            if let Some(int) = go_int(&plain) {
+                return Resolution::Value(int);
+            }
+            if let Some(f) = go_float(&plain) {
+                return Resolution::Float(f);
+            }
+            binary_after_prefix(&plain).map_or_else(string, Resolution::Value)
+        }
+        _ => string(),
+    }
+}
+
+/// Whether go-yaml v2 resolves a plain scalar to `!!int`.
+fn is_int11(text: &str) -> bool {
+    if !text.starts_with(|c: char| c.is_ascii_digit() || c == '+' || c == '-') {
+        return false;
+    }
+    let plain = text.replace('_', "");
+    go_int(&plain).is_some()
+        || (go_float(&plain).is_none() && binary_after_prefix(&plain).is_some())
+}
+
+/// Go's `strconv.ParseInt(text, 0, 64)`, then `ParseUint(text, 0, 64)`: an optional sign, then `0b`, `0o`,
+/// `0x` (either case) or a leading `0` (octal), else decimal.
+fn go_int(text: &str) -> Option<Value> {
+    let (negative, unsigned) = match text.as_bytes().first()? {
+        b'-' => (true, &text[1..]),
+        b'+' => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let signed = unsigned.len() != text.len();
+    let (radix, digits) = go_radix(unsigned)?;
+    let magnitude = go_digits(digits, radix)?;
+    if negative {
+        return 0i64.checked_sub_unsigned(magnitude).map(Value::from);
+    }
+    if let Ok(small) = i64::try_from(magnitude) {
+        return Some(Value::from(small));
+    }
+    // ParseUint takes no sign.
+    (!signed).then(|| Value::from(magnitude))
+}
+
+/// The radix and digits of an unsigned Go integer literal (base 0).
+fn go_radix(text: &str) -> Option<(u32, &str)> {
+    if !text.starts_with('0') {
+        return Some((10, text));
+    }
+    if text.len() >= 3 {
+        match text.as_bytes()[1].to_ascii_lowercase() {
+            b'b' => return Some((2, &text[2..])),
+            b'o' => return Some((8, &text[2..])),
+            b'x' => return Some((16, &text[2..])),
+            _ => {}
+        }
+    }
+    Some((8, &text[1..]))
+}
+
+/// The value of `digits` in `radix` (empty is 0, as Go reads `0` as octal nothing), when it fits in 64 bits.
+fn go_digits(digits: &str, radix: u32) -> Option<u64> {
+    let mut value = 0u64;
+    for c in digits.chars() {
+        let digit = c.to_digit(radix)?;
+        value = value
+            .checked_mul(u64::from(radix))?
+            .checked_add(u64::from(digit))?;
+    }
+    Some(value)
+}
+
+/// Go's `strconv.ParseFloat` on what go-yaml passes it: text of the form
+/// `[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?` (what Go parses of text starting with `.` has that
+/// form too). Out of range is no float (a string, in Go).
+fn go_float(text: &str) -> Option<f64> {
+    if !is_core_float(split_sign(text).1) {
+        return None;
+    }
+    let f: f64 = text.parse().ok()?;
+    f.is_finite().then_some(f)
+}
+
+/// go-yaml's last try for a string starting `0b` that Go's base-0 parse refused: the rest in base 2, where Go
+/// accepts a sign (`0b-101` is -5).
+fn binary_after_prefix(text: &str) -> Option<Value> {
+    let rest = text.strip_prefix("0b")?;
+    let (negative, digits) = match rest.as_bytes().first()? {
+        b'-' => (true, &rest[1..]),
+        b'+' => (false, &rest[1..]),
+        _ => (false, rest),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    let magnitude = go_digits(digits, 2)?;
+    if negative {
+        0i64.checked_sub_unsigned(magnitude).map(Value::from)
+    } else {
+        Some(Value::from(magnitude))
+    }
+}
+
+/// How a YAML 1.2 core-schema reader reads a plain scalar as JSON; `None` when it has no JSON value (too large
+/// an integer, infinity).
+fn core_value(text: &str) -> Option<Value> {
     match text {
-        "" | "~" | "null" | "Null" | "NULL" => return CoreKind::Null,
-        "true" | "True" | "TRUE" => return CoreKind::Bool(true),
-        "false" | "False" | "FALSE" => return CoreKind::Bool(false),
-        ".nan" | ".NaN" | ".NAN" => return CoreKind::NotFinite,
+        "" | "~" | "null" | "Null" | "NULL" => return Some(Value::Null),
+        "true" | "True" | "TRUE" => return Some(Value::Bool(true)),
+        "false" | "False" | "FALSE" => return Some(Value::Bool(false)),
+        ".nan" | ".NaN" | ".NAN" => return None,
         _ => {}
     }
-    if let Some(digits) = text.strip_prefix("0o")
-        && is_digits(digits, 8)
-    {
-        return CoreKind::Int {
-            negative: false,
-            digits,
-            radix: 8,
-        };
-    }
-    if let Some(digits) = text.strip_prefix("0x")
-        && is_digits(digits, 16)
-    {
-        return CoreKind::Int {
-            negative: false,
-            digits,
-            radix: 16,
-        };
+    for (prefix, radix) in [("0o", 8), ("0x", 16)] {
+        if let Some(digits) = text.strip_prefix(prefix)
+            && is_digits(digits, radix)
+        {
+            return u64::from_str_radix(digits, radix).ok().map(Value::from);
+        }
     }
     let (negative, unsigned) = split_sign(text);
     if is_digits(unsigned, 10) {
-        return CoreKind::Int {
-            negative,
-            digits: unsigned,
-            radix: 10,
+        let magnitude = unsigned.parse::<u64>().ok()?;
+        return if negative {
+            0i64.checked_sub_unsigned(magnitude).map(Value::from)
+        } else {
+            Some(Value::from(magnitude))
         };
     }
     if matches!(unsigned, ".inf" | ".Inf" | ".INF") {
-        return CoreKind::NotFinite;
+        return None;
     }
     if is_core_float(unsigned) {
-        CoreKind::Float
-    } else {
-        CoreKind::Str
+        let f: f64 = text.parse().ok()?;
+        return f.is_finite().then(|| float_value(f));
     }
+    Some(Value::String(text.to_owned()))
 }
 
 /// `(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?`, the sign already removed.
@@ -606,211 +957,6 @@ fn split_sign(text: &str) -> (bool, &str) {
         (true, rest)
     } else {
         (false, text.strip_prefix('+').unwrap_or(text))
-    }
-}
-
-/// How a YAML 1.1 reader reads a plain scalar that a 1.2 reader reads otherwise.
-#[derive(Debug)]
-struct Reading11 {
-    detail: String,
-    suggestion: String,
-}
-
-/// `Some` when a YAML 1.1 reader (go-yaml v2, and so kubectl, or the 1.1 spec) reads `text` differently
-/// from the YAML 1.2 core schema.
-fn yaml11_reading(text: &str, is_key: bool) -> Option<Reading11> {
-    let quoted = format!("{text:?} (quoted)");
-    if let Some(reading) = boolean11(text, is_key, &quoted) {
-        return Some(reading);
-    }
-    if text == "<<" && is_key {
-        return Some(Reading11 {
-            detail:
-                "a YAML 1.1 reader merges the aliased mapping in here; YAML 1.2 has no merge keys"
-                    .to_owned(),
-            suggestion: "the merged fields out in full in this mapping instead of <<".to_owned(),
-        });
-    }
-    if text.contains('_') {
-        // A number with underscores or nothing: none of the readings below has one.
-        return underscored11(text, &quoted);
-    }
-    let (negative, body) = split_sign(text);
-    let signed = text.len() != body.len();
-    prefixed11(body, negative, signed, &quoted)
-        .or_else(|| leading_zero11(body, negative, &quoted))
-        .or_else(|| {
-            let sign = if negative { "-" } else { "" };
-            sexagesimal(body).map(|number| Reading11 {
-                detail: format!(
-                    "YAML 1.1 reads it as the base-60 number {sign}{number}, YAML 1.2 reads a string"
-                ),
-                suggestion: format!("{quoted} for the string"),
-            })
-        })
-}
-
-/// `yes`/`no`/`on`/`off`/`y`/`n` in any case: booleans to YAML 1.1.
-fn boolean11(text: &str, is_key: bool, quoted: &str) -> Option<Reading11> {
-    let truth = match text.to_ascii_lowercase().as_str() {
-        "yes" | "on" | "y" => true,
-        "no" | "off" | "n" => false,
-        _ => return None,
-    };
-    Some(if is_key {
-        Reading11 {
-            detail: format!(
-                "a YAML 1.1 reader such as kubectl reads this key as the boolean {truth}"
-            ),
-            suggestion: format!("{quoted} for the key"),
-        }
-    } else {
-        Reading11 {
-            detail: format!("YAML 1.1 reads it as the boolean {truth}, YAML 1.2 as a string"),
-            suggestion: format!("{quoted} for the string, or {truth} for the boolean"),
-        }
-    })
-}
-
-/// A number with `_` separators, which YAML 1.1 ignores.
-fn underscored11(text: &str, quoted: &str) -> Option<Reading11> {
-    let number = number11(&text.replace('_', ""))?;
-    Some(Reading11 {
-        detail: format!(
-            "YAML 1.1 ignores the _ and reads the number {number}, YAML 1.2 reads a string"
-        ),
-        suggestion: format!("{number} for the number, or {quoted} for the string"),
-    })
-}
-
-/// `0b…` in any form, and signed or upper-case `0o…`/`0x…`: numbers to YAML 1.1 (as Go reads them), strings
-/// to the 1.2 core schema.
-fn prefixed11(body: &str, negative: bool, signed: bool, quoted: &str) -> Option<Reading11> {
-    let (prefix, digits) = body.split_at_checked(2)?;
-    let radix = match prefix {
-        "0b" | "0B" => 2,
-        "0o" | "0O" => 8,
-        "0x" | "0X" => 16,
-        _ => return None,
-    };
-    // Go reads a signed or upper-case prefix as a number too; the 1.2 core schema does not.
-    let differs = radix == 2 || signed || prefix.ends_with(|c: char| c.is_ascii_uppercase());
-    if !is_digits(digits, radix) || !differs {
-        return None;
-    }
-    let sign = if negative { "-" } else { "" };
-    let number =
-        magnitude(digits, radix).map_or_else(|| "a number".to_owned(), |m| format!("{sign}{m}"));
-    let what = if radix == 2 {
-        "binary number"
-    } else {
-        "number"
-    };
-    Some(Reading11 {
-        detail: format!(
-            "YAML 1.1 (kubectl) reads it as the {what} {number}, YAML 1.2 reads a string"
-        ),
-        suggestion: format!("{number} for the number, or {quoted} for the string"),
-    })
-}
-
-/// Digits with a leading zero: octal to YAML 1.1 when they can be, never the decimal YAML 1.2 reads.
-fn leading_zero11(body: &str, negative: bool, quoted: &str) -> Option<Reading11> {
-    if body.len() < 2 || !body.starts_with('0') || !is_digits(body, 10) {
-        return None;
-    }
-    let sign = if negative { "-" } else { "" };
-    let decimal = body.trim_start_matches('0');
-    let decimal = if decimal.is_empty() { "0" } else { decimal };
-    if !is_digits(body, 8) {
-        return Some(Reading11 {
-            detail: format!(
-                "a leading zero: YAML 1.1 does not read it as the decimal {sign}{decimal}, YAML 1.2 does"
-            ),
-            suggestion: format!("{sign}{decimal} for the number, or {quoted} for the string"),
-        });
-    }
-    let octal = magnitude(body, 8).map_or_else(|| "a large number".to_owned(), |m| m.to_string());
-    let suggestion = if negative {
-        format!(
-            "-{octal} for the octal value, -{decimal} for the decimal, or {quoted} for the string"
-        )
-    } else {
-        format!("0o{decimal} for the octal number {octal}, or {quoted} for the string")
-    };
-    Some(Reading11 {
-        detail: format!(
-            "YAML 1.1 reads it as the octal number {sign}{octal}, YAML 1.2 as the decimal {sign}{decimal}"
-        ),
-        suggestion,
-    })
-}
-
-/// The value of `digits` in `radix`, when it fits in 128 bits.
-fn magnitude(digits: &str, radix: u32) -> Option<u128> {
-    u128::from_str_radix(digits, radix).ok()
-}
-
-/// The number a YAML 1.1 reader sees in `text` (underscores already removed), as text, if any.
-fn number11(text: &str) -> Option<String> {
-    let (negative, body) = split_sign(text);
-    let sign = if negative { "-" } else { "" };
-    if let Some((prefix, digits)) = body.split_at_checked(2) {
-        let radix = match prefix.to_ascii_lowercase().as_str() {
-            "0b" => Some(2),
-            "0o" => Some(8),
-            "0x" => Some(16),
-            _ => None,
-        };
-        if let Some(radix) = radix
-            && is_digits(digits, radix)
-        {
-            return magnitude(digits, radix).map(|m| format!("{sign}{m}"));
-        }
-    }
-    if body.len() >= 2 && body.starts_with('0') && is_digits(body, 8) {
-        return magnitude(body, 8).map(|m| format!("{sign}{m}"));
-    }
-    if is_digits(body, 10) || is_core_float(body) {
-        return Some(text.trim_start_matches('+').to_owned());
-    }
-    sexagesimal(body).map(|n| format!("{sign}{n}"))
-}
-
-/// YAML 1.1 base 60: `[1-9][0-9]*(:[0-5]?[0-9])+` (int) or `[0-9][0-9]*(:[0-5]?[0-9])+\.[0-9]*` (float), sign
-/// removed. Returns the value as text.
-fn sexagesimal(text: &str) -> Option<String> {
-    let (whole, fraction) = match text.split_once('.') {
-        Some((whole, fraction)) => (whole, Some(fraction)),
-        None => (text, None),
-    };
-    let mut parts = whole.split(':');
-    let first = parts.next()?;
-    if !is_digits(first, 10) || (fraction.is_none() && first.starts_with('0')) {
-        return None;
-    }
-    let rest: Vec<&str> = parts.collect();
-    if rest.is_empty() {
-        return None;
-    }
-    let mut value = first.parse::<u128>().ok()?;
-    for part in rest {
-        let valid = match part.as_bytes() {
-            [d] => d.is_ascii_digit(),
-            [t, d] => (b'0'..=b'5').contains(t) && d.is_ascii_digit(),
-            _ => false,
-        };
-        if !valid {
-            return None;
-        }
-        value = value
-            .checked_mul(60)?
-            .checked_add(part.parse::<u128>().ok()?)?;
-    }
-    match fraction {
-        None => Some(value.to_string()),
-        Some(f) if f.is_empty() || is_digits(f, 10) => Some(format!("{value}.{f}")),
-        Some(_) => None,
     }
 }
 
@@ -912,23 +1058,6 @@ mod tests {
         documents_to_json(text, "t.yaml", YamlLimits::default()).unwrap_err()
     }
 
-    fn ambiguous(text: &str) -> (usize, usize, String, String) {
-        match err(text) {
-            Error::AmbiguousYaml {
-                file,
-                line,
-                column,
-                value,
-                suggestion,
-                ..
-            } => {
-                assert_eq!(file, "t.yaml");
-                (line, column, value, suggestion)
-            }
-            other => panic!("{text}: expected AmbiguousYaml, got {other}"),
-        }
-    }
-
     #[test]
     fn core_schema_nulls_and_bools() {
         for null in ["~", "null", "Null", "NULL", ""] {
@@ -944,6 +1073,17 @@ mod tests {
         for s in ["tRUE", "nULL", "none", "nil"] {
             assert_eq!(value_of(s), json!(s));
         }
+    }
+
+    /// How kubectl reads `v: SCALAR`, with the warnings the reader records.
+    fn read11(text: &str) -> (Value, Vec<YamlWarning>) {
+        let read = read_documents(text, "t.yaml", YamlLimits::default(), Yaml11::Read).unwrap();
+        let value = read
+            .documents
+            .into_iter()
+            .next()
+            .map_or(Value::Null, |(_, v)| v);
+        (value, read.warnings)
     }
 
     #[test]
@@ -964,7 +1104,17 @@ mod tests {
         assert_eq!(value_of("3.0"), json!(3));
         assert_eq!(value_of("1."), json!(1));
         for s in [
-            "1.2.3", "0x", "0xZZ", "1e", "e5", "--1", "12a", "0.5.1", "v1",
+            "1.2.3",
+            "0xZZ",
+            "1e",
+            "e5",
+            "--1",
+            "12a",
+            "0.5.1",
+            "v1",
+            "1:30",
+            "2001-12-14",
+            "yEs",
         ] {
             assert_eq!(value_of(s), json!(s), "{s}");
         }
@@ -972,16 +1122,7 @@ mod tests {
 
     #[test]
     fn numbers_json_cannot_hold_are_refused() {
-        for bad in [
-            ".inf",
-            "-.Inf",
-            "+.INF",
-            ".nan",
-            ".NaN",
-            "1e400",
-            "18446744073709551616",
-            "-9223372036854775809",
-        ] {
+        for bad in [".inf", "-.Inf", "+.INF", ".nan", ".NaN"] {
             assert!(
                 matches!(err(&format!("v: {bad}\n")), Error::Parse { .. }),
                 "{bad}"
@@ -1001,130 +1142,122 @@ mod tests {
     }
 
     #[test]
-    fn yaml11_booleans_are_refused_with_a_suggestion() {
-        for word in [
-            "yes", "Yes", "YES", "no", "No", "on", "On", "ON", "off", "OFF", "y", "Y", "n", "N",
-            "yEs",
-        ] {
-            let (line, column, value, suggestion) = ambiguous(&format!("a: 1\nflag: {word}\n"));
-            assert_eq!((line, column, value.as_str()), (2, 7, word));
-            assert!(
-                suggestion.contains(&format!("{word:?} (quoted)")),
-                "{suggestion}"
-            );
-            let truth = matches!(word.to_ascii_lowercase().as_str(), "yes" | "on" | "y");
-            assert!(
-                suggestion.contains(&format!("or {truth} for the boolean")),
-                "{suggestion}"
-            );
-        }
-    }
-
-    #[test]
-    fn yaml11_boolean_keys_are_refused() {
-        let (line, column, value, suggestion) = ambiguous("jobs:\n  on: push\n");
-        assert_eq!((line, column, value.as_str()), (2, 3, "on"));
-        assert_eq!(suggestion, "\"on\" (quoted) for the key");
-        let Error::AmbiguousYaml { detail, .. } = err("on: push\n") else {
-            panic!()
-        };
-        assert!(detail.contains("key as the boolean true"), "{detail}");
-        assert_eq!(one("\"on\": push\n"), json!({"on": "push"}));
-    }
-
-    #[test]
-    fn leading_zero_integers_are_refused() {
-        let (line, column, value, suggestion) = ambiguous("spec:\n  mode: 0644\n");
-        assert_eq!((line, column, value.as_str()), (2, 9, "0644"));
-        assert_eq!(
-            suggestion,
-            "0o644 for the octal number 420, or \"0644\" (quoted) for the string"
+    fn yaml11_forms_are_read_as_kubectl_reads_them_with_a_warning() {
+        let (value, warnings) = read11(
+            "mode: 0644\nflag: yes\nother: Off\ncount: 1_000\nbits: 0b101\nhex: 0X1f\nplain: 08\n\
+             time: 1:30\nsigned: -012\n",
         );
+        assert_eq!(
+            value,
+            json!({"mode": 420, "flag": true, "other": false, "count": 1000, "bits": 5, "hex": 31,
+                   "plain": 8, "time": "1:30", "signed": -10})
+        );
+        let lines: Vec<(usize, &str)> = warnings
+            .iter()
+            .map(|w| (w.line, w.value.as_str()))
+            .collect();
+        // `08` is 8 to both readers and `1:30` a string to both: no warning for them.
+        assert_eq!(
+            lines,
+            [
+                (1, "0644"),
+                (2, "yes"),
+                (3, "Off"),
+                (4, "1_000"),
+                (5, "0b101"),
+                (6, "0X1f"),
+                (9, "-012")
+            ]
+        );
+        let message = warnings[0].to_string();
+        assert!(
+            message.starts_with(
+                "t.yaml:1:7: \"0644\" read as kubectl reads it: kubectl and Helm (YAML 1.1) \
+                                 read 420, a YAML 1.2 reader 644"
+            ),
+            "{message}"
+        );
+        assert_eq!(
+            warnings[0].suggestion,
+            "420, or \"0644\" (quoted) for the string"
+        );
+        // Keys too: `on:` is the key "true" to kubectl.
+        let (value, warnings) = read11("on: push\n0644: a\nNo: b\n");
+        assert_eq!(value, json!({"true": "push", "420": "a", "false": "b"}));
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
+        assert!(
+            warnings[0].detail.contains("the key \"true\""),
+            "{:?}",
+            warnings[0]
+        );
+    }
+
+    #[test]
+    fn strict_refuses_what_the_two_readings_differ_on() {
+        for (text, line, column, value) in [
+            ("a: 1\nflag: yes\n", 2, 7, "yes"),
+            ("spec:\n  mode: 0644\n", 2, 9, "0644"),
+            ("jobs:\n  on: push\n", 2, 3, "on"),
+            ("v: !!int 0644\n", 1, 10, "0644"),
+            ("v: 1_000\n", 1, 4, "1_000"),
+            ("base: &b {a: 1}\nx:\n  <<: *b\n  c: 2\n", 3, 3, "<<"),
+        ] {
+            match err(text) {
+                Error::AmbiguousYaml {
+                    file,
+                    line: l,
+                    column: c,
+                    value: v,
+                    ..
+                } => assert_eq!(
+                    (file.as_str(), l, c, v.as_str()),
+                    ("t.yaml", line, column, value),
+                    "{text}"
+                ),
+                other => panic!("{text}: expected AmbiguousYaml, got {other}"),
+            }
+        }
         let message = err("mode: 0644\n").to_string();
         assert!(
             message.starts_with("t.yaml:1:7: \"0644\" reads differently"),
             "{message}"
         );
-        let (_, _, _, suggestion) = ambiguous("v: -012\n");
-        assert_eq!(
-            suggestion,
-            "-10 for the octal value, -12 for the decimal, or \"-012\" (quoted) for the string"
-        );
-        let (_, _, _, suggestion) = ambiguous("v: 089\n");
-        assert_eq!(
-            suggestion,
-            "89 for the number, or \"089\" (quoted) for the string"
-        );
-        // `!!int` does not make the octal question go away.
-        ambiguous("v: !!int 0644\n");
+        // What both read the same passes strict reading.
         assert_eq!(value_of("\"0644\""), json!("0644"));
         assert_eq!(value_of("0o644"), json!(420));
-        assert_eq!(value_of("0.5"), json!(0.5));
-    }
-
-    #[test]
-    fn binary_underscore_and_prefix_forms_are_refused() {
-        let (_, _, _, suggestion) = ambiguous("v: 0b1010\n");
-        assert_eq!(
-            suggestion,
-            "10 for the number, or \"0b1010\" (quoted) for the string"
-        );
-        let (_, _, _, suggestion) = ambiguous("v: 1_000\n");
-        assert_eq!(
-            suggestion,
-            "1000 for the number, or \"1_000\" (quoted) for the string"
-        );
-        let (_, _, _, suggestion) = ambiguous("v: 0x_FF\n");
-        assert!(suggestion.starts_with("255 for the number"), "{suggestion}");
-        let (_, _, _, suggestion) = ambiguous("v: -0x10\n");
-        assert!(suggestion.starts_with("-16 for the number"), "{suggestion}");
-        ambiguous("v: 0X10\n");
-        ambiguous("v: +0o7\n");
-        ambiguous("v: 1_000.5\n");
-        assert_eq!(value_of("my_name"), json!("my_name"));
-        assert_eq!(value_of("_"), json!("_"));
-    }
-
-    #[test]
-    fn sexagesimal_is_refused() {
-        for (text, n) in [
-            ("1:30", "90"),
-            ("190:20:30", "685230"),
-            ("-1:30", "-90"),
-            ("1:30.5", "90.5"),
-        ] {
-            let Error::AmbiguousYaml {
-                detail, suggestion, ..
-            } = err(&format!("v: {text}\n"))
-            else {
-                panic!("{text}")
-            };
-            assert!(detail.contains(&format!("base-60 number {n}")), "{detail}");
-            assert_eq!(suggestion, format!("{text:?} (quoted) for the string"));
-        }
-        // Not base 60 in YAML 1.1 either.
-        for s in ["8080:80", "01:30", "1:2:3:x", "12:345"] {
-            assert_eq!(value_of(s), json!(s), "{s}");
-        }
-    }
-
-    #[test]
-    fn merge_keys_are_refused() {
-        let Error::AmbiguousYaml {
-            value,
-            suggestion,
-            line,
-            ..
-        } = err("base: &b {a: 1}\nx:\n  <<: *b\n  c: 2\n")
-        else {
-            panic!()
-        };
-        assert_eq!((value.as_str(), line), ("<<", 3));
-        assert!(
-            suggestion.contains("merged fields out in full"),
-            "{suggestion}"
-        );
+        assert_eq!(value_of("1:30"), json!("1:30"));
         assert_eq!(value_of("<<"), json!("<<"));
+    }
+
+    #[test]
+    fn merge_keys_merge_as_go_yaml_v2_merges() {
+        let (value, warnings) = read11(
+            "base: &b {a: 1, c: 2}\nx:\n  <<: *b\n  c: 3\nw:\n  a: 0\n  <<: *b\nz:\n  <<: [{a: 1}, {a: 2, b: 2}]\n",
+        );
+        assert_eq!(
+            value,
+            json!({"base": {"a": 1, "c": 2}, "x": {"a": 1, "c": 3}, "w": {"a": 1, "c": 2},
+                   "z": {"a": 1, "b": 2}})
+        );
+        assert_eq!(
+            warnings.iter().map(|w| w.line).collect::<Vec<_>>(),
+            [3, 7, 9]
+        );
+        // A quoted "<<" is an ordinary key; a merge of anything but mappings is an error.
+        assert_eq!(
+            read11("x:\n  '<<': {a: 1}\n").0,
+            json!({"x": {"<<": {"a": 1}}})
+        );
+        for bad in ["x:\n  <<: 1\n", "x:\n  <<: [{a: 1}, 2]\n"] {
+            let error =
+                read_documents(bad, "t.yaml", YamlLimits::default(), Yaml11::Read).unwrap_err();
+            assert!(
+                error
+                    .to_string()
+                    .contains("merge key must be given a mapping"),
+                "{error}"
+            );
+        }
     }
 
     #[test]
@@ -1208,9 +1341,36 @@ mod tests {
         assert!(detail.contains("more than 1000000 nodes"), "{detail}");
         let small = YamlLimits {
             max_nodes: 10,
-            max_depth: 256,
+            ..YamlLimits::default()
         };
         assert!(documents_to_json("a: &x [1, 2, 3]\nb: *x\nc: *x\n", "t", small).is_err());
+    }
+
+    /// Issue 42 item 15: a large anchor aliased many times is few nodes but much memory; the byte cap stops
+    /// it before the copies are made.
+    #[test]
+    fn aliases_are_capped_by_bytes_not_only_nodes() {
+        let anchor = "x".repeat(1 << 20);
+        let mut text = format!("a: &big {anchor}\nl:\n");
+        for _ in 0..250 {
+            text.push_str("  - *big\n");
+        }
+        // 251 MiB of values in 253 nodes: far under the node cap, over the byte cap.
+        let Error::Parse { detail, .. } = err(&text) else {
+            panic!()
+        };
+        assert!(detail.contains("more than 128 MiB of values"), "{detail}");
+        let tight = YamlLimits {
+            max_bytes: 3 << 20,
+            ..YamlLimits::default()
+        };
+        let two = format!("a: &big {anchor}\nb: *big\n");
+        assert!(documents_to_json(&two, "t", tight).is_ok());
+        let three = format!("{two}c: *big\n");
+        assert!(documents_to_json(&three, "t", tight).is_err());
+        // Collections count by what they hold.
+        let nested = format!("a: &m {{k: [{anchor}]}}\nb: *m\nc: *m\n");
+        assert!(documents_to_json(&nested, "t", tight).is_err());
     }
 
     #[test]
@@ -1218,6 +1378,7 @@ mod tests {
         let shallow = YamlLimits {
             max_nodes: 1_000,
             max_depth: 3,
+            ..YamlLimits::default()
         };
         let Err(Error::Parse { detail, .. }) =
             documents_to_json("a: {b: {c: [1]}}\n", "t", shallow)

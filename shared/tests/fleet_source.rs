@@ -12,7 +12,8 @@ use serde_json::json;
 use tempfile::TempDir;
 use windvane_shared::Error;
 use windvane_shared::bundle::BundleLimits;
-use windvane_shared::source::{FLEET_FILE, load_fleet_dir};
+use windvane_shared::prerender::NoEngines;
+use windvane_shared::source::{FLEET_FILE, LoadOptions, load_fleet_dir, load_fleet_source};
 
 /// A fleet tree in a temporary directory, built file by file.
 struct Tree {
@@ -203,30 +204,46 @@ fn an_invalid_selector_is_refused() {
     assert!(matches!(tree.error(), Error::InvalidSelector { context, .. } if context == "app web"));
 }
 
+/// Issue 43: `defaultMode: 0644` is read as kubectl reads it (420) with a warning naming file and line; the
+/// strict reading refuses it.
 #[test]
-fn an_octal_looking_mode_is_refused() {
+fn an_octal_looking_mode_is_read_as_kubectl_reads_it() {
     let tree = Tree::new(ONE_APP);
     tree.write(
         "apps/web/secret-volume.yaml",
         "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  volumes:\n    - name: s\n      secret:\n        \
          secretName: s\n        defaultMode: 0644\n",
     );
-    match tree.error() {
-        Error::AmbiguousYaml {
-            file,
-            line,
-            column,
-            value,
-            suggestion,
-            ..
-        } => {
-            assert_eq!(
-                (file.as_str(), line, column, value.as_str()),
-                ("apps/web/secret-volume.yaml", 9, 22, "0644")
-            );
-            assert!(suggestion.contains("0o644"), "{suggestion}");
+    let loaded = load_fleet_source(
+        tree.root(),
+        BundleLimits::default(),
+        &NoEngines,
+        LoadOptions::default(),
+    )
+    .expect("the tree loads");
+    let object = &loaded.bundle.apps[0].manifests[0].object;
+    assert_eq!(
+        object.pointer("/spec/volumes/0/secret/defaultMode"),
+        Some(&serde_json::json!(420))
+    );
+    let [warning] = loaded.warnings.as_slice() else {
+        panic!("{:?}", loaded.warnings)
+    };
+    assert_eq!(
+        (
+            warning.file.as_str(),
+            warning.line,
+            warning.column,
+            warning.value.as_str()
+        ),
+        ("apps/web/secret-volume.yaml", 9, 22, "0644")
+    );
+    let strict = LoadOptions { strict_yaml: true };
+    match load_fleet_source(tree.root(), BundleLimits::default(), &NoEngines, strict) {
+        Err(Error::AmbiguousYaml { file, line, .. }) => {
+            assert_eq!((file.as_str(), line), ("apps/web/secret-volume.yaml", 9));
         }
-        other => panic!("{other}"),
+        other => panic!("{other:?}"),
     }
 }
 

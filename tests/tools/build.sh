@@ -4,7 +4,9 @@
 # <repo>/target/tools/kustomize; and the real `sops` (github.com/getsops/sops/v3) and `age-keygen`
 # (filippo.io/age) that the secrets tests encrypt with, into <repo>/target/tools/sops and age-keygen; and SeaweedFS's
 # `weed` (github.com/seaweedfs/seaweedfs), the S3-protocol server that the object-storage store tests publish to,
-# into <repo>/target/tools/weed. sops and SeaweedFS have modules of their own (sops/go.mod, seaweedfs/go.mod):
+# into <repo>/target/tools/weed; and yaml2json (./yaml2json, on sigs.k8s.io/yaml as helm's go.mod pins it), the
+# reference YAML reader the differential test compares Windvane's with, into <repo>/target/tools/yaml2json.
+# sops and SeaweedFS have modules of their own (sops/go.mod, seaweedfs/go.mod):
 # their cloud dependencies would otherwise move helm's pinned dependencies (and each other's). Nothing is
 # re-implemented and no prebuilt binary is downloaded: Go fetches
 # the modules from its module proxy into the usual GOMODCACHE and keeps compiled packages in the usual
@@ -23,12 +25,12 @@ cd "$here"
 # Up to date when both binaries exist and were built from these very inputs (go.mod, go.sum, this script,
 # the Go version): checking a stamp takes no time, where asking go to check its cache takes seconds.
 stamp="$out/.inputs"
-inputs="$(cat go.mod go.sum sops/go.mod sops/go.sum seaweedfs/go.mod seaweedfs/go.sum "$here/build.sh" |
+inputs="$(cat go.mod go.sum yaml2json/main.go sops/go.mod sops/go.sum seaweedfs/go.mod seaweedfs/go.sum "$here/build.sh" |
 	sha256sum | cut -d' ' -f1) $(go env GOVERSION)"
 if [[ "${1:-}" != "--force" && -x "$out/helm" && -x "$out/kustomize" && -x "$out/sops" && -x "$out/age-keygen" &&
-	-x "$out/weed" && -f "$stamp" ]] &&
+	-x "$out/weed" && -x "$out/yaml2json" && -f "$stamp" ]] &&
 	[[ "$(cat "$stamp")" == "$inputs" ]]; then
-	echo "target/tools/{helm,kustomize,sops,age-keygen,weed} are up to date" >&2
+	echo "target/tools/{helm,kustomize,sops,age-keygen,weed,yaml2json} are up to date" >&2
 	exit 0
 fi
 rm -f "$stamp"
@@ -54,6 +56,9 @@ kustomize_version="$(version sigs.k8s.io/kustomize/kustomize/v5)"
 build kustomize sigs.k8s.io/kustomize/kustomize/v5 \
 	"-X sigs.k8s.io/kustomize/api/provenance.version=kustomize/$kustomize_version"
 
+# kubectl's and Helm's YAML reader, as a command (its version is sigs.k8s.io/yaml's in go.mod).
+build yaml2json ./yaml2json ""
+
 # sops stamps its version in its own version package (`sops --version` tells the truth); age-keygen prints none.
 cd "$here/sops"
 sops_version="$(version github.com/getsops/sops/v3)"
@@ -67,4 +72,4 @@ build weed github.com/seaweedfs/seaweedfs/weed ""
 
 echo "$inputs" >"$stamp"
 echo "built $out/helm ($helm_version), $out/kustomize ($kustomize_version), $out/sops ($sops_version)," \
-	"$out/age-keygen and $out/weed ($weed_version) in $(($(date +%s) - start))s" >&2
+	"$out/age-keygen, $out/weed ($weed_version) and $out/yaml2json in $(($(date +%s) - start))s" >&2

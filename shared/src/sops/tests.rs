@@ -395,7 +395,7 @@ fn an_app_opens_what_it_can_and_hands_back_the_rest() {
         ),
         ("c/theirs.yaml", theirs.as_str()),
     ] {
-        manifests.extend(crate::source::manifests_of(file, text).unwrap());
+        manifests.extend(crate::source::manifests_of(file, text, &mut Vec::new()).unwrap());
     }
     let mut app: crate::bundle::App =
         serde_json::from_value(json!({"name": "app", "manifests": []})).unwrap();
@@ -428,7 +428,7 @@ fn build_refuses_sops_lists_and_sops_in_engine_output() {
             "^(data|stringData)$",
         ],
     );
-    let error = crate::source::manifests_of("list.yaml", &text).unwrap_err();
+    let error = crate::source::manifests_of("list.yaml", &text, &mut Vec::new()).unwrap_err();
     assert!(error.to_string().contains("SOPS-encrypted List"), "{error}");
     let secret = sops_encrypt(
         "apiVersion: v1\nkind: Secret\nmetadata: {name: a}\ndata: {k: dg==}\n",
@@ -439,7 +439,8 @@ fn build_refuses_sops_lists_and_sops_in_engine_output() {
             KUBERNETES_ENCRYPTED_REGEX,
         ],
     );
-    let error = crate::prerender::kustomize_manifests("overlay", &secret).unwrap_err();
+    let error =
+        crate::prerender::kustomize_manifests("overlay", &secret, &mut Vec::new()).unwrap_err();
     assert!(
         error.to_string().contains("Helm or kustomize output"),
         "{error}"
@@ -448,7 +449,7 @@ fn build_refuses_sops_lists_and_sops_in_engine_output() {
         "apiVersion: v1\nkind: Secret\nmetadata: {name: a}\n",
         &["--age", &recipient],
     );
-    let error = crate::source::manifests_of("all.yaml", &all).unwrap_err();
+    let error = crate::source::manifests_of("all.yaml", &all, &mut Vec::new()).unwrap_err();
     assert!(error.to_string().contains("--encrypted-regex"), "{error}");
 }
 
