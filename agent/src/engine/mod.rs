@@ -50,6 +50,9 @@ pub struct EngineConfig {
     pub trusted: TrustedKeys,
     /// Approver public keys (`--approver-key`): their signatures approve a release that requires approval.
     pub approvers: TrustedKeys,
+    /// The operator's floor (`--require-approvals`): every new release waits for this many distinct approver
+    /// signatures (never the publisher's), whatever its signed rollout says; 0: only what the rollout says.
+    pub require_approvals: u32,
     pub identity: ClusterIdentity,
     pub allowlist: Allowlist,
     pub poll_interval: Duration,
