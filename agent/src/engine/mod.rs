@@ -260,6 +260,9 @@ impl Engine {
                         self.sync().await;
                     }
                 }
+                Some(()) = prevent::next_prevention_change(&mut self.prevention) => {
+                    self.restore_prevention().await;
+                }
                 event = pending::next_gate_event(&mut self.pending) => {
                     let opened = match event {
                         Some(event) => self.on_gate(event).await,
