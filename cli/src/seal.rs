@@ -15,6 +15,11 @@
 //!
 //! Where it goes: the sealed file (`-o`, or over the input with `--in-place`), to be committed and published;
 //! only `data` and `stringData` are encrypted, so the object's identity stays readable without a key.
+//!
+//! Every document is sealed with its namespace (`metadata.namespace`, or `--namespace`): the SOPS MAC covers
+//! every value of the file, clear ones included, and an object's own namespace wins over its app's, so a
+//! sealed file copied into another app still lands in the namespace it was sealed for, and a file whose
+//! namespace was edited does not open. A document without a namespace is refused.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -61,17 +66,24 @@ pub struct SealArgs {
     /// Replace FILE with its sealed form.
     #[arg(long, conflicts_with = "output")]
     in_place: bool,
+    /// The namespace sealed with every document that names none (one that names another is refused).
+    #[arg(long, value_name = "NS")]
+    namespace: Option<String>,
 }
 
 pub fn seal(args: SealArgs) -> anyhow::Result<()> {
     let shown = args.file.display().to_string();
     let text = read_text(&args.file)?;
-    let documents: Vec<Value> = documents_to_json(&text, &shown, YamlLimits::default())?
+    let mut documents: Vec<Value> = documents_to_json(&text, &shown, YamlLimits::default())?
         .into_iter()
         .map(|(_, value)| value)
         .collect();
     if documents.is_empty() {
         bail!("{shown}: no document to seal");
+    }
+    for (index, document) in documents.iter_mut().enumerate() {
+        bind_namespace(document, args.namespace.as_deref())
+            .with_context(|| format!("{shown}: document {}", index + 1))?;
     }
     let mut recipients = args.recipients.clone();
     if let Some(file) = &args.recipients_file {
@@ -119,6 +131,50 @@ pub fn seal(args: SealArgs) -> anyhow::Result<()> {
         recipients.join(", ")
     );
     Ok(())
+}
+
+/// Puts the namespace into `document` before it is sealed (so the MAC binds it): its own, or `namespace`
+/// where it names none; refused when it names none and none is given, or names another.
+fn bind_namespace(document: &mut Value, namespace: Option<&str>) -> anyhow::Result<()> {
+    let own = document
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    match (own, namespace) {
+        (Some(own), Some(given)) if own != given => bail!(
+            "names namespace {own:?}, not --namespace {given:?}: a sealed value is bound to one namespace"
+        ),
+        (Some(_), _) => Ok(()),
+        (None, Some(given)) => {
+            if !is_dns_label(given) {
+                bail!(
+                    "--namespace {given:?} is not a namespace name (a DNS label: up to 63 of a-z, 0-9 and -)"
+                );
+            }
+            match document.get_mut("metadata").and_then(Value::as_object_mut) {
+                Some(metadata) => {
+                    metadata.insert("namespace".to_owned(), Value::String(given.to_owned()));
+                    Ok(())
+                }
+                None => bail!("has no metadata"),
+            }
+        }
+        (None, None) => bail!(
+            "names no namespace: set metadata.namespace or pass --namespace NS (a sealed value is bound to its \
+             namespace, so that a copy of the file in another app cannot land in that app's namespace)"
+        ),
+    }
+}
+
+/// Whether `text` is a DNS label (RFC 1123), as a namespace name must be.
+fn is_dns_label(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    (1..=63).contains(&bytes.len())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
 }
 
 /// The age recipients of the enrolled identity keys of `--to-cluster` clusters, as the server shows them.
@@ -228,4 +284,31 @@ pub fn keyring_file(path: &PathBuf) -> anyhow::Result<Keyring> {
         bail!("{}: no age identity in it", path.display());
     }
     Ok(keyring)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn every_sealed_document_carries_one_namespace() {
+        let mut bare = json!({"kind": "Secret", "metadata": {"name": "db"}});
+        let err = bind_namespace(&mut bare.clone(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--namespace"), "{err}");
+        bind_namespace(&mut bare, Some("payments")).unwrap();
+        assert_eq!(bare["metadata"]["namespace"], "payments");
+        let mut own = json!({"kind": "Secret", "metadata": {"name": "db", "namespace": "shop"}});
+        bind_namespace(&mut own, None).unwrap();
+        let err = bind_namespace(&mut own, Some("payments"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("one namespace"), "{err}");
+        let mut fresh = json!({"kind": "Secret", "metadata": {"name": "db"}});
+        assert!(bind_namespace(&mut fresh, Some("Bad_NS")).is_err());
+        assert!(is_dns_label("a-1") && !is_dns_label("-a") && !is_dns_label(""));
+    }
 }
