@@ -340,7 +340,7 @@ mod tests {
     }
 
     /// A sealed SOPS document (made by `seal`, which the real sops reads: shared's tests).
-    fn sealed(name: &str, namespace: Option<&str>, recipient: &str) -> serde_json::Value {
+    fn sealed(name: &str, namespace: Option<&str>, recipient: &str) -> Value {
         let mut metadata = json!({"name": name});
         if let Some(namespace) = namespace {
             metadata["namespace"] = json!(namespace);
@@ -365,7 +365,8 @@ mod tests {
         let (_, theirs) = Keyring::generate();
         let mut keyring = Keyring::default();
         keyring.add_text(&secret, "test").unwrap();
-        let manifest = |file: &str, object: serde_json::Value| json!({"file": file, "document": 0, "object": object});
+        let manifest =
+            |file: &str, object: Value| json!({"file": file, "document": 0, "object": object});
         let mut bundle: Bundle = serde_json::from_value(json!({
             "apiVersion": "windvane.io/bundle/v1", "fleet": "acme",
             "apps": [
