@@ -48,8 +48,13 @@ pub struct SealArgs {
     #[arg(long = "to", value_name = "NAME", requires = "recipients_file")]
     to: Vec<String>,
     /// A cluster, enrolled at --server, whose own identity key may open it (only that cluster's agent holds
-    /// the private key); repeat for more.
-    #[arg(long = "to-cluster", value_name = "CLUSTER", requires = "server")]
+    /// the private key); repeat for more. `CLUSTER=KEYID` pins the key id (or a prefix of at least 16 hex
+    /// digits) the agent logs at start: the server's answer must name that key.
+    #[arg(
+        long = "to-cluster",
+        value_name = "CLUSTER[=KEYID]",
+        requires = "server"
+    )]
     to_cluster: Vec<String>,
     /// The source server the clusters of --to-cluster are enrolled at.
     #[arg(long, env = "WINDVANE_SERVER", value_name = "URL")]
@@ -188,7 +193,8 @@ fn enrolled_recipients(args: &SealArgs) -> anyhow::Result<Vec<String>> {
         .map(|p| read_text(p).map(|t| t.trim().to_owned()))
         .transpose()?;
     let mut recipients = Vec::new();
-    for name in &args.to_cluster {
+    for named in &args.to_cluster {
+        let (name, pin) = cluster_pin(named)?;
         let url = format!(
             "{}/api/v1/clusters/{}",
             server.trim_end_matches('/'),
@@ -202,6 +208,8 @@ fn enrolled_recipients(args: &SealArgs) -> anyhow::Result<Vec<String>> {
                 "{url}: no age recipient for cluster {name:?} (a server older than this windvane?)"
             )
         })?;
+        let keyid = &detail.cluster.keyid;
+        check_enrolled(name, &recipient, keyid, pin).with_context(|| url.clone())?;
         // The server is not trusted with secrets, but here it vouches for a key: say which one, so that it can
         // be compared with what the agent logs at start ("cluster identity", age_recipient).
         eprintln!(
@@ -211,6 +219,47 @@ fn enrolled_recipients(args: &SealArgs) -> anyhow::Result<Vec<String>> {
         recipients.push(recipient);
     }
     Ok(recipients)
+}
+
+/// `CLUSTER` or `CLUSTER=KEYID` of `--to-cluster`: the name, and the pinned key id (prefix) if any.
+fn cluster_pin(named: &str) -> anyhow::Result<(&str, Option<&str>)> {
+    match named.split_once('=') {
+        None => Ok((named, None)),
+        Some((name, pin)) => {
+            let hex = pin.bytes().all(|b| b.is_ascii_hexdigit());
+            if name.is_empty() || !hex || !(16..=64).contains(&pin.len()) {
+                bail!(
+                    "--to-cluster {named:?}: expected CLUSTER=KEYID, the key id (at least 16 hex digits) the cluster's agent logs at start"
+                );
+            }
+            Ok((name, Some(pin)))
+        }
+    }
+}
+
+/// Refuses a server's recipient for `name` that is not the recipient of the key id it shows, or whose key id
+/// is not the one pinned: a server that swapped in its own key would otherwise receive the secret.
+fn check_enrolled(
+    name: &str,
+    recipient: &str,
+    keyid: &str,
+    pin: Option<&str>,
+) -> anyhow::Result<()> {
+    if !sops::recipient_of_keyid(recipient, keyid) {
+        bail!(
+            "the age recipient shown for cluster {name:?} ({recipient}) is not that of the key it says the cluster enrolled ({keyid}): not sealing to it"
+        );
+    }
+    if let Some(pin) = pin
+        && !keyid
+            .to_ascii_lowercase()
+            .starts_with(&pin.to_ascii_lowercase())
+    {
+        bail!(
+            "cluster {name:?} is enrolled with key {keyid} at the server, not the pinned {pin}: not sealing to it (re-keyed? compare with the key id its agent logs)"
+        );
+    }
+    Ok(())
 }
 
 /// The recipients file: names of clusters and groups to their recipients.
@@ -291,6 +340,35 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_clusters_recipient_must_be_of_its_enrolled_and_pinned_key() {
+        let key = windvane_shared::keys::signing_key_from_seed([5; 32]).verifying_key();
+        let other = windvane_shared::keys::signing_key_from_seed([6; 32]).verifying_key();
+        let keyid = windvane_shared::keys::keyid(&key);
+        let recipient = sops::cluster_recipient(&key);
+        assert!(check_enrolled("eu-1", &recipient, &keyid, None).is_ok());
+        assert!(check_enrolled("eu-1", &recipient, &keyid, Some(&keyid[..16])).is_ok());
+        // A server that shows its own recipient beside the cluster's key id.
+        let swapped = sops::cluster_recipient(&other);
+        let err = check_enrolled("eu-1", &swapped, &keyid, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not that of the key"), "{err}");
+        // Or its own key, consistently: only the pin catches it.
+        let other_id = windvane_shared::keys::keyid(&other);
+        assert!(check_enrolled("eu-1", &swapped, &other_id, None).is_ok());
+        let err = check_enrolled("eu-1", &swapped, &other_id, Some(&keyid[..16]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not the pinned"), "{err}");
+        assert_eq!(cluster_pin("eu-1").unwrap(), ("eu-1", None));
+        assert_eq!(
+            cluster_pin(&format!("eu-1={}", &keyid[..20])).unwrap(),
+            ("eu-1", Some(&keyid[..20]))
+        );
+        assert!(cluster_pin("eu-1=abc").is_err());
+    }
 
     #[test]
     fn every_sealed_document_carries_one_namespace() {
