@@ -35,6 +35,9 @@ pub const TICKET_ANNOTATION: &str = "windvane.io/break-glass-ticket";
 pub const BY_ANNOTATION: &str = "windvane.io/break-glass-by";
 /// Names the second person who approved; only that user, a member of the break-glass group, can write it.
 pub const APPROVER_ANNOTATION: &str = "windvane.io/break-glass-approver";
+/// Set by the agent once a break-glass change was made under the approval: the approval is spent, a further
+/// change of owned fields is refused until the revert clears it. Only the agent may write it.
+pub const SPENT_ANNOTATION: &str = "windvane.io/break-glass-spent";
 /// The break-glass group when none is configured.
 pub const DEFAULT_BREAK_GLASS_GROUP: &str = "windvane:break-glass";
 /// [`MANAGED_BY_LABEL`] on the policy and binding: the agent's own objects, not a release's.
@@ -190,6 +193,8 @@ fn variables(settings: &Settings, guarded: &[Guarded]) -> Vec<Value> {
         variable("oldTicket", annotation("oldAnnotations", TICKET_ANNOTATION)),
         variable("oldBy", annotation("oldAnnotations", BY_ANNOTATION)),
         variable("oldApprover", annotation("oldAnnotations", APPROVER_ANNOTATION)),
+        variable("spent", annotation("annotations", SPENT_ANNOTATION)),
+        variable("oldSpent", annotation("oldAnnotations", SPENT_ANNOTATION)),
         variable(
             "ownedChanged",
             format!(
@@ -210,7 +215,7 @@ fn validations(settings: &Settings) -> Vec<Value> {
     let group = &settings.break_glass_group;
     let denial = denial_message(&settings.fleet, settings.serial);
     let break_glass_help = format!(
-        "{denial}; a break-glass change needs annotations {TICKET_ANNOTATION}, {BY_ANNOTATION} naming you, and {APPROVER_ANNOTATION} written by another member of {group}"
+        "{denial}; a break-glass change needs annotations {TICKET_ANNOTATION}, {BY_ANNOTATION} naming you, and {APPROVER_ANNOTATION} written by another member of {group}; an approval serves one change"
     );
     vec![
         json!({
@@ -226,7 +231,11 @@ fn validations(settings: &Settings) -> Vec<Value> {
             "message": format!("changing {TICKET_ANNOTATION} or {BY_ANNOTATION} needs a new approval: remove {APPROVER_ANNOTATION} in the same change"),
         }),
         json!({
-            "expression": format!("{exempt} || !variables.ownedChanged || (variables.breakGlass && variables.ticket != '' && variables.by == variables.user && variables.approver != '' && variables.approver != variables.user)"),
+            "expression": format!("{exempt} || variables.spent == variables.oldSpent || request.operation == 'DELETE'"),
+            "message": format!("{SPENT_ANNOTATION} is written by the Windvane agent only"),
+        }),
+        json!({
+            "expression": format!("{exempt} || !variables.ownedChanged || (variables.breakGlass && variables.ticket != '' && variables.by == variables.user && variables.approver != '' && variables.approver != variables.user && variables.oldSpent == '')"),
             "message": denial,
             "messageExpression": format!("variables.breakGlass ? {} : {}", cel_string(&break_glass_help), cel_string(&denial)),
         }),
@@ -339,9 +348,14 @@ pub fn break_glass(live: &Value) -> Option<BreakGlass> {
 /// True when a live object carries any of the break-glass annotations (complete or not). On an object that
 /// just became guarded they were written unchecked, so the agent removes them ([`clear_break_glass`]).
 pub fn has_break_glass_annotations(live: &Value) -> bool {
-    [TICKET_ANNOTATION, BY_ANNOTATION, APPROVER_ANNOTATION]
-        .iter()
-        .any(|name| live_annotation(live, name).is_some())
+    [
+        TICKET_ANNOTATION,
+        BY_ANNOTATION,
+        APPROVER_ANNOTATION,
+        SPENT_ANNOTATION,
+    ]
+    .iter()
+    .any(|name| live_annotation(live, name).is_some())
 }
 
 /// Whether `policy` (a live policy, as the agent applied it) guards `guarded`: what a restarted agent finds
@@ -421,8 +435,14 @@ pub fn clear_break_glass() -> Value {
         TICKET_ANNOTATION: null,
         BY_ANNOTATION: null,
         APPROVER_ANNOTATION: null,
+        SPENT_ANNOTATION: null,
         windvane_shared::desired::HOLD_UNTIL_ANNOTATION: null,
     }}})
+}
+
+/// The merge patch that marks the approval of `names` spent: the change it allowed was made.
+pub fn spend_approval(names: &BreakGlass) -> Value {
+    json!({"metadata": {"annotations": {SPENT_ANNOTATION: names.to_string()}}})
 }
 
 #[cfg(test)]

@@ -912,5 +912,65 @@ async fn a_break_glass_approval_is_bound_to_its_requester_and_checked_names_only
         image(kube).await?.as_deref(),
         Some("registry.example.com/web:1.0")
     );
+
+    // A checked approval serves one change: the agent marks it spent, and alice's second change is refused.
+    let asked = run(
+        "alice",
+        &annotate(&[
+            "windvane.io/break-glass-ticket=INC-13",
+            "windvane.io/break-glass-by=alice",
+        ]),
+    )
+    .await?;
+    assert!(asked.ok, "{}", asked.output);
+    let approved = run("bob", &annotate(&["windvane.io/break-glass-approver=bob"])).await?;
+    assert!(approved.ok, "{}", approved.output);
+    let first = run("alice", &patch).await?;
+    assert!(first.ok, "{}", first.output);
+    wait_for("the approval marked spent", WAIT, || async {
+        let annotations = deployments
+            .get("web")
+            .await?
+            .metadata
+            .annotations
+            .unwrap_or_default();
+        Ok(annotations
+            .contains_key("windvane.io/break-glass-spent")
+            .then_some(()))
+    })
+    .await
+    .with_context(|| windvane_tests::process::tail(&s.agent.process.log(), 40))?;
+    // A second change of another owned field (replicas, in the object itself) under the same approval.
+    let second = run(
+        "alice",
+        &[
+            "patch",
+            "deployment/web",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"replicas":3}}"#,
+        ],
+    )
+    .await?;
+    assert!(!second.ok, "{}", second.output);
+    // Nor can she remove the mark herself.
+    let unmark = run(
+        "alice",
+        &[
+            "annotate",
+            "deployment/web",
+            "windvane.io/break-glass-spent-",
+        ],
+    )
+    .await?;
+    assert!(
+        !unmark.ok && unmark.output.contains("written by the Windvane agent only"),
+        "{}",
+        unmark.output
+    );
+    assert_eq!(
+        image(kube).await?.as_deref(),
+        Some("registry.example.com/web:6.6")
+    );
     Ok(())
 }

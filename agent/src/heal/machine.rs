@@ -79,6 +79,9 @@ pub enum Action {
         reason: &'static str,
         note: String,
     },
+    /// Mark the break-glass approval on the object spent (the change it allowed was made), so that the
+    /// policy refuses a further change under it.
+    SpendApproval { key: ObjectKey, patch: Value },
     /// The object's state in the agent's status.
     SetState {
         key: ObjectKey,
@@ -464,6 +467,14 @@ impl DriftMachine {
             self.set_action(key, DriftAction::Held);
             info!(%until, %setter, "drift held");
         }
+        if let Some(names) = &break_glass
+            && live_annotation_missing(live, prevent::SPENT_ANNOTATION)
+        {
+            out.push(Action::SpendApproval {
+                key: key.clone(),
+                patch: prevent::spend_approval(names),
+            });
+        }
         if let Some(names) = break_glass
             && let Some(episode) = self.episodes.get(key)
             && let Some(record) = self.records.get_mut(episode.record)
@@ -765,6 +776,13 @@ impl DriftMachine {
             revert_requested_by: None,
         })
     }
+}
+
+/// True when `live` has no annotation `name`.
+fn live_annotation_missing(live: &Value, name: &str) -> bool {
+    live.pointer("/metadata/annotations")
+        .and_then(|a| a.get(name))
+        .is_none()
 }
 
 /// The drift records kept, oldest first, numbered as they are made; at most [`MAX_DRIFT_RECORDS`].

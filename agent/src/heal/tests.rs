@@ -151,6 +151,7 @@ fn summary(actions: &[Action]) -> Vec<String> {
             }
             Action::Event { kind, reason, .. } => format!("{kind:?} {reason}"),
             Action::SetState { state, .. } => format!("state {state:?}"),
+            Action::SpendApproval { .. } => "spend approval".to_owned(),
         })
         .collect()
 }
@@ -706,9 +707,22 @@ async fn a_two_person_break_glass_is_held_for_the_cap_naming_both_and_the_ticket
     let mut machine = machine(prevented());
     let changed = broken_glass("alice", "bob", 2);
     let actions = machine.on_event(&key(), Some(&changed), clock.now(), Cause::Watch);
+    // The approval is marked spent: it served this change.
     assert_eq!(
         summary(&actions),
-        ["Warning DriftDetected", "Normal DriftHeld", "state Held"]
+        [
+            "Warning DriftDetected",
+            "Normal DriftHeld",
+            "spend approval",
+            "state Held"
+        ]
+    );
+    let Some(Action::SpendApproval { patch, .. }) = actions.get(2) else {
+        panic!("{actions:?}")
+    };
+    assert_eq!(
+        patch["metadata"]["annotations"]["windvane.io/break-glass-spent"],
+        "break-glass by alice, approved by bob, ticket INC-7"
     );
     assert_eq!(
         message(&actions),
@@ -729,13 +743,10 @@ async fn a_two_person_break_glass_is_held_for_the_cap_naming_both_and_the_ticket
 
     // At the end of the cap it is reverted, however often it is looked at meanwhile.
     advance(HOUR).await;
-    let again = machine.on_event(
-        &key(),
-        Some(&broken_glass("alice", "bob", 3)),
-        clock.now(),
-        Cause::Watch,
-    );
-    assert_eq!(summary(&again), ["state Held"]);
+    let mut spent = broken_glass("alice", "bob", 3);
+    spent["metadata"]["annotations"]["windvane.io/break-glass-spent"] = json!("yes");
+    let again = machine.on_event(&key(), Some(&spent), clock.now(), Cause::Watch);
+    assert_eq!(summary(&again), ["state Held"], "spent once");
     advance(23 * HOUR).await;
     let actions = machine.on_event(
         &key(),

@@ -391,3 +391,32 @@ fn a_policy_is_tampered_with_when_gone_changed_or_added_to_by_someone_else() {
         .push(json!({"manager": "kubectl-label", "operation": "Update", "fieldsV1": {"f:metadata": {"f:labels": {}}}}));
     assert_eq!(tampered(Some(&labelled), &wanted, "windvane"), None);
 }
+
+#[test]
+fn an_approval_serves_one_change_and_only_the_agent_marks_it_spent() {
+    let (policy, _) = objects(&settings(), &[deployment("web", false)]).unwrap();
+    let validations = policy["spec"]["validations"].as_array().unwrap();
+    let last = validations.last().unwrap()["expression"].as_str().unwrap();
+    assert!(last.ends_with("&& variables.oldSpent == '')"), "{last}");
+    assert!(validations.iter().any(|v| {
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("written by the Windvane agent only")
+    }));
+    let names = BreakGlass {
+        by: "alice".into(),
+        approver: "bob".into(),
+        ticket: "INC-1".into(),
+    };
+    assert_eq!(
+        spend_approval(&names)["metadata"]["annotations"][SPENT_ANNOTATION],
+        "break-glass by alice, approved by bob, ticket INC-1"
+    );
+    assert!(
+        clear_break_glass()["metadata"]["annotations"]
+            .as_object()
+            .unwrap()
+            .contains_key(SPENT_ANNOTATION)
+    );
+}
