@@ -24,23 +24,46 @@ use crate::metrics::Metrics;
 /// Total deadline of one read of the approval file.
 const READ_DEADLINE: Duration = Duration::from_secs(10);
 
-/// What a release waiting for approval needs: its signed policy, the statement approvers sign, and the key
-/// that published it (which never counts).
+/// What a release waiting for approval needs: the threshold in force (the larger of its signed policy's and
+/// the operator's floor), the statement approvers sign, and the key that published it (which never counts).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApprovalNeed {
     pub policy: ApprovalPolicy,
     pub statement: ApprovalStatement,
     pub publisher_keyid: String,
+    /// The operator's floor (`--require-approvals`), 0 when none; reported when it is what holds the release.
+    pub floor: u32,
 }
 
 impl ApprovalNeed {
-    /// The need of a verified release, `None` when its rollout requires no approval.
-    pub fn of(accepted: &AcceptedRelease) -> Option<ApprovalNeed> {
-        let policy = accepted.pointer.rollout.as_ref()?.approval?;
-        Some(ApprovalNeed {
-            policy,
+    /// The need of a verified release under the operator's floor of `floor` approvals (`--require-approvals`,
+    /// 0: none), `None` when neither its signed rollout nor the floor requires approval. The floor is the
+    /// operator's, not the publisher's: a release signed without `rollout.approval` (or a rollback to one
+    /// that had none) still waits for `floor` approvals here.
+    pub fn of(accepted: &AcceptedRelease, floor: u32) -> Option<ApprovalNeed> {
+        let signed = accepted
+            .pointer
+            .rollout
+            .as_ref()
+            .and_then(|r| r.approval)
+            .map_or(0, |p| p.threshold);
+        let threshold = signed.max(floor);
+        (threshold > 0).then(|| ApprovalNeed {
+            policy: ApprovalPolicy { threshold },
             statement: ApprovalStatement::of(&accepted.pointer),
             publisher_keyid: accepted.keyid.clone(),
+            floor,
+        })
+    }
+
+    /// Why the release waits, beyond the count: named when the operator's floor is above what the release
+    /// itself asks for.
+    pub fn floor_note(&self) -> Option<String> {
+        (self.floor > 0 && self.floor >= self.policy.threshold).then(|| {
+            format!(
+                "this cluster requires {} approval(s) by --approver-key keys other than the publisher's (--require-approvals), whatever the release says",
+                self.floor
+            )
         })
     }
 }
@@ -135,4 +158,67 @@ async fn fetch(client: &reqwest::Client, url: &str) -> Result<Option<Vec<u8>>, S
     })
     .await
     .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use windvane_shared::release::{BundleRef, ReleasePointer};
+    use windvane_shared::rollout::Rollout;
+
+    fn accepted(signed_threshold: Option<u32>) -> AcceptedRelease {
+        let issued_at: jiff::Timestamp = "2026-12-07T10:00:00Z".parse().expect("time");
+        AcceptedRelease {
+            pointer: ReleasePointer {
+                fleet: "acme".into(),
+                channel: "prod".into(),
+                serial: 7,
+                issued_at,
+                expires_at: issued_at,
+                bundle: BundleRef {
+                    sha256: "cd".repeat(32),
+                    size: 10,
+                },
+                allow_empty: false,
+                rollout: signed_threshold.map(|threshold| Rollout {
+                    approval: Some(ApprovalPolicy { threshold }),
+                    ..Rollout::default()
+                }),
+            },
+            keyid: "publisher".into(),
+        }
+    }
+
+    #[test]
+    fn the_operators_floor_holds_a_release_that_asks_for_no_approval() {
+        assert_eq!(ApprovalNeed::of(&accepted(None), 0), None);
+        let need = ApprovalNeed::of(&accepted(None), 2).expect("the floor requires approval");
+        assert_eq!(need.policy.threshold, 2);
+        assert_eq!(need.publisher_keyid, "publisher");
+        // What approvers sign names this fleet, channel, serial and bundle.
+        assert_eq!(
+            need.statement,
+            ApprovalStatement {
+                fleet: "acme".into(),
+                channel: "prod".into(),
+                serial: 7,
+                bundle_sha256: "cd".repeat(32),
+            }
+        );
+        let note = need.floor_note().expect("the floor is why it waits");
+        assert!(note.contains("--require-approvals"), "{note}");
+    }
+
+    #[test]
+    fn the_larger_of_the_signed_threshold_and_the_floor_applies() {
+        let signed_higher = ApprovalNeed::of(&accepted(Some(3)), 1).expect("need");
+        assert_eq!(signed_higher.policy.threshold, 3);
+        assert_eq!(signed_higher.floor_note(), None);
+        let floor_higher = ApprovalNeed::of(&accepted(Some(1)), 2).expect("need");
+        assert_eq!(floor_higher.policy.threshold, 2);
+        assert!(floor_higher.floor_note().is_some());
+        let signed_only = ApprovalNeed::of(&accepted(Some(1)), 0).expect("need");
+        assert_eq!(signed_only.policy.threshold, 1);
+        assert_eq!(signed_only.floor_note(), None);
+    }
 }

@@ -86,11 +86,49 @@ pub fn mask_secret(object: &Value) -> Value {
     object
 }
 
+/// `object` with the value at each of `pointers` (JSON pointers) replaced by its keyed digest ([`masked`]):
+/// the values a SOPS file held encrypted, of any kind of object, once opened.
+pub fn mask_at(object: &Value, pointers: &std::collections::BTreeSet<String>) -> Value {
+    let mut object = object.clone();
+    for pointer in pointers {
+        if let Some(value) = object.pointer_mut(pointer) {
+            let text = match &*value {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            *value = Value::String(masked(&text));
+        }
+    }
+    object
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn values_at_the_given_pointers_are_masked_whatever_the_kind() {
+        let object = json!({"kind": "ConfigMap", "data": {"password": "hunter2", "plain": "x"}, "spec": {"port": 5432}});
+        let pointers = ["/data/password", "/spec/port", "/not/there"]
+            .map(str::to_owned)
+            .into_iter()
+            .collect();
+        let shown = mask_at(&object, &pointers);
+        let text = shown.to_string();
+        assert!(
+            !text.contains("hunter2") && !text.contains("5432"),
+            "{text}"
+        );
+        assert!(
+            shown["data"]["password"]
+                .as_str()
+                .unwrap()
+                .starts_with("<masked")
+        );
+        assert_eq!(shown["data"]["plain"], "x");
+    }
 
     #[test]
     fn bookkeeping_fields_are_not_differences() {

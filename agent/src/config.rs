@@ -138,6 +138,10 @@ pub struct RunArgs {
     /// (±20 % jitter). [default: 1h]
     #[arg(long, value_name = "DURATION", env = "WINDVANE_BACKSTOP_INTERVAL")]
     pub backstop_interval: Option<String>,
+    /// The operator's approval floor: every new release is applied only once N distinct --approver-key keys
+    /// (never the key that signed it) approved it, whatever its signed rollout says. [default: 0]
+    #[arg(long, value_name = "N", env = "WINDVANE_REQUIRE_APPROVALS")]
+    pub require_approvals: Option<u32>,
 }
 
 /// Flags of `diff`: the same source and identity as `run`.
@@ -212,6 +216,7 @@ struct FileConfig {
     server: Option<String>,
     registration_token_file: Option<PathBuf>,
     heartbeat_interval: Option<String>,
+    require_approvals: Option<u32>,
 }
 
 /// The resolved configuration of `run`.
@@ -443,6 +448,27 @@ fn read_token(path: &std::path::Path) -> Result<String> {
 }
 
 const SECOND: Duration = Duration::from_secs(1);
+/// The highest `--require-approvals` taken: more would be a typo, not a policy.
+const MAX_REQUIRED_APPROVALS: u32 = 16;
+
+/// The operator's approval floor (`--require-approvals`, default 0), checked against the approver keys: a
+/// floor that the configured keys could never meet would hold every release forever, so it stops the agent.
+fn require_approvals(value: Option<u32>, approvers: &TrustedKeys) -> Result<u32> {
+    let floor = value.unwrap_or(0);
+    if floor > MAX_REQUIRED_APPROVALS {
+        return Err(Error::Config(format!(
+            "--require-approvals {floor} is above the maximum of {MAX_REQUIRED_APPROVALS}"
+        )));
+    }
+    let keys = approvers.len();
+    if usize::try_from(floor).unwrap_or(usize::MAX) > keys {
+        return Err(Error::Config(format!(
+            "--require-approvals {floor} needs at least {floor} distinct --approver-key keys (WINDVANE_APPROVER_KEYS, \
+             `approverKeys` in the config file), not {keys}: no release could ever be approved"
+        )));
+    }
+    Ok(floor)
+}
 
 impl RunArgs {
     /// Resolves and checks every setting of `run`.
@@ -456,6 +482,10 @@ impl RunArgs {
             )));
         }
         let identity_name = self.identity_name();
+        let require_approvals = require_approvals(
+            self.require_approvals.or(file.require_approvals),
+            &agent.approvers,
+        )?;
         Ok(RunConfig {
             reporter: self.reporter(&file, &agent)?,
             json_logs: self.json_logs(&file)?,
@@ -491,6 +521,7 @@ impl RunArgs {
                 fleet: agent.fleet,
                 trusted: agent.trusted,
                 approvers: agent.approvers,
+                require_approvals,
                 identity: agent.identity,
                 allowlist: agent.allowlist,
                 namespace: agent.namespace,
@@ -633,6 +664,39 @@ mod tests {
             err.contains("--poll-interval 500ms is below the minimum of 1s"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_approval_floor_must_be_reachable_with_the_approver_keys() {
+        use windvane_shared::keys::signing_key_from_seed;
+        let mut approvers = TrustedKeys::new();
+        assert_eq!(require_approvals(None, &approvers).unwrap(), 0);
+        assert_eq!(require_approvals(Some(0), &approvers).unwrap(), 0);
+        let err = require_approvals(Some(1), &approvers)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--require-approvals 1 needs at least 1 distinct --approver-key"),
+            "{err}"
+        );
+        for seed in [2, 3] {
+            approvers
+                .insert(signing_key_from_seed([seed; 32]).verifying_key())
+                .unwrap();
+        }
+        assert_eq!(require_approvals(Some(2), &approvers).unwrap(), 2);
+        assert!(require_approvals(Some(3), &approvers).is_err());
+        let err = require_approvals(Some(1000), &approvers)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("above the maximum of 16"), "{err}");
+    }
+
+    #[test]
+    fn the_config_file_names_the_approval_floor() {
+        let file: FileConfig =
+            serde_json::from_value(serde_json::json!({"requireApprovals": 2})).unwrap();
+        assert_eq!(file.require_approvals, Some(2));
     }
 
     #[test]

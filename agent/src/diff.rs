@@ -1,7 +1,8 @@
 //! `windvane-agent diff`: what the agent would change on this cluster, like `terraform plan`. It fetches and
 //! verifies the release exactly as the agent does, renders this cluster's share, asks the API server for a
 //! server-side-apply dry run of every object, and prints a unified diff of live state against the result —
-//! ignoreDifferences honoured (those fields are never sent), Secret values masked. Exit status: 0 no
+//! ignoreDifferences honoured (those fields are never sent), Secret values masked, and so is every value
+//! that came encrypted from a SOPS file, whatever the object's kind ([`crate::secrets::SealedPaths`]). Exit status: 0 no
 //! difference, 1 differences, 2 error.
 
 use std::io::Write;
@@ -39,6 +40,7 @@ pub async fn run(
     let keyring =
         crate::secrets::load_keyring(&client, &config.namespace, config.age_key_secret.as_deref())
             .await;
+    let masks = crate::secrets::SealedPaths::of(&bundle, &config.identity);
     let sealed = crate::secrets::open_selected(&mut bundle, &config.identity, &keyring);
     drop(keyring);
     let shares = windvane_shared::desired::cluster_share(&bundle, &config.identity);
@@ -60,7 +62,7 @@ pub async fn run(
         write(out, &format!("# {}: {message}\n", object.id))?;
     }
     for object in desired {
-        let (counter, text) = match diff_object(&cluster, config, object).await? {
+        let (counter, text) = match diff_object(&cluster, config, &masks, object).await? {
             ObjectDiff::Failed(text) => (&mut summary.failed, text),
             ObjectDiff::Unchanged => (&mut summary.unchanged, String::new()),
             ObjectDiff::Changed(text) => (&mut summary.changed, text),
@@ -119,6 +121,7 @@ enum ObjectDiff {
 async fn diff_object(
     cluster: &Cluster,
     config: &DiffConfig,
+    masks: &crate::secrets::SealedPaths,
     mut object: Desired,
 ) -> Result<ObjectDiff> {
     let failed = |id: &dyn std::fmt::Display, why: String| {
@@ -153,11 +156,12 @@ async fn diff_object(
     if !would_change(live.as_ref(), &dry_run) {
         return Ok(ObjectDiff::Unchanged);
     }
-    let before = live
-        .as_ref()
-        .map(|l| to_yaml_string(&mask_secret(&comparable(l))))
-        .unwrap_or_default();
-    let after = to_yaml_string(&mask_secret(&comparable(&dry_run)));
+    let object_id = object.id.clone();
+    let shown = |object: &serde_json::Value| {
+        to_yaml_string(&mask_secret(&masks.mask(&object_id, &comparable(object))))
+    };
+    let before = live.as_ref().map(shown).unwrap_or_default();
+    let after = shown(&dry_run);
     let header_before = match live {
         Some(_) => format!("live/{}", object.id),
         None => "/dev/null".to_owned(),

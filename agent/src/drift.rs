@@ -255,13 +255,9 @@ pub fn attribute(live: &Value, lost: &[String]) -> Option<Attribution> {
     best.map(|(_, _, attribution)| attribution)
 }
 
-/// An operator's hold on a live object: until when drift on it is left alone, capped at `cap` from `now`.
-/// `Err` names a malformed annotation (which holds nothing).
-pub fn hold_until(
-    live: &Value,
-    now: Timestamp,
-    cap: Duration,
-) -> Result<Option<Timestamp>, String> {
+/// The time an operator's `windvane.io/hold-until` annotation on a live object names, expired or not;
+/// `None` without one. `Err` names a malformed annotation (which holds nothing).
+pub fn hold_annotation(live: &Value) -> Result<Option<Timestamp>, String> {
     let key = HOLD_UNTIL_ANNOTATION.replace('/', "~1");
     let Some(text) = live
         .pointer(&format!("/metadata/annotations/{key}"))
@@ -272,11 +268,21 @@ pub fn hold_until(
     let until: Timestamp = text.trim().parse().map_err(|e| {
         format!("annotation {HOLD_UNTIL_ANNOTATION}={text:?} is not an RFC 3339 time: {e}")
     })?;
-    if until <= now {
-        return Ok(None);
-    }
-    let latest = now.checked_add(cap).unwrap_or(until);
-    Ok(Some(until.min(latest)))
+    Ok(Some(until))
+}
+
+/// Until when a hold to `until`, first seen at `since`, holds at `now`: at most `cap` after `since` — the
+/// cap is measured from the hold's first detection, not from each look, so a far-future hold ends — and
+/// `None` once that is past.
+pub fn capped_hold(
+    until: Timestamp,
+    since: Timestamp,
+    now: Timestamp,
+    cap: Duration,
+) -> Option<Timestamp> {
+    let latest = since.checked_add(cap).unwrap_or(until);
+    let until = until.min(latest);
+    (until > now).then_some(until)
 }
 
 /// Who last touched an object's metadata annotations, for a Held status: the manager whose entry holds the
@@ -501,29 +507,36 @@ mod tests {
     }
 
     #[test]
-    fn holds_are_capped_and_expire() {
+    fn holds_are_capped_from_their_first_detection_and_expire() {
         let now: Timestamp = "2026-12-02T10:00:00Z".parse().unwrap();
+        let at = |text: &str| -> Timestamp { text.parse().unwrap() };
         let held =
             |value: &str| json!({"metadata": {"annotations": {"windvane.io/hold-until": value}}});
         let day = Duration::from_secs(86_400);
+        let until = |value: &str| hold_annotation(&held(value)).unwrap().unwrap();
+        let short = until("2026-12-02T11:00:00Z");
+        assert_eq!(capped_hold(short, now, now, day), Some(short));
+        let far = until("2099-01-01T00:00:00Z");
         assert_eq!(
-            hold_until(&held("2026-12-02T11:00:00Z"), now, day).unwrap(),
-            Some("2026-12-02T11:00:00Z".parse().unwrap())
+            capped_hold(far, now, now, day),
+            Some(at("2026-12-03T10:00:00Z"))
         );
+        // Looked at again 23 h later, the same hold still ends a day after it was first seen…
+        let later = at("2026-12-03T09:00:00Z");
         assert_eq!(
-            hold_until(&held("2027-01-01T00:00:00Z"), now, day).unwrap(),
-            Some("2026-12-03T10:00:00Z".parse().unwrap())
+            capped_hold(far, now, later, day),
+            Some(at("2026-12-03T10:00:00Z"))
         );
-        assert_eq!(
-            hold_until(&held("2026-12-02T09:00:00Z"), now, day).unwrap(),
-            None
-        );
+        // …and holds nothing once that is past, however far its own time.
+        assert_eq!(capped_hold(far, now, at("2026-12-03T10:00:00Z"), day), None);
+        let past = until("2026-12-02T09:00:00Z");
+        assert_eq!(capped_hold(past, now, now, day), None);
         assert!(
-            hold_until(&held("tomorrow"), now, day)
+            hold_annotation(&held("tomorrow"))
                 .unwrap_err()
                 .contains("RFC 3339")
         );
-        assert_eq!(hold_until(&json!({}), now, day).unwrap(), None);
+        assert_eq!(hold_annotation(&json!({})).unwrap(), None);
     }
 
     #[test]

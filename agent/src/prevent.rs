@@ -18,7 +18,13 @@
 //! `windvane.io/break-glass-approver` naming someone else. The policy lets anyone write the `by` and
 //! `approver` annotations only with their own user name (and `approver` only as a group member), so an
 //! approver annotation naming bob was written by bob: an approval cannot be self-signed or forged. Changing
-//! the ticket while an approval stands is refused, so an approval covers one ticket.
+//! the ticket or the requester while an approval stands is refused (unless the approval is removed in the
+//! same change), so an approval covers the one requester and ticket it was given for; and annotations
+//! written while an object was not guarded (before prevention covered it, or while its policy was gone) are
+//! removed by the agent as soon as the policy guards it ([`has_break_glass_annotations`]).
+//!
+//! `metadata.ownerReferences` of a guarded object are guarded too: an owner reference added by a user (to an
+//! owner that does not exist, say) would let the garbage collector, a trusted controller, delete it.
 
 use serde_json::{Value, json};
 use windvane_shared::desired::{FIELD_MANAGER, FLEET_LABEL, MANAGED_BY_LABEL};
@@ -29,6 +35,9 @@ pub const TICKET_ANNOTATION: &str = "windvane.io/break-glass-ticket";
 pub const BY_ANNOTATION: &str = "windvane.io/break-glass-by";
 /// Names the second person who approved; only that user, a member of the break-glass group, can write it.
 pub const APPROVER_ANNOTATION: &str = "windvane.io/break-glass-approver";
+/// Set by the agent once a break-glass change was made under the approval: the approval is spent, a further
+/// change of owned fields is refused until the revert clears it. Only the agent may write it.
+pub const SPENT_ANNOTATION: &str = "windvane.io/break-glass-spent";
 /// The break-glass group when none is configured.
 pub const DEFAULT_BREAK_GLASS_GROUP: &str = "windvane:break-glass";
 /// [`MANAGED_BY_LABEL`] on the policy and binding: the agent's own objects, not a release's.
@@ -148,6 +157,11 @@ fn variables(settings: &Settings, guarded: &[Guarded]) -> Vec<Value> {
             cel_string(FIELD_MANAGER)
         )
     };
+    let owners = |object: &str| {
+        format!(
+            "{object} != null && has({object}.metadata.ownerReferences) ? {object}.metadata.ownerReferences : []"
+        )
+    };
     let annotations = |object: &str| {
         format!(
             "{object} != null && has({object}.metadata.annotations) ? {object}.metadata.annotations : {{}}"
@@ -179,13 +193,17 @@ fn variables(settings: &Settings, guarded: &[Guarded]) -> Vec<Value> {
         variable("oldTicket", annotation("oldAnnotations", TICKET_ANNOTATION)),
         variable("oldBy", annotation("oldAnnotations", BY_ANNOTATION)),
         variable("oldApprover", annotation("oldAnnotations", APPROVER_ANNOTATION)),
+        variable("spent", annotation("annotations", SPENT_ANNOTATION)),
+        variable("oldSpent", annotation("oldAnnotations", SPENT_ANNOTATION)),
         variable(
             "ownedChanged",
             format!(
-                "request.operation == 'DELETE' || (has(request.subResource) && request.subResource == 'scale' ? (variables.key in {} && (has(object.spec.replicas) ? object.spec.replicas : 0) != (has(oldObject.spec.replicas) ? oldObject.spec.replicas : 0)) : ({}) != ({}))",
+                "request.operation == 'DELETE' || (has(request.subResource) && request.subResource == 'scale' ? (variables.key in {} && (has(object.spec.replicas) ? object.spec.replicas : 0) != (has(oldObject.spec.replicas) ? oldObject.spec.replicas : 0)) : (({}) != ({}) || ({}) != ({})))",
                 cel_list(replicas.iter().map(String::as_str)),
                 owned("oldObject"),
                 owned("object"),
+                owners("oldObject"),
+                owners("object"),
             ),
         ),
     ]
@@ -197,7 +215,7 @@ fn validations(settings: &Settings) -> Vec<Value> {
     let group = &settings.break_glass_group;
     let denial = denial_message(&settings.fleet, settings.serial);
     let break_glass_help = format!(
-        "{denial}; a break-glass change needs annotations {TICKET_ANNOTATION}, {BY_ANNOTATION} naming you, and {APPROVER_ANNOTATION} written by another member of {group}"
+        "{denial}; a break-glass change needs annotations {TICKET_ANNOTATION}, {BY_ANNOTATION} naming you, and {APPROVER_ANNOTATION} written by another member of {group}; an approval serves one change"
     );
     vec![
         json!({
@@ -209,11 +227,15 @@ fn validations(settings: &Settings) -> Vec<Value> {
             "message": format!("{BY_ANNOTATION} can only name the user who writes it"),
         }),
         json!({
-            "expression": format!("{exempt} || variables.ticket == variables.oldTicket || variables.approver == '' || variables.approver != variables.oldApprover"),
-            "message": format!("changing {TICKET_ANNOTATION} needs a new approval: remove {APPROVER_ANNOTATION} in the same change"),
+            "expression": format!("{exempt} || (variables.ticket == variables.oldTicket && variables.by == variables.oldBy) || variables.approver == '' || variables.approver != variables.oldApprover"),
+            "message": format!("changing {TICKET_ANNOTATION} or {BY_ANNOTATION} needs a new approval: remove {APPROVER_ANNOTATION} in the same change"),
         }),
         json!({
-            "expression": format!("{exempt} || !variables.ownedChanged || (variables.breakGlass && variables.ticket != '' && variables.by == variables.user && variables.approver != '' && variables.approver != variables.user)"),
+            "expression": format!("{exempt} || variables.spent == variables.oldSpent || request.operation == 'DELETE'"),
+            "message": format!("{SPENT_ANNOTATION} is written by the Windvane agent only"),
+        }),
+        json!({
+            "expression": format!("{exempt} || !variables.ownedChanged || (variables.breakGlass && variables.ticket != '' && variables.by == variables.user && variables.approver != '' && variables.approver != variables.user && variables.oldSpent == '')"),
             "message": denial,
             "messageExpression": format!("variables.breakGlass ? {} : {}", cel_string(&break_glass_help), cel_string(&denial)),
         }),
@@ -323,6 +345,78 @@ pub fn break_glass(live: &Value) -> Option<BreakGlass> {
     (found.by != found.approver).then_some(found)
 }
 
+/// True when a live object carries any of the break-glass annotations (complete or not). On an object that
+/// just became guarded they were written unchecked, so the agent removes them ([`clear_break_glass`]).
+pub fn has_break_glass_annotations(live: &Value) -> bool {
+    [
+        TICKET_ANNOTATION,
+        BY_ANNOTATION,
+        APPROVER_ANNOTATION,
+        SPENT_ANNOTATION,
+    ]
+    .iter()
+    .any(|name| live_annotation(live, name).is_some())
+}
+
+/// Whether `policy` (a live policy, as the agent applied it) guards `guarded`: what a restarted agent finds
+/// guarded already, so that break-glass annotations written under it are not taken for unchecked ones.
+pub fn policy_guards(policy: &Value, guarded: &Guarded) -> bool {
+    let Some(variables) = policy.pointer("/spec/variables").and_then(Value::as_array) else {
+        return false;
+    };
+    let literal = cel_string(&guarded.key());
+    variables.iter().any(|v| {
+        v["name"] == "guarded"
+            && v["expression"]
+                .as_str()
+                .is_some_and(|e| e.contains(&literal))
+    })
+}
+
+/// Why the live policy or binding (`None`: gone) is not what the agent applied (`wanted`), or `None` when it
+/// is: a field of `wanted` removed or changed, or a field of its `spec` owned by another manager than
+/// `agent_manager` (someone added or changed one: defaults the API server fills in are owned by no one).
+pub fn tampered(live: Option<&Value>, wanted: &Value, agent_manager: &str) -> Option<String> {
+    let Some(live) = live else {
+        return Some("deleted".to_owned());
+    };
+    if !still_as_applied(&live["spec"], &wanted["spec"])
+        || !still_as_applied(&live["metadata"], &wanted["metadata"])
+    {
+        return Some("a field the agent set was changed or removed".to_owned());
+    }
+    let entries = live
+        .pointer("/metadata/managedFields")
+        .and_then(Value::as_array)?;
+    entries
+        .iter()
+        .find(|entry| {
+            entry["manager"].as_str() != Some(agent_manager)
+                && entry.pointer("/fieldsV1/f:spec").is_some()
+        })
+        .map(|entry| {
+            format!(
+                "manager {} set fields of its spec",
+                entry["manager"].as_str().unwrap_or("unknown")
+            )
+        })
+}
+
+/// Whether `live` (an object the API server returns, with defaults filled in) still holds every field of
+/// `wanted` (what the agent applied) with its value: `false` once someone removed or changed any of them.
+pub fn still_as_applied(live: &Value, wanted: &Value) -> bool {
+    match (live, wanted) {
+        (Value::Object(live), Value::Object(wanted)) => wanted
+            .iter()
+            .all(|(k, w)| live.get(k).is_some_and(|l| still_as_applied(l, w))),
+        (Value::Array(live), Value::Array(wanted)) => {
+            live.len() == wanted.len()
+                && live.iter().zip(wanted).all(|(l, w)| still_as_applied(l, w))
+        }
+        (live, wanted) => live == wanted,
+    }
+}
+
 /// Until when a break-glass change without its own `windvane.io/hold-until` is held: `cap` after it was
 /// detected; `None` once that is past.
 pub fn break_glass_until(
@@ -341,8 +435,14 @@ pub fn clear_break_glass() -> Value {
         TICKET_ANNOTATION: null,
         BY_ANNOTATION: null,
         APPROVER_ANNOTATION: null,
+        SPENT_ANNOTATION: null,
         windvane_shared::desired::HOLD_UNTIL_ANNOTATION: null,
     }}})
+}
+
+/// The merge patch that marks the approval of `names` spent: the change it allowed was made.
+pub fn spend_approval(names: &BreakGlass) -> Value {
+    json!({"metadata": {"annotations": {SPENT_ANNOTATION: names.to_string()}}})
 }
 
 #[cfg(test)]

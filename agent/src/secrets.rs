@@ -11,11 +11,13 @@
 //! The cluster's own identity key (Secret `windvane-identity`, the one it enrolled with) is added too, as an
 //! age identity, so that what `windvane seal --to-cluster` sealed to this one cluster opens here only.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use serde_json::json;
+use serde_json::{Value, json};
 use tracing::warn;
-use windvane_shared::bundle::{Bundle, Policy};
+use windvane_shared::bundle::{Bundle, ObjectRef, Policy};
 use windvane_shared::desired::DesiredObject;
 use windvane_shared::render::ClusterIdentity;
 use windvane_shared::sops::{Keyring, Sealed, is_encrypted, open_app};
@@ -99,6 +101,87 @@ async fn operator_keyring(client: &kube::Client, namespace: &str, secret: Option
             warn!(secret = %name, %namespace, %error, "cannot read the age identity Secret");
             Keyring::default()
         }
+    }
+}
+
+/// Where the SOPS objects of the apps selected for this cluster hold encrypted values, read before they are
+/// opened: the JSON pointer of every `ENC[…]` value, by object kind and name. `windvane-agent diff` masks the
+/// values at those pointers once opened, whatever the object's kind (a Secret's `data` is masked anyway; a
+/// ConfigMap's or a custom resource's would be printed in clear). Objects are matched by kind and name only
+/// (their namespace may be defaulted later), so two of them in different namespaces are both masked.
+#[derive(Debug, Default)]
+pub struct SealedPaths(BTreeMap<(String, String), BTreeSet<String>>);
+
+impl SealedPaths {
+    /// The encrypted values' pointers of the selected apps' SOPS objects in `bundle`.
+    pub fn of(bundle: &Bundle, identity: &ClusterIdentity) -> SealedPaths {
+        let mut paths = SealedPaths::default();
+        let sealed = bundle
+            .apps
+            .iter()
+            .filter(|app| app.selector.matches(&identity.labels))
+            .flat_map(|app| &app.manifests)
+            .filter(|m| is_encrypted(&m.object));
+        for manifest in sealed {
+            let kind = manifest.object["kind"].as_str().unwrap_or_default();
+            let name = manifest
+                .object
+                .pointer("/metadata/name")
+                .and_then(Value::as_str);
+            let mut found = BTreeSet::new();
+            for (key, value) in manifest.object.as_object().into_iter().flatten() {
+                if key != windvane_shared::sops::METADATA_KEY {
+                    encrypted_pointers(value, &mut format!("/{}", escape(key)), &mut found);
+                }
+            }
+            paths
+                .0
+                .entry((kind.to_owned(), name.unwrap_or_default().to_owned()))
+                .or_default()
+                .extend(found);
+        }
+        paths
+    }
+
+    /// `object` (an object `id` as live shows it, or as it would be) with the values its SOPS file held
+    /// encrypted masked.
+    pub fn mask(&self, id: &ObjectRef, object: &Value) -> Value {
+        match self.0.get(&(id.kind.clone(), id.name.clone())) {
+            Some(pointers) => crate::compare::mask_at(object, pointers),
+            None => object.clone(),
+        }
+    }
+}
+
+/// A JSON pointer's escaping of one key.
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+/// Adds the pointer of every `ENC[…]` value under `value` (at `at`) to `found`.
+fn encrypted_pointers(value: &Value, at: &mut String, found: &mut BTreeSet<String>) {
+    match value {
+        Value::String(text) if text.starts_with("ENC[") => {
+            found.insert(at.clone());
+        }
+        Value::Object(map) => {
+            for (key, child) in map {
+                let len = at.len();
+                at.push('/');
+                at.push_str(&escape(key));
+                encrypted_pointers(child, at, found);
+                at.truncate(len);
+            }
+        }
+        Value::Array(items) => {
+            for (index, child) in items.iter().enumerate() {
+                let len = at.len();
+                at.push_str(&format!("/{index}"));
+                encrypted_pointers(child, at, found);
+                at.truncate(len);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -257,7 +340,7 @@ mod tests {
     }
 
     /// A sealed SOPS document (made by `seal`, which the real sops reads: shared's tests).
-    fn sealed(name: &str, namespace: Option<&str>, recipient: &str) -> serde_json::Value {
+    fn sealed(name: &str, namespace: Option<&str>, recipient: &str) -> Value {
         let mut metadata = json!({"name": name});
         if let Some(namespace) = namespace {
             metadata["namespace"] = json!(namespace);
@@ -282,7 +365,8 @@ mod tests {
         let (_, theirs) = Keyring::generate();
         let mut keyring = Keyring::default();
         keyring.add_text(&secret, "test").unwrap();
-        let manifest = |file: &str, object: serde_json::Value| json!({"file": file, "document": 0, "object": object});
+        let manifest =
+            |file: &str, object: Value| json!({"file": file, "document": 0, "object": object});
         let mut bundle: Bundle = serde_json::from_value(json!({
             "apiVersion": "windvane.io/bundle/v1", "fleet": "acme",
             "apps": [

@@ -79,11 +79,12 @@ impl GatePlan {
         name: &str,
         labels: &windvane_shared::selector::Labels,
         windows: Vec<AppWindows>,
+        require_approvals: u32,
     ) -> Option<GatePlan> {
         let pointer = &accepted.pointer;
         let rollout = pointer.rollout.as_ref();
         let plan = GatePlan::of(pointer.serial, pointer.issued_at, rollout, name, labels);
-        let need = ApprovalNeed::of(accepted);
+        let need = ApprovalNeed::of(accepted, require_approvals);
         if need.is_none() && windows.is_empty() {
             return plan;
         }
@@ -124,13 +125,13 @@ impl GatePlan {
         if tally.meets(&need.policy) {
             return None;
         }
-        Some(approval::awaiting_report(
-            &self.rollout,
-            self.serial,
-            self.wave,
-            &need.policy,
-            &tally,
-        ))
+        let mut report =
+            approval::awaiting_report(&self.rollout, self.serial, self.wave, &need.policy, &tally);
+        if let Some(note) = need.floor_note() {
+            report.message.push_str(" — ");
+            report.message.push_str(&note);
+        }
+        Some(report)
     }
 
     /// Whether the gate needs the server's rollout view.
@@ -483,6 +484,7 @@ mod tests {
                 bundle_sha256: "0".repeat(64),
             },
             publisher_keyid: "publisher".into(),
+            floor: 0,
         });
         let (_plan, _seen, mut events, _task) = channels(first_wave, None);
         match events.recv().await {

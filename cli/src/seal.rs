@@ -15,6 +15,11 @@
 //!
 //! Where it goes: the sealed file (`-o`, or over the input with `--in-place`), to be committed and published;
 //! only `data` and `stringData` are encrypted, so the object's identity stays readable without a key.
+//!
+//! Every document is sealed with its namespace (`metadata.namespace`, or `--namespace`): the SOPS MAC covers
+//! every value of the file, clear ones included, and an object's own namespace wins over its app's, so a
+//! sealed file copied into another app still lands in the namespace it was sealed for, and a file whose
+//! namespace was edited does not open. A document without a namespace is refused.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -43,8 +48,13 @@ pub struct SealArgs {
     #[arg(long = "to", value_name = "NAME", requires = "recipients_file")]
     to: Vec<String>,
     /// A cluster, enrolled at --server, whose own identity key may open it (only that cluster's agent holds
-    /// the private key); repeat for more.
-    #[arg(long = "to-cluster", value_name = "CLUSTER", requires = "server")]
+    /// the private key); repeat for more. `CLUSTER=KEYID` pins the key id (or a prefix of at least 16 hex
+    /// digits) the agent logs at start: the server's answer must name that key.
+    #[arg(
+        long = "to-cluster",
+        value_name = "CLUSTER[=KEYID]",
+        requires = "server"
+    )]
     to_cluster: Vec<String>,
     /// The source server the clusters of --to-cluster are enrolled at.
     #[arg(long, env = "WINDVANE_SERVER", value_name = "URL")]
@@ -61,17 +71,24 @@ pub struct SealArgs {
     /// Replace FILE with its sealed form.
     #[arg(long, conflicts_with = "output")]
     in_place: bool,
+    /// The namespace sealed with every document that names none (one that names another is refused).
+    #[arg(long, value_name = "NS")]
+    namespace: Option<String>,
 }
 
 pub fn seal(args: SealArgs) -> anyhow::Result<()> {
     let shown = args.file.display().to_string();
     let text = read_text(&args.file)?;
-    let documents: Vec<Value> = documents_to_json(&text, &shown, YamlLimits::default())?
+    let mut documents: Vec<Value> = documents_to_json(&text, &shown, YamlLimits::default())?
         .into_iter()
         .map(|(_, value)| value)
         .collect();
     if documents.is_empty() {
         bail!("{shown}: no document to seal");
+    }
+    for (index, document) in documents.iter_mut().enumerate() {
+        bind_namespace(document, args.namespace.as_deref())
+            .with_context(|| format!("{shown}: document {}", index + 1))?;
     }
     let mut recipients = args.recipients.clone();
     if let Some(file) = &args.recipients_file {
@@ -121,6 +138,50 @@ pub fn seal(args: SealArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Puts the namespace into `document` before it is sealed (so the MAC binds it): its own, or `namespace`
+/// where it names none; refused when it names none and none is given, or names another.
+fn bind_namespace(document: &mut Value, namespace: Option<&str>) -> anyhow::Result<()> {
+    let own = document
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    match (own, namespace) {
+        (Some(own), Some(given)) if own != given => bail!(
+            "names namespace {own:?}, not --namespace {given:?}: a sealed value is bound to one namespace"
+        ),
+        (Some(_), _) => Ok(()),
+        (None, Some(given)) => {
+            if !is_dns_label(given) {
+                bail!(
+                    "--namespace {given:?} is not a namespace name (a DNS label: up to 63 of a-z, 0-9 and -)"
+                );
+            }
+            match document.get_mut("metadata").and_then(Value::as_object_mut) {
+                Some(metadata) => {
+                    metadata.insert("namespace".to_owned(), Value::String(given.to_owned()));
+                    Ok(())
+                }
+                None => bail!("has no metadata"),
+            }
+        }
+        (None, None) => bail!(
+            "names no namespace: set metadata.namespace or pass --namespace NS (a sealed value is bound to its \
+             namespace, so that a copy of the file in another app cannot land in that app's namespace)"
+        ),
+    }
+}
+
+/// Whether `text` is a DNS label (RFC 1123), as a namespace name must be.
+fn is_dns_label(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    (1..=63).contains(&bytes.len())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
 /// The age recipients of the enrolled identity keys of `--to-cluster` clusters, as the server shows them.
 fn enrolled_recipients(args: &SealArgs) -> anyhow::Result<Vec<String>> {
     let Some(server) = &args.server else {
@@ -132,7 +193,8 @@ fn enrolled_recipients(args: &SealArgs) -> anyhow::Result<Vec<String>> {
         .map(|p| read_text(p).map(|t| t.trim().to_owned()))
         .transpose()?;
     let mut recipients = Vec::new();
-    for name in &args.to_cluster {
+    for named in &args.to_cluster {
+        let (name, pin) = cluster_pin(named)?;
         let url = format!(
             "{}/api/v1/clusters/{}",
             server.trim_end_matches('/'),
@@ -146,6 +208,8 @@ fn enrolled_recipients(args: &SealArgs) -> anyhow::Result<Vec<String>> {
                 "{url}: no age recipient for cluster {name:?} (a server older than this windvane?)"
             )
         })?;
+        let keyid = &detail.cluster.keyid;
+        check_enrolled(name, &recipient, keyid, pin).with_context(|| url.clone())?;
         // The server is not trusted with secrets, but here it vouches for a key: say which one, so that it can
         // be compared with what the agent logs at start ("cluster identity", age_recipient).
         eprintln!(
@@ -155,6 +219,47 @@ fn enrolled_recipients(args: &SealArgs) -> anyhow::Result<Vec<String>> {
         recipients.push(recipient);
     }
     Ok(recipients)
+}
+
+/// `CLUSTER` or `CLUSTER=KEYID` of `--to-cluster`: the name, and the pinned key id (prefix) if any.
+fn cluster_pin(named: &str) -> anyhow::Result<(&str, Option<&str>)> {
+    match named.split_once('=') {
+        None => Ok((named, None)),
+        Some((name, pin)) => {
+            let hex = pin.bytes().all(|b| b.is_ascii_hexdigit());
+            if name.is_empty() || !hex || !(16..=64).contains(&pin.len()) {
+                bail!(
+                    "--to-cluster {named:?}: expected CLUSTER=KEYID, the key id (at least 16 hex digits) the cluster's agent logs at start"
+                );
+            }
+            Ok((name, Some(pin)))
+        }
+    }
+}
+
+/// Refuses a server's recipient for `name` that is not the recipient of the key id it shows, or whose key id
+/// is not the one pinned: a server that swapped in its own key would otherwise receive the secret.
+fn check_enrolled(
+    name: &str,
+    recipient: &str,
+    keyid: &str,
+    pin: Option<&str>,
+) -> anyhow::Result<()> {
+    if !sops::recipient_of_keyid(recipient, keyid) {
+        bail!(
+            "the age recipient shown for cluster {name:?} ({recipient}) is not that of the key it says the cluster enrolled ({keyid}): not sealing to it"
+        );
+    }
+    if let Some(pin) = pin
+        && !keyid
+            .to_ascii_lowercase()
+            .starts_with(&pin.to_ascii_lowercase())
+    {
+        bail!(
+            "cluster {name:?} is enrolled with key {keyid} at the server, not the pinned {pin}: not sealing to it (re-keyed? compare with the key id its agent logs)"
+        );
+    }
+    Ok(())
 }
 
 /// The recipients file: names of clusters and groups to their recipients.
@@ -228,4 +333,60 @@ pub fn keyring_file(path: &PathBuf) -> anyhow::Result<Keyring> {
         bail!("{}: no age identity in it", path.display());
     }
     Ok(keyring)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_clusters_recipient_must_be_of_its_enrolled_and_pinned_key() {
+        let key = windvane_shared::keys::signing_key_from_seed([5; 32]).verifying_key();
+        let other = windvane_shared::keys::signing_key_from_seed([6; 32]).verifying_key();
+        let keyid = windvane_shared::keys::keyid(&key);
+        let recipient = sops::cluster_recipient(&key);
+        assert!(check_enrolled("eu-1", &recipient, &keyid, None).is_ok());
+        assert!(check_enrolled("eu-1", &recipient, &keyid, Some(&keyid[..16])).is_ok());
+        // A server that shows its own recipient beside the cluster's key id.
+        let swapped = sops::cluster_recipient(&other);
+        let err = check_enrolled("eu-1", &swapped, &keyid, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not that of the key"), "{err}");
+        // Or its own key, consistently: only the pin catches it.
+        let other_id = windvane_shared::keys::keyid(&other);
+        assert!(check_enrolled("eu-1", &swapped, &other_id, None).is_ok());
+        let err = check_enrolled("eu-1", &swapped, &other_id, Some(&keyid[..16]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not the pinned"), "{err}");
+        assert_eq!(cluster_pin("eu-1").unwrap(), ("eu-1", None));
+        assert_eq!(
+            cluster_pin(&format!("eu-1={}", &keyid[..20])).unwrap(),
+            ("eu-1", Some(&keyid[..20]))
+        );
+        assert!(cluster_pin("eu-1=abc").is_err());
+    }
+
+    #[test]
+    fn every_sealed_document_carries_one_namespace() {
+        let mut bare = json!({"kind": "Secret", "metadata": {"name": "db"}});
+        let err = bind_namespace(&mut bare.clone(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--namespace"), "{err}");
+        bind_namespace(&mut bare, Some("payments")).unwrap();
+        assert_eq!(bare["metadata"]["namespace"], "payments");
+        let mut own = json!({"kind": "Secret", "metadata": {"name": "db", "namespace": "shop"}});
+        bind_namespace(&mut own, None).unwrap();
+        let err = bind_namespace(&mut own, Some("payments"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("one namespace"), "{err}");
+        let mut fresh = json!({"kind": "Secret", "metadata": {"name": "db"}});
+        assert!(bind_namespace(&mut fresh, Some("Bad_NS")).is_err());
+        assert!(is_dns_label("a-1") && !is_dns_label("-a") && !is_dns_label(""));
+    }
 }

@@ -335,6 +335,68 @@ mod tests {
     }
 
     #[test]
+    fn an_approval_is_bound_to_fleet_channel_serial_and_bundle_digest() {
+        let (publisher, alice) = (
+            signing_key_from_seed([1; 32]),
+            signing_key_from_seed([2; 32]),
+        );
+        let approvers = trusting(&[&alice]);
+        let publisher_id = keyid(&publisher.verifying_key());
+        let release = statement(4);
+        let others = [
+            ApprovalStatement {
+                fleet: "other".into(),
+                ..release.clone()
+            },
+            ApprovalStatement {
+                channel: "dev".into(),
+                ..release.clone()
+            },
+            ApprovalStatement {
+                serial: 5,
+                ..release.clone()
+            },
+            ApprovalStatement {
+                bundle_sha256: "ef".repeat(32),
+                ..release.clone()
+            },
+        ];
+        for other in &others {
+            // An approval of another fleet, channel, serial or bundle never counts for this release.
+            let counted = tally(
+                &signed(&[&alice], other),
+                &approvers,
+                &publisher_id,
+                &release,
+            );
+            assert!(
+                counted.approved.is_empty(),
+                "{other:?} counted: {counted:?}"
+            );
+            assert!(
+                counted.refused[0].contains("not this release"),
+                "{counted:?}"
+            );
+            // The signed bytes name all four: the payload of each differs from the release's.
+            assert_ne!(other.payload(), release.payload());
+        }
+        let payload: serde_json::Value = serde_json::from_slice(&release.payload()).expect("json");
+        for field in ["fleet", "channel", "serial", "bundleSha256"] {
+            assert!(
+                payload.get(field).is_some(),
+                "{field} not signed: {payload}"
+            );
+        }
+        let counted = tally(
+            &signed(&[&alice], &release),
+            &approvers,
+            &publisher_id,
+            &release,
+        );
+        assert_eq!(counted.approved.len(), 1, "{counted:?}");
+    }
+
+    #[test]
     fn a_second_approver_adds_to_the_file_but_not_to_another_statement() {
         let (alice, bob) = (
             signing_key_from_seed([2; 32]),

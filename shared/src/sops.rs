@@ -130,6 +130,29 @@ pub fn cluster_recipient(key: &ed25519_dalek::VerifyingKey) -> String {
     bech32_text("age", key.to_montgomery().as_bytes())
 }
 
+/// Whether `recipient` is the age recipient ([`cluster_recipient`]) of the Ed25519 key whose key id is
+/// `keyid`: what a server shows as a cluster's recipient must be that of the key it says the cluster
+/// enrolled. The Montgomery form names the key up to the sign of its x coordinate, so both points are tried.
+pub fn recipient_of_keyid(recipient: &str, keyid: &str) -> bool {
+    let Ok((hrp, data)) = bech32::decode(recipient) else {
+        return false;
+    };
+    let Ok(u) = <[u8; 32]>::try_from(data.as_slice()) else {
+        return false;
+    };
+    if hrp.as_str() != "age" {
+        return false;
+    }
+    let point = curve25519_dalek::montgomery::MontgomeryPoint(u);
+    [0u8, 1].into_iter().any(|sign| {
+        point.to_edwards(sign).is_some_and(|edwards| {
+            ed25519_dalek::VerifyingKey::from_bytes(&edwards.compress().to_bytes()).is_ok_and(
+                |key| crate::keys::keyid(&key) == keyid && cluster_recipient(&key) == recipient,
+            )
+        })
+    })
+}
+
 fn bech32_text(prefix: &str, bytes: &[u8; 32]) -> String {
     let hrp = bech32::Hrp::parse(prefix).expect("a valid human-readable part");
     bech32::encode::<bech32::Bech32>(hrp, bytes).expect("32 bytes always encode")

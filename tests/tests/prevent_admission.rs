@@ -9,6 +9,12 @@
 //! standing is spent when a release writes the object; a change that a release then declares is taken in:
 //! closed as TakenIn, its annotations cleared, and not reverted when its hold ends; one a release writes
 //! other values over is closed as Reverted. Deleting the agent's Namespace (uninstalling) removes the policy.
+//!
+//! Prevention fails closed: a deleted policy or a binding switched to Audit is restored within seconds; an
+//! owner reference added to a guarded object (for the garbage collector to delete it) is refused; objects
+//! that wait for a failed dependency stay guarded. A break-glass approval is bound to its requester: another
+//! member cannot take it over by rewriting `break-glass-by`, and names written while the object was not
+//! guarded are removed as soon as it is.
 
 use anyhow::Context as _;
 use std::path::{Path, PathBuf};
@@ -78,7 +84,7 @@ struct Setup {
 
 async fn setup(seed: u8) -> anyhow::Result<Setup> {
     let kube = LocalKube::start().await?;
-    grant_edit(&kube, &["alice", "bob", "hpa-like"]).await?;
+    grant_edit(&kube, &["alice", "bob", "carol", "hpa-like"]).await?;
     let publisher = Publisher::new(seed)?;
     let tree = FleetTree::new()?;
     tree.write("fleet.yaml", &fleet(true))?;
@@ -693,5 +699,278 @@ async fn break_glass_needs_a_ticket_and_a_second_person_and_is_held_then_reverte
         },
     )
     .await?;
+    Ok(())
+}
+
+/// A fleet where web waits for app `db`, whose one object the API server refuses.
+const FLEET_WITH_BROKEN_DEPENDENCY: &str = "\
+fleet: acme
+apps:
+  - name: db
+    path: db
+  - name: web
+    path: web
+    dependsOn: [db]
+    policy:
+      prevent: true
+      ignoreDifferences:
+        - {group: apps, kind: Deployment, name: scaled, jsonPointers: [/spec/replicas]}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prevention_fails_closed_against_deletion_owner_references_and_failed_dependencies()
+-> anyhow::Result<()> {
+    let s = setup(33).await?;
+    let kube = &s.kube;
+    wait_refused(kube, "alice", &[], &denial(s.serial)).await?;
+
+    // An admin deletes the policy: it is back within seconds, not at the hourly backstop.
+    let started = std::time::Instant::now();
+    let deleted = kubectl(
+        kube,
+        "",
+        &[],
+        &["delete", "validatingadmissionpolicy", POLICY],
+        &[],
+    )
+    .await?;
+    assert!(deleted.ok, "{}", deleted.output);
+    wait_for("the policy restored", Duration::from_secs(20), || async {
+        let found = policy_objects(kube).await?;
+        Ok(found.iter().all(Option::is_some).then_some(()))
+    })
+    .await?;
+    wait_refused(kube, "alice", &[], &denial(s.serial)).await?;
+    println!(
+        "deleted policy restored and refusing within {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    // The binding switched to Audit only: Deny again within seconds.
+    let log_from = s.agent.process.log().len();
+    let audit = kubectl(
+        kube,
+        "",
+        &[],
+        &[
+            "patch",
+            "validatingadmissionpolicybinding",
+            POLICY,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"validationActions":["Audit"]}}"#,
+        ],
+        &[],
+    )
+    .await?;
+    assert!(audit.ok, "{}", audit.output);
+    wait_for(
+        "the binding denying again",
+        Duration::from_secs(20),
+        || async {
+            let binding = kube
+                .admission_api("ValidatingAdmissionPolicyBinding")
+                .get_opt(POLICY)
+                .await?;
+            Ok(binding
+                .filter(|b| b.data["spec"]["validationActions"] == json!(["Deny"]))
+                .map(|_| ()))
+        },
+    )
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e}; agent log since the patch:\n{}",
+            &s.agent.process.log()[log_from..]
+        )
+    })?;
+
+    // An owner reference to nothing, for the garbage collector to delete web: refused.
+    let owner = r#"{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"gone","uid":"0b5e7c1e-0000-4000-8000-000000000001"}]}}"#;
+    let dangling = kubectl(
+        kube,
+        "alice",
+        &[],
+        &["patch", "deployment/web", "--type=merge", "-p", owner],
+        &[],
+    )
+    .await?;
+    assert!(
+        !dangling.ok && dangling.output.contains(&denial(s.serial)),
+        "{}",
+        dangling.output
+    );
+
+    // web now waits for db, which fails: web is still the release's, and stays guarded.
+    s.tree.write("fleet.yaml", FLEET_WITH_BROKEN_DEPENDENCY)?;
+    s.tree.write(
+        "db/broken.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: broken, namespace: default}\ndata: {\"not a key!\": x}\n",
+    )?;
+    s.tree
+        .write("web/objects.yaml", &objects("registry.example.com/web:2.0"))?;
+    let serial = s.publisher.publish(&s.tree, "stable")?.serial;
+    wait_refused(kube, "alice", &[], &denial(serial))
+        .await
+        .with_context(|| windvane_tests::process::tail(&s.agent.process.log(), 40))?;
+    assert_eq!(
+        image(kube).await?.as_deref(),
+        Some("registry.example.com/web:1.0"),
+        "web waits for db"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_glass_approval_is_bound_to_its_requester_and_checked_names_only()
+-> anyhow::Result<()> {
+    let s = setup(34).await?;
+    let kube = &s.kube;
+    let group = [GROUP];
+    let run = async |user: &str, args: &[&str]| kubectl(kube, user, &group, args, &[]).await;
+    let annotate = |pairs: &[&'static str]| {
+        let mut args = vec!["annotate", "--overwrite", "deployment/web"];
+        args.extend(pairs);
+        args
+    };
+    let patch = [
+        "set",
+        "image",
+        "deployment/web",
+        "web=registry.example.com/web:6.6",
+    ];
+    wait_refused(kube, "alice", &group, &denial(s.serial)).await?;
+
+    // alice asks, bob approves; carol rewrites the requester to herself to use bob's approval: refused.
+    let asked = run(
+        "alice",
+        &annotate(&[
+            "windvane.io/break-glass-ticket=INC-11",
+            "windvane.io/break-glass-by=alice",
+        ]),
+    )
+    .await?;
+    assert!(asked.ok, "{}", asked.output);
+    let approved = run("bob", &annotate(&["windvane.io/break-glass-approver=bob"])).await?;
+    assert!(approved.ok, "{}", approved.output);
+    let taken = run("carol", &annotate(&["windvane.io/break-glass-by=carol"])).await?;
+    assert!(
+        !taken.ok && taken.output.contains("needs a new approval"),
+        "{}",
+        taken.output
+    );
+    let carols = run("carol", &patch).await?;
+    assert!(!carols.ok, "{}", carols.output);
+    assert_eq!(
+        image(kube).await?.as_deref(),
+        Some("registry.example.com/web:1.0")
+    );
+
+    // Prevention off: alice writes all three names herself, nothing checks them. Prevention on again: the
+    // agent removes them, and her change is refused.
+    s.tree.write("fleet.yaml", &fleet(false))?;
+    s.publisher.publish(&s.tree, "stable")?;
+    wait_for("the policy removed", WAIT, || async {
+        let found = policy_objects(kube).await?;
+        Ok(found.iter().all(Option::is_none).then_some(()))
+    })
+    .await?;
+    // The API server stops enforcing a deleted policy a moment after it is gone.
+    wait_for("alice's unchecked names admitted", WAIT, || async {
+        let unchecked = run(
+            "alice",
+            &annotate(&[
+                "windvane.io/break-glass-ticket=INC-12",
+                "windvane.io/break-glass-by=alice",
+                "windvane.io/break-glass-approver=bob",
+            ]),
+        )
+        .await?;
+        Ok(unchecked.ok.then_some(()))
+    })
+    .await?;
+    s.tree.write("fleet.yaml", &fleet(true))?;
+    let serial = s.publisher.publish(&s.tree, "stable")?.serial;
+    wait_refused(kube, "alice", &[], &denial(serial)).await?;
+    let deployments: Api<Deployment> = Api::namespaced(kube.client(), "shop");
+    wait_for("the unchecked names removed", WAIT, || async {
+        let annotations = deployments
+            .get("web")
+            .await?
+            .metadata
+            .annotations
+            .unwrap_or_default();
+        Ok((!annotations
+            .keys()
+            .any(|k| k.starts_with("windvane.io/break-glass")))
+        .then_some(()))
+    })
+    .await
+    .with_context(|| windvane_tests::process::tail(&s.agent.process.log(), 40))?;
+    let forged = run("alice", &patch).await?;
+    assert!(!forged.ok, "{}", forged.output);
+    assert_eq!(
+        image(kube).await?.as_deref(),
+        Some("registry.example.com/web:1.0")
+    );
+
+    // A checked approval serves one change: the agent marks it spent, and alice's second change is refused.
+    let asked = run(
+        "alice",
+        &annotate(&[
+            "windvane.io/break-glass-ticket=INC-13",
+            "windvane.io/break-glass-by=alice",
+        ]),
+    )
+    .await?;
+    assert!(asked.ok, "{}", asked.output);
+    let approved = run("bob", &annotate(&["windvane.io/break-glass-approver=bob"])).await?;
+    assert!(approved.ok, "{}", approved.output);
+    let first = run("alice", &patch).await?;
+    assert!(first.ok, "{}", first.output);
+    wait_for("the approval marked spent", WAIT, || async {
+        let annotations = deployments
+            .get("web")
+            .await?
+            .metadata
+            .annotations
+            .unwrap_or_default();
+        Ok(annotations
+            .contains_key("windvane.io/break-glass-spent")
+            .then_some(()))
+    })
+    .await
+    .with_context(|| windvane_tests::process::tail(&s.agent.process.log(), 40))?;
+    // A second change of another owned field (replicas, in the object itself) under the same approval.
+    let second = run(
+        "alice",
+        &[
+            "patch",
+            "deployment/web",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"replicas":3}}"#,
+        ],
+    )
+    .await?;
+    assert!(!second.ok, "{}", second.output);
+    // Nor can she remove the mark herself.
+    let unmark = run(
+        "alice",
+        &[
+            "annotate",
+            "deployment/web",
+            "windvane.io/break-glass-spent-",
+        ],
+    )
+    .await?;
+    assert!(
+        !unmark.ok && unmark.output.contains("written by the Windvane agent only"),
+        "{}",
+        unmark.output
+    );
+    assert_eq!(
+        image(kube).await?.as_deref(),
+        Some("registry.example.com/web:6.6")
+    );
     Ok(())
 }

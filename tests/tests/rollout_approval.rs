@@ -267,3 +267,133 @@ async fn a_release_that_requires_approval_waits_for_a_second_persons_key() -> an
     .await?;
     Ok(())
 }
+
+/// The operator's floor: an agent started with `--require-approvals 1` holds every release — also the
+/// first, and one whose signed rollout asks for no approval at all — until an `--approver-key` other than
+/// the publisher's approved it; meanwhile it keeps the last known good and its status says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_approval_floor_holds_releases_that_ask_for_none() -> anyhow::Result<()> {
+    let publisher = Publisher::new(94)?;
+    let keys = tempfile::tempdir()?;
+    let alice = keys.path().join("alice");
+    let made = windvane(&["keygen", "--out", &alice.display().to_string()])?;
+    anyhow::ensure!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let (alice_key, alice_pub) = (alice.with_extension("key"), alice.with_extension("pub"));
+    let tree = FleetTree::new()?;
+    // No rollout.approval, in any release of this test.
+    tree.write(
+        "fleet.yaml",
+        "fleet: acme\napps:\n  - name: web\n    path: web\n",
+    )?;
+    tree.write("web/config.yaml", &web(1))?;
+    let first: ReleasePointer = publisher.publish(&tree, "stable")?;
+    assert!(first.rollout.as_ref().and_then(|r| r.approval).is_none());
+    let server = SourceServer::start(&publisher.store(), &[]).await?;
+    let mut options = AgentOptions::new(&server.url, &publisher.public_key_path(), CLUSTER);
+    let approvers = format!(
+        "{},{}",
+        alice_pub.display(),
+        publisher.public_key_path().display()
+    );
+    options.extra.extend([
+        "--approver-key".to_owned(),
+        approvers,
+        "--require-approvals".to_owned(),
+        "1".to_owned(),
+    ]);
+    let cluster = Cluster::start(options).await?;
+    let store = publisher.store().display().to_string();
+    let release_pub = publisher.public_key_path().display().to_string();
+    let alice_key = alice_key.display().to_string();
+    let approve = |serial: &str| {
+        windvane(&[
+            "approve",
+            "--root",
+            &store,
+            "--channel",
+            "stable",
+            "--serial",
+            serial,
+            "--key",
+            &alice_key,
+            "--trusted-key",
+            &release_pub,
+        ])
+    };
+
+    // The first release waits: nothing is applied, and the status names the operator's floor.
+    let message = wait_for("the first release to wait for approval", WAIT, || async {
+        let message = pending_message(&cluster).await;
+        Ok(message
+            .contains("Awaiting approval (0 of 1)")
+            .then_some(message))
+    })
+    .await
+    .with_context(|| windvane_tests::process::tail(&cluster.agent_log(), 30))?;
+    assert!(message.contains("--require-approvals"), "{message}");
+    assert_eq!(version(&cluster).await, None, "applied before approval");
+    let approved = approve("1")?;
+    anyhow::ensure!(
+        approved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&approved.stderr)
+    );
+    wait_for("release 1 applied after approval", WAIT, || async {
+        Ok((version(&cluster).await.as_deref() == Some("1")).then_some(()))
+    })
+    .await
+    .with_context(|| windvane_tests::process::tail(&cluster.agent_log(), 30))?;
+
+    // The next release, signed without approval, waits too; release 1 stays enforced.
+    tree.write("web/config.yaml", &web(2))?;
+    let second: ReleasePointer = publisher.publish(&tree, "stable")?;
+    assert!(second.rollout.as_ref().and_then(|r| r.approval).is_none());
+    wait_message(&cluster, "Awaiting approval (0 of 1)").await?;
+    // The publisher's own signature is never an approval, even when its key is an --approver-key.
+    let release_key = publisher.key_path()?;
+    let publisher_key =
+        signing_key_from_pem(&std::fs::read_to_string(&release_key)?, "release.key")?;
+    write_approval(
+        &publisher.store(),
+        second.serial,
+        &ApprovalStatement::of(&second),
+        &publisher_key,
+        false,
+    )?;
+    wait_message(&cluster, "it is the key that published the release").await?;
+    // An approval of release 1's bundle under serial 2's name does not count either.
+    let alice_signing = signing_key_from_pem(&std::fs::read_to_string(&alice_key)?, "alice.key")?;
+    let stale = ApprovalStatement {
+        bundle_sha256: first.bundle.sha256.clone(),
+        ..ApprovalStatement::of(&second)
+    };
+    write_approval(
+        &publisher.store(),
+        second.serial,
+        &stale,
+        &alice_signing,
+        false,
+    )?;
+    wait_message(&cluster, "not this release").await?;
+    std::fs::remove_file(
+        publisher
+            .store()
+            .join(approval_path("stable", second.serial)),
+    )?;
+    let approved = approve(&second.serial.to_string())?;
+    anyhow::ensure!(
+        approved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&approved.stderr)
+    );
+    wait_for("release 2 applied after approval", WAIT, || async {
+        Ok((version(&cluster).await.as_deref() == Some("2")).then_some(()))
+    })
+    .await
+    .with_context(|| windvane_tests::process::tail(&cluster.agent_log(), 30))?;
+    Ok(())
+}

@@ -88,7 +88,7 @@ async fn a_secret_sealed_to_one_clusters_enrolled_key_opens_there_only() -> anyh
         start_cluster(&server, &publisher, "us-1"),
     )?;
     let http = windvane_tests::http::client();
-    let recipient = wait_for("eu-1's age recipient on the server", WAIT, || async {
+    let (recipient, keyid) = wait_for("eu-1's age recipient on the server", WAIT, || async {
         let body = http
             .get(format!("{}/api/v1/clusters/eu-1", server.url))
             .send()
@@ -96,9 +96,11 @@ async fn a_secret_sealed_to_one_clusters_enrolled_key_opens_there_only() -> anyh
             .text()
             .await?;
         let detail: Value = serde_json::from_str(&body)?;
-        Ok(detail["cluster"]["ageRecipient"]
-            .as_str()
-            .map(str::to_owned))
+        let recipient = detail["cluster"]["ageRecipient"].as_str();
+        let keyid = detail["cluster"]["keyid"].as_str();
+        Ok(recipient
+            .zip(keyid)
+            .map(|(r, k)| (r.to_owned(), k.to_owned())))
     })
     .await?;
 
@@ -113,13 +115,32 @@ async fn a_secret_sealed_to_one_clusters_enrolled_key_opens_there_only() -> anyh
     let sealed = tree.path().join("payments/eu-1-token.yaml");
     let plain_arg = plain.display().to_string();
     let sealed_arg = sealed.display().to_string();
+    // Pinned to another key id (the operator's note of eu-1's key, say, before a re-key): refused.
+    let wrong = Command::new(binary("windvane")?)
+        .args([
+            "seal",
+            &plain_arg,
+            "-o",
+            &sealed_arg,
+            "--server",
+            &server.url,
+        ])
+        .args(["--to-cluster", "eu-1=00000000000000000000"])
+        .output()?;
+    let said = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        !wrong.status.success() && said.contains("not the pinned"),
+        "{said}"
+    );
+    // Pinned to the key id eu-1's agent enrolled (what it logs at start).
+    let pinned = format!("eu-1={}", &keyid[..16]);
     windvane(&[
         "seal",
         &plain_arg,
         "-o",
         &sealed_arg,
         "--to-cluster",
-        "eu-1",
+        &pinned,
         "--server",
         &server.url,
     ])?;

@@ -284,3 +284,83 @@ async fn sealed_to_a_cluster_and_to_a_group() -> anyhow::Result<()> {
     ensure_not_in_files(&[publisher.store()], &secrets)?;
     Ok(())
 }
+
+/// A sealed value is bound to its namespace: `windvane seal` refuses a document that names none (unless
+/// `--namespace` gives one) and seals the namespace with the values, so the file applies in its own
+/// namespace, and a copy whose namespace was edited to another app's does not open (its MAC fails).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_value_is_bound_to_its_namespace() -> anyhow::Result<()> {
+    let keys = tempfile::tempdir()?;
+    let (key, recipient) = keygen(keys.path(), "c1.agekey")?;
+    let tree = FleetTree::new()?;
+    tree.write(
+        "fleet.yaml",
+        "fleet: acme\napps:\n  - name: payments\n    path: payments\n    namespace: payments\n    createNamespace: true\n  \
+         - name: other\n    path: other\n    namespace: other\n    createNamespace: true\n",
+    )?;
+    tree.write(
+        "other/settings.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings}\ndata: {a: b}\n",
+    )?;
+    let plain = keys.path().join("plain.yaml");
+    std::fs::write(
+        &plain,
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: token}}\ndata: {{token: {}}}\n",
+            b64(GROUP_VALUE)
+        ),
+    )?;
+    std::fs::create_dir_all(tree.path().join("payments"))?;
+    let sealed = tree.path().join("payments/token.yaml");
+    let (plain_arg, sealed_arg) = (plain.display().to_string(), sealed.display().to_string());
+    let bare = Command::new(binary("windvane")?)
+        .args([
+            "seal",
+            &plain_arg,
+            "-o",
+            &sealed_arg,
+            "--recipient",
+            &recipient,
+        ])
+        .output()?;
+    let said = String::from_utf8_lossy(&bare.stderr);
+    ensure!(
+        !bare.status.success() && said.contains("--namespace"),
+        "sealed without a namespace: {said}"
+    );
+    windvane(&[
+        "seal",
+        &plain_arg,
+        "-o",
+        &sealed_arg,
+        "--recipient",
+        &recipient,
+        "--namespace",
+        "payments",
+    ])?;
+    let text = std::fs::read_to_string(&sealed)?;
+    ensure!(text.contains("namespace: payments"), "{text}");
+    // Copied into app `other`, its namespace edited to `other`.
+    tree.write(
+        "other/token.yaml",
+        &text.replace("namespace: payments", "namespace: other"),
+    )?;
+    let publisher = Publisher::new(52)?;
+    publisher.publish(&tree, "stable")?;
+    let server = StoreServer::start(publisher.store()).await?;
+    let (kube, _agent, status) = run_cluster(
+        &server,
+        &publisher,
+        ("c1", "prod"),
+        &[("c1.agekey", &key)],
+        |s| {
+            state(s, "Secret payments/token").0 == "Synced"
+                && state(s, "Secret other/token").0 == "Failed"
+        },
+    )
+    .await?;
+    ensure!(token(&kube, "token").await?.as_deref() == Some(GROUP_VALUE));
+    let moved: Api<Secret> = Api::namespaced(kube.client(), "other");
+    ensure!(moved.get_opt("token").await?.is_none(), "{status}");
+    Ok(())
+}

@@ -5,7 +5,7 @@
 //! a tampered MAC is refused while the applied Secret stays. No value (as written or in base64) is in the
 //! store, the server's database or log, the agent's `/status`, `/metrics` or log, the cluster's Events or the
 //! control plane's log; `windvane render` shows it only with `--reveal` and the key, and `windvane-agent
-//! diff` masks both sides of a Secret that differs.
+//! diff` masks both sides of a Secret that differs, and every value a SOPS file held of any other kind.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,6 +33,8 @@ const PLAIN: &str = "pl41n-s3cr3t-h0rse";
 const PLAIN_ROTATED: &str = "r0t4ted-s3cr3t-b4ttery";
 /// The value of a newer release on another channel, which only `windvane-agent diff` sees.
 const PLAIN_NEXT: &str = "n3xt-s3cr3t-st4ple";
+/// A value sealed in a ConfigMap (not a Secret) of the newer release: `windvane-agent diff` masks it too.
+const PLAIN_CONFIG: &str = "c0nf1g-s3cr3t-d5n";
 /// What a hand edit writes into the live Secret (healed away).
 const HAND: &str = "h4nd-s3cr3t-c0rrect";
 
@@ -183,8 +185,28 @@ async fn diff_masks_secrets(
         "app/db.sops.yaml",
         &sops_encrypt(next.path(), &secret_yaml(PLAIN_NEXT), &[recipient])?,
     )?;
+    next.write(
+        "app/conf.sops.yaml",
+        &sops_encrypt(
+            next.path(),
+            &format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: conf, namespace: app}}\ndata:\n  dsn: {PLAIN_CONFIG}\n"
+            ),
+            &[recipient],
+        )?,
+    )?;
     publisher.publish(&next, "next")?;
     let (code, out) = agent_diff(options, kube, "next")?;
+    // The sealed ConfigMap is new: shown whole, but its sealed value masked.
+    ensure!(
+        out.contains("desired/ConfigMap app/conf") && out.contains("1 to create"),
+        "{out}"
+    );
+    ensure!(
+        out.lines()
+            .any(|l| l.contains("dsn:") && l.contains("<masked ")),
+        "the sealed ConfigMap value is masked: {out}"
+    );
     ensure!(code == Some(1), "diff exits 1 on a difference: {out}");
     ensure!(
         out.contains(&format!("live/{SECRET}"))
@@ -200,7 +222,7 @@ async fn diff_masks_secrets(
         masked.len() == 2 && masked[0] != masked[1],
         "both sides masked and different: {out}"
     );
-    for value in forms(&[PLAIN, PLAIN_NEXT]) {
+    for value in forms(&[PLAIN, PLAIN_NEXT, PLAIN_CONFIG]) {
         ensure!(!out.contains(&value), "{value:?} in the diff: {out}");
     }
     ensure!(

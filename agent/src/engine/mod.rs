@@ -51,6 +51,9 @@ pub struct EngineConfig {
     pub trusted: TrustedKeys,
     /// Approver public keys (`--approver-key`): their signatures approve a release that requires approval.
     pub approvers: TrustedKeys,
+    /// The operator's floor (`--require-approvals`): every new release waits for this many distinct approver
+    /// signatures (never the publisher's), whatever its signed rollout says; 0: only what the rollout says.
+    pub require_approvals: u32,
     pub identity: ClusterIdentity,
     pub allowlist: Allowlist,
     pub poll_interval: Duration,
@@ -261,6 +264,9 @@ impl Engine {
                         self.timers.new_release();
                         self.sync().await;
                     }
+                }
+                Some(()) = prevent::next_prevention_change(&mut self.prevention) => {
+                    self.restore_prevention().await;
                 }
                 event = pending::next_gate_event(&mut self.pending) => {
                     let opened = match event {

@@ -42,6 +42,7 @@ impl Engine {
             &self.config.identity.name,
             labels,
             windows,
+            self.config.require_approvals,
         )
     }
 

@@ -3,19 +3,31 @@
 //! binding from it, and this executor applies them (server-side apply, manager `windvane`) — or deletes
 //! them when nothing is guarded any more. It learns once what it needs from the API server: the version
 //! (older than 1.30: a clear refusal, detection only), the agent's own user name (a SelfSubjectReview) and
-//! the agent's Namespace (the owner of both objects, so uninstalling the agent removes them). The backstop
-//! applies them again, in case someone removed them.
+//! the agent's Namespace (the owner of both objects, so uninstalling the agent removes them).
+//!
+//! Every object the release declares with prevent on is guarded, whatever its last outcome (a failed or
+//! waiting object is still the release's; only one outside the operator's allowlist is not). Once applied,
+//! the policy and binding are watched ([`watch_prevention`]): deleted or changed, they are restored within
+//! seconds, not at the hourly backstop. Break-glass annotations on an object that was not guarded before
+//! (newly guarded, or guarded again after its policy was gone) were written unchecked: they are removed.
 
+use std::collections::BTreeSet;
+
+use futures::StreamExt;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
+use tokio::sync::mpsc;
 use tracing::{info, warn};
 use windvane_shared::bundle::ObjectRef;
+use windvane_shared::desired::FIELD_MANAGER;
 
-use super::Engine;
+use super::{AbortOnDrop, Engine};
 use crate::apply::{ObjectResult, Outcome};
-use crate::cluster::{Deletion, api_message};
+use crate::cluster::{Cluster, Deletion, api_message};
+use crate::inventory::ObjectKey;
 use crate::prevent::{self, Guarded, Settings};
 
 const API_VERSION: &str = "admissionregistration.k8s.io/v1";
@@ -35,6 +47,21 @@ pub(super) struct Prevention {
     applied: Option<(Value, Value)>,
     /// False until the first sync made sure of the policy's presence or absence.
     settled: bool,
+    /// The objects the policy in the cluster guards (known after the first apply): an object not among them
+    /// becomes guarded with the next apply.
+    guarded: Option<BTreeSet<Guarded>>,
+    /// The watch of the policy and binding, once they were applied: it says when either changed.
+    watch: Option<(AbortOnDrop, mpsc::Receiver<()>)>,
+    /// The objects the last sync guarded, for a restore.
+    objects: Vec<GuardedObject>,
+}
+
+/// One object of the release with prevent on.
+#[derive(Debug, Clone)]
+struct GuardedObject {
+    key: ObjectKey,
+    id: ObjectRef,
+    guarded: Guarded,
 }
 
 impl Engine {
@@ -57,12 +84,14 @@ impl Engine {
             return Err(why.clone());
         }
         let settings = self.prevent_settings(serial).await?;
-        let Some(objects) = prevent::objects(&settings, &guarded) else {
+        let list: Vec<Guarded> = guarded.iter().map(|g| g.guarded.clone()).collect();
+        let Some(objects) = prevent::objects(&settings, &list) else {
             return Ok(());
         };
         if self.prevention.applied.as_ref() == Some(&objects) {
             return Ok(());
         }
+        let before = self.guarded_before(&guarded).await;
         self.apply_prevention(&objects).await?;
         info!(
             guarded = guarded.len(),
@@ -71,7 +100,150 @@ impl Engine {
         );
         self.prevention.applied = Some(objects);
         self.prevention.settled = true;
+        self.prevention.guarded = Some(list.into_iter().collect());
+        self.watch_prevention();
+        let newly = guarded.iter().filter(|g| !before.contains(&g.guarded));
+        self.void_unchecked_break_glass(newly).await;
+        self.prevention.objects = guarded;
         Ok(())
+    }
+
+    /// What the policy in the cluster guarded before this apply: as remembered, or — the first time after a
+    /// start — as the live policy lists it.
+    async fn guarded_before(&self, guarded: &[GuardedObject]) -> BTreeSet<Guarded> {
+        if let Some(known) = &self.prevention.guarded {
+            return known.clone();
+        }
+        let Ok(resolved) = self.cluster.resolve(API_VERSION, POLICY_KIND).await else {
+            return BTreeSet::new();
+        };
+        let api: Api<DynamicObject> =
+            Api::all_with(self.cluster.client().clone(), &resolved.resource);
+        let Ok(Some(live)) = api.get_opt(&prevent::policy_name(&self.config.fleet)).await else {
+            return BTreeSet::new();
+        };
+        let live = serde_json::to_value(live).unwrap_or_default();
+        guarded
+            .iter()
+            .map(|g| g.guarded.clone())
+            .filter(|g| prevent::policy_guards(&live, g))
+            .collect()
+    }
+
+    /// Removes the break-glass annotations of `objects`, which were not guarded when they were written: an
+    /// approval that no policy checked is no approval.
+    async fn void_unchecked_break_glass<'a>(
+        &self,
+        objects: impl Iterator<Item = &'a GuardedObject>,
+    ) {
+        for object in objects {
+            let Some(live) = self.live.get(&object.key) else {
+                continue;
+            };
+            if !prevent::has_break_glass_annotations(&live) {
+                continue;
+            }
+            let id = &object.id;
+            let Ok(resolved) = self.cluster.resolve(&id.api_version, &id.kind).await else {
+                continue;
+            };
+            match self
+                .cluster
+                .merge_patch(id, &resolved, &prevent::clear_break_glass())
+                .await
+            {
+                Ok(_) => warn!(
+                    object = %id,
+                    "break-glass annotations written while the object was not guarded removed: they were never checked"
+                ),
+                Err(failure) => {
+                    warn!(object = %id, error = %failure.message, "cannot remove unchecked break-glass annotations")
+                }
+            }
+        }
+    }
+
+    /// Starts watching the policy and binding (once): every change of either reaches the engine's loop,
+    /// which calls [`Engine::restore_prevention`].
+    fn watch_prevention(&mut self) {
+        if self.prevention.watch.is_some() {
+            return;
+        }
+        let (tx, rx) = mpsc::channel(1);
+        let task = tokio::spawn(watch_prevention(
+            self.cluster.clone(),
+            prevent::policy_name(&self.config.fleet),
+            tx,
+        ));
+        self.prevention.watch = Some((AbortOnDrop(task), rx));
+    }
+
+    /// The policy or binding changed in the cluster: one that is gone is created again, one that someone
+    /// changed is replaced whole by what the agent applied (a server-side apply would keep fields another
+    /// manager added, such as a `matchConditions` that matches nothing, or an `Audit` beside `Deny`); then
+    /// the break-glass annotations written meanwhile, unchecked, are removed.
+    pub(super) async fn restore_prevention(&mut self) {
+        let Some((policy, binding)) = self.prevention.applied.clone() else {
+            return;
+        };
+        let mut restored = false;
+        for (kind, wanted) in [(POLICY_KIND, &policy), (BINDING_KIND, &binding)] {
+            match self.restore_one(kind, wanted).await {
+                Ok(again) => restored |= again,
+                Err(why) => warn!(%kind, %why, "cannot restore the prevention policy"),
+            }
+        }
+        if restored {
+            let guarded = self.prevention.objects.clone();
+            self.void_unchecked_break_glass(guarded.iter()).await;
+        }
+    }
+
+    /// Restores one of the two objects when it is gone or not as applied; true when it had to.
+    async fn restore_one(&self, kind: &str, wanted: &Value) -> Result<bool, String> {
+        let resolved = self
+            .cluster
+            .resolve(API_VERSION, kind)
+            .await
+            .map_err(|e| e.to_string())?;
+        let api: Api<DynamicObject> =
+            Api::all_with(self.cluster.client().clone(), &resolved.resource);
+        let name = prevent::policy_name(&self.config.fleet);
+        let live = api
+            .get_opt(&name)
+            .await
+            .map_err(|e| api_message(&e))?
+            .map(|live| serde_json::to_value(live).unwrap_or_default());
+        match prevent::tampered(live.as_ref(), wanted, FIELD_MANAGER) {
+            None => Ok(false),
+            Some(why) => {
+                warn!(%kind, %name, %why, "the prevention policy was tampered with; restoring it");
+                match live.and_then(|l| l.pointer("/metadata/resourceVersion").cloned()) {
+                    // Gone: created again.
+                    None => {
+                        let id = self.prevention_ref(kind);
+                        self.cluster
+                            .apply(&id, &resolved, wanted, false)
+                            .await
+                            .map_err(|failure| failure.message)?;
+                    }
+                    Some(version) => {
+                        let mut body = wanted.clone();
+                        body["metadata"]["resourceVersion"] = version;
+                        let object: DynamicObject =
+                            serde_json::from_value(body).map_err(|e| e.to_string())?;
+                        let params = PostParams {
+                            field_manager: Some(FIELD_MANAGER.to_owned()),
+                            ..PostParams::default()
+                        };
+                        api.replace(&name, &params, &object)
+                            .await
+                            .map_err(|e| api_message(&e))?;
+                    }
+                }
+                Ok(true)
+            }
+        }
     }
 
     /// True when this cluster cannot enforce prevention at all (its version): nothing to retry.
@@ -118,23 +290,29 @@ impl Engine {
         }
     }
 
-    /// The applied objects of the release that have prevent on, as admission requests name them.
-    async fn guarded(&self, results: &[ObjectResult]) -> Vec<Guarded> {
+    /// The objects of the release that have prevent on, as admission requests name them: whatever their
+    /// outcome in this sync (one that failed, or waits for its dependencies, is still the release's and may
+    /// exist from before), but for those outside the operator's allowlist.
+    async fn guarded(&self, results: &[ObjectResult]) -> Vec<GuardedObject> {
         let mut guarded = Vec::new();
         for result in results {
-            if !result.object.prevent || !matches!(result.outcome, Outcome::Applied { .. }) {
+            if !result.object.prevent || matches!(result.outcome, Outcome::Refused(_)) {
                 continue;
             }
             let id = &result.object.id;
             let Ok(resolved) = self.cluster.resolve(&id.api_version, &id.kind).await else {
                 continue;
             };
-            guarded.push(Guarded {
-                group: id.group().to_owned(),
-                resource: resolved.resource.plural.clone(),
-                namespace: id.namespace.clone(),
-                name: id.name.clone(),
-                owns_replicas: result.object.body().pointer("/spec/replicas").is_some(),
+            guarded.push(GuardedObject {
+                key: result.key(),
+                id: id.clone(),
+                guarded: Guarded {
+                    group: id.group().to_owned(),
+                    resource: resolved.resource.plural.clone(),
+                    namespace: id.namespace.clone(),
+                    name: id.name.clone(),
+                    owns_replicas: result.object.body().pointer("/spec/replicas").is_some(),
+                },
             });
         }
         guarded
@@ -254,6 +432,7 @@ impl Engine {
         if self.prevention.applied.take().is_some() {
             info!("prevention turned off: policy removed");
         }
+        self.prevention.guarded = Some(BTreeSet::new());
         self.prevention.settled = true;
     }
 
@@ -263,6 +442,43 @@ impl Engine {
             kind: kind.to_owned(),
             namespace: None,
             name: prevent::policy_name(&self.config.fleet),
+        }
+    }
+}
+
+/// The next change of the policy or binding (`None` forever until they are watched).
+pub(super) async fn next_prevention_change(prevention: &mut Prevention) -> Option<()> {
+    match &mut prevention.watch {
+        Some((_, changes)) => changes.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Watches the policy and the binding named `name` and says (coalesced) whenever either is changed,
+/// deleted or listed again, until the receiver is gone.
+async fn watch_prevention(cluster: Cluster, name: String, tx: mpsc::Sender<()>) {
+    use kube::runtime::watcher::watcher;
+    let mut streams = Vec::new();
+    for kind in [POLICY_KIND, BINDING_KIND] {
+        let resolved = match cluster.resolve(API_VERSION, kind).await {
+            Ok(resolved) => resolved,
+            Err(error) => {
+                warn!(%kind, %error, "cannot watch the prevention policy");
+                return;
+            }
+        };
+        let api: Api<DynamicObject> = Api::all_with(cluster.client().clone(), &resolved.resource);
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        streams.push(watcher(api, config).default_backoff().boxed());
+    }
+    let mut events = futures::stream::select_all(streams);
+    while let Some(event) = events.next().await {
+        let changed = matches!(
+            event,
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
+        );
+        if changed && tx.try_send(()).is_err() && tx.is_closed() {
+            return;
         }
     }
 }

@@ -28,6 +28,8 @@ use crate::revert_request;
 
 /// Most drift records kept in memory for the heartbeat and `/status`.
 const MAX_DRIFT_RECORDS: usize = 1_000;
+/// Most holds remembered per object (by value, with when each was first seen); the oldest is forgotten.
+const MAX_HOLDS_REMEMBERED: usize = 8;
 /// How long a failed revert waits before it is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(2);
 /// The reason of the Event that opens a drift episode (the executor counts drift by it).
@@ -77,6 +79,9 @@ pub enum Action {
         reason: &'static str,
         note: String,
     },
+    /// Mark the break-glass approval on the object spent (the change it allowed was made), so that the
+    /// policy refuses a further change under it.
+    SpendApproval { key: ObjectKey, patch: Value },
     /// The object's state in the agent's status.
     SetState {
         key: ObjectKey,
@@ -148,6 +153,10 @@ pub struct DriftMachine {
     timers: BTreeMap<Instant, BTreeSet<ObjectKey>>,
     records: DriftRecords,
     hold_cap: Duration,
+    /// When each hold (an operator's `hold-until` time, a break-glass change's names) was first seen on an
+    /// object: the cap runs from there, so looking again, or the drift closing and opening again, never
+    /// extends it.
+    holds_seen: HashMap<ObjectKey, Vec<(String, Timestamp)>>,
 }
 
 impl DriftMachine {
@@ -161,6 +170,7 @@ impl DriftMachine {
             timers: BTreeMap::new(),
             records: DriftRecords::default(),
             hold_cap,
+            holds_seen: HashMap::new(),
         }
     }
 
@@ -173,6 +183,7 @@ impl DriftMachine {
         let desired = &self.desired;
         self.baseline.retain(|key, _| desired.contains_key(key));
         self.episodes.retain(|key, _| desired.contains_key(key));
+        self.holds_seen.retain(|key, _| desired.contains_key(key));
         self.contest.retain(|key| desired.contains_key(key));
     }
 
@@ -439,13 +450,8 @@ impl DriftMachine {
             .get(key)
             .filter(|d| d.prevent)
             .and_then(|_| prevent::break_glass(live));
-        let until = match drift::hold_until(live, now.wall, self.hold_cap) {
+        let until = match self.hold_deadline(key, live, break_glass.as_ref(), now.wall) {
             Ok(Some(until)) => until,
-            // A break-glass change without a hold of its own is held for the cap from its detection.
-            Ok(None) if !has_hold(live) && break_glass.is_some() => {
-                let detected = self.open_drift(key).map_or(now.wall, |r| r.detected_at);
-                prevent::break_glass_until(detected, now.wall, self.hold_cap)?
-            }
             Ok(None) => return None,
             Err(message) => {
                 warn!(%message, "ignoring a malformed hold");
@@ -465,6 +471,14 @@ impl DriftMachine {
             out.push(event(key, drift, EventType::Normal, "DriftHeld", note));
             self.set_action(key, DriftAction::Held);
             info!(%until, %setter, "drift held");
+        }
+        if let Some(names) = &break_glass
+            && live_annotation_missing(live, prevent::SPENT_ANNOTATION)
+        {
+            out.push(Action::SpendApproval {
+                key: key.clone(),
+                patch: prevent::spend_approval(names),
+            });
         }
         if let Some(names) = break_glass
             && let Some(episode) = self.episodes.get(key)
@@ -486,6 +500,39 @@ impl DriftMachine {
         let message = format!("{setter} until {until}");
         out.push(set_state(key, SyncState::Held, message));
         Some(out)
+    }
+
+    /// Until when `live` is held at `now`: by its own `hold-until` (an expired one ends any hold), else by a
+    /// break-glass change's names; either capped at the hold cap from when that hold was first seen on `key`.
+    fn hold_deadline(
+        &mut self,
+        key: &ObjectKey,
+        live: &Value,
+        break_glass: Option<&prevent::BreakGlass>,
+        now: Timestamp,
+    ) -> Result<Option<Timestamp>, String> {
+        if let Some(until) = drift::hold_annotation(live)? {
+            let since = self.first_seen(key, format!("hold-until {until}"), now);
+            return Ok(drift::capped_hold(until, since, now, self.hold_cap));
+        }
+        let Some(names) = break_glass else {
+            return Ok(None);
+        };
+        let since = self.first_seen(key, names.to_string(), now);
+        Ok(prevent::break_glass_until(since, now, self.hold_cap))
+    }
+
+    /// When the hold `what` was first seen on `key` (`now` when this is the first time).
+    fn first_seen(&mut self, key: &ObjectKey, what: String, now: Timestamp) -> Timestamp {
+        let seen = self.holds_seen.entry(key.clone()).or_default();
+        if let Some((_, at)) = seen.iter().find(|(w, _)| *w == what) {
+            return *at;
+        }
+        if seen.len() >= MAX_HOLDS_REMEMBERED {
+            seen.remove(0);
+        }
+        seen.push((what, now));
+        now
     }
 
     /// What policy does with drift that is not held: report only, back off from a war, wait out the grace
@@ -597,8 +644,8 @@ impl DriftMachine {
             DRIFT_DETECTED,
             note.clone(),
         )];
-        let held = live
-            .is_some_and(|l| matches!(drift::hold_until(l, now.wall, self.hold_cap), Ok(Some(_))));
+        let held =
+            live.is_some_and(|l| matches!(self.hold_deadline(key, l, None, now.wall), Ok(Some(_))));
         if desired.self_heal && !held {
             let (key, fields) = (key.clone(), Vec::new());
             out.push(Action::Revert { key, fields });
@@ -736,11 +783,11 @@ impl DriftMachine {
     }
 }
 
-/// True when the object carries a `windvane.io/hold-until` annotation (expired or not).
-fn has_hold(live: &Value) -> bool {
+/// True when `live` has no annotation `name`.
+fn live_annotation_missing(live: &Value, name: &str) -> bool {
     live.pointer("/metadata/annotations")
-        .and_then(|a| a.get(windvane_shared::desired::HOLD_UNTIL_ANNOTATION))
-        .is_some()
+        .and_then(|a| a.get(name))
+        .is_none()
 }
 
 /// The drift records kept, oldest first, numbered as they are made; at most [`MAX_DRIFT_RECORDS`].

@@ -280,6 +280,7 @@ impl Healer {
                     });
                 }
                 Action::Revert { key, fields } => queue.extend(self.revert(&key, &fields).await),
+                Action::SpendApproval { key, patch } => self.spend_approval(&key, &patch).await,
                 Action::RevertUnlessUndone { key, fields } => {
                     let follow = match self.live.get(&key) {
                         Some(live) if self.matches_release(&key, &live).await => {
@@ -360,6 +361,26 @@ impl Healer {
         let id = &self.machine.desired(key)?.id;
         let resolved = self.cluster.resolve(&id.api_version, &id.kind).await.ok()?;
         self.cluster.get(id, &resolved).await.ok().flatten()
+    }
+
+    /// Marks a break-glass approval spent on the object (the agent is exempt from the policy that keeps
+    /// everyone else from writing the mark).
+    async fn spend_approval(&self, key: &ObjectKey, patch: &Value) {
+        let Some(desired) = self.machine.desired(key) else {
+            return;
+        };
+        let id = &desired.id;
+        let Ok(resolved) = self.cluster.resolve(&id.api_version, &id.kind).await else {
+            return;
+        };
+        match self.cluster.merge_patch(id, &resolved, patch).await {
+            Ok(_) => {
+                info!(object = %id, "break-glass approval spent: a further change needs the revert first")
+            }
+            Err(failure) => {
+                warn!(object = %id, error = %failure.message, "cannot mark the break-glass approval spent")
+            }
+        }
     }
 
     /// Writes the release's object back; the machine's answer to the outcome comes back.

@@ -151,6 +151,7 @@ fn summary(actions: &[Action]) -> Vec<String> {
             }
             Action::Event { kind, reason, .. } => format!("{kind:?} {reason}"),
             Action::SetState { state, .. } => format!("state {state:?}"),
+            Action::SpendApproval { .. } => "spend approval".to_owned(),
         })
         .collect()
 }
@@ -415,6 +416,69 @@ async fn a_hold_defers_the_revert_until_it_ends_and_is_capped() {
     assert_eq!(machine.next_timer(), Some(Instant::now() + 24 * HOUR));
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_far_future_hold_ends_at_the_cap_from_its_first_detection_however_often_it_is_seen() {
+    let clock = Clock::new();
+    let mut machine = machine(desired(true, None));
+    let forever: Timestamp = "2099-01-01T00:00:00Z".parse().unwrap();
+    let actions = machine.on_event(
+        &key(),
+        Some(&held_until(forever, 2)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "Normal DriftHeld", "state Held"]
+    );
+    let first_end = clock.start + 24 * HOUR;
+    assert_eq!(machine.next_timer(), Some(first_end));
+    // Seen again 12 h later (a watch event, another annotation written beside it): the end does not move.
+    advance(12 * HOUR).await;
+    let again = machine.on_event(
+        &key(),
+        Some(&held_until(forever, 3)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert!(
+        message(&again).ends_with("until 2026-12-04T10:00:00Z"),
+        "{}",
+        message(&again)
+    );
+    assert_eq!(machine.next_timer(), Some(first_end));
+    // At the cap's end the hold is over: reverted, not held for another day.
+    advance(12 * HOUR).await;
+    assert_eq!(machine.due(Instant::now()).len(), 1);
+    let actions = machine.on_event(
+        &key(),
+        Some(&held_until(forever, 3)),
+        clock.now(),
+        Cause::Timer,
+    );
+    assert_eq!(summary(&actions), ["revert /data/mode"]);
+    // Nor does the same hold, still on the object, hold the next drift.
+    machine.reverted(&key(), &in_step(4), &["/data/mode".to_owned()], clock.now());
+    advance(HOUR).await;
+    let actions = machine.on_event(
+        &key(),
+        Some(&held_until(forever, 5)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "revert /data/mode"]
+    );
+    // The backstop too judges it by its first detection.
+    let actions = machine.on_backstop_drift(&key(), Some(&held_until(forever, 5)), clock.now());
+    assert!(
+        summary(&actions).contains(&"revert ".to_owned()),
+        "{:?}",
+        summary(&actions)
+    );
+}
+
 /// One take of `data.mode` by `hpa-like` a second after the last, at `version`; a revert it asks for is
 /// written at once.
 async fn take(machine: &mut DriftMachine, clock: &Clock, version: u64) -> Vec<Action> {
@@ -643,9 +707,22 @@ async fn a_two_person_break_glass_is_held_for_the_cap_naming_both_and_the_ticket
     let mut machine = machine(prevented());
     let changed = broken_glass("alice", "bob", 2);
     let actions = machine.on_event(&key(), Some(&changed), clock.now(), Cause::Watch);
+    // The approval is marked spent: it served this change.
     assert_eq!(
         summary(&actions),
-        ["Warning DriftDetected", "Normal DriftHeld", "state Held"]
+        [
+            "Warning DriftDetected",
+            "Normal DriftHeld",
+            "spend approval",
+            "state Held"
+        ]
+    );
+    let Some(Action::SpendApproval { patch, .. }) = actions.get(2) else {
+        panic!("{actions:?}")
+    };
+    assert_eq!(
+        patch["metadata"]["annotations"]["windvane.io/break-glass-spent"],
+        "break-glass by alice, approved by bob, ticket INC-7"
     );
     assert_eq!(
         message(&actions),
@@ -666,13 +743,10 @@ async fn a_two_person_break_glass_is_held_for_the_cap_naming_both_and_the_ticket
 
     // At the end of the cap it is reverted, however often it is looked at meanwhile.
     advance(HOUR).await;
-    let again = machine.on_event(
-        &key(),
-        Some(&broken_glass("alice", "bob", 3)),
-        clock.now(),
-        Cause::Watch,
-    );
-    assert_eq!(summary(&again), ["state Held"]);
+    let mut spent = broken_glass("alice", "bob", 3);
+    spent["metadata"]["annotations"]["windvane.io/break-glass-spent"] = json!("yes");
+    let again = machine.on_event(&key(), Some(&spent), clock.now(), Cause::Watch);
+    assert_eq!(summary(&again), ["state Held"], "spent once");
     advance(23 * HOUR).await;
     let actions = machine.on_event(
         &key(),
@@ -681,6 +755,41 @@ async fn a_two_person_break_glass_is_held_for_the_cap_naming_both_and_the_ticket
         Cause::Timer,
     );
     assert_eq!(summary(&actions), ["revert /data/mode"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_break_glass_expires_at_the_cap_from_its_first_detection_even_when_its_drift_reopens() {
+    let clock = Clock::new();
+    let mut machine = machine(prevented());
+    machine.on_event(
+        &key(),
+        Some(&broken_glass("alice", "bob", 2)),
+        clock.now(),
+        Cause::Watch,
+    );
+    assert_eq!(machine.next_timer(), Some(clock.start + 24 * HOUR));
+    // alice sets the field back (the drift closes), then takes it again 20 h after the first detection.
+    advance(HOUR).await;
+    let mut back = in_step(3);
+    back["metadata"]["annotations"] =
+        broken_glass("alice", "bob", 3)["metadata"]["annotations"].clone();
+    machine.on_event(&key(), Some(&back), clock.now(), Cause::Watch);
+    assert!(!machine.is_drifting(&key()));
+    advance(19 * HOUR).await;
+    machine.due(Instant::now());
+    let actions = machine.on_event(
+        &key(),
+        Some(&broken_glass("alice", "bob", 4)),
+        clock.now(),
+        Cause::Watch,
+    );
+    // Held for the 4 h left of the first day, not a fresh 24 h.
+    assert!(
+        message(&actions).ends_with("until 2026-12-04T10:00:00Z"),
+        "{}",
+        message(&actions)
+    );
+    assert_eq!(machine.next_timer(), Some(clock.start + 24 * HOUR));
 }
 
 #[tokio::test(start_paused = true)]

@@ -304,3 +304,119 @@ fn clearing_removes_every_break_glass_annotation_and_the_hold() {
         assert_eq!(annotations.get(name), Some(&Value::Null), "{name}");
     }
 }
+
+#[test]
+fn owner_references_are_owned_fields_and_the_requester_is_bound_to_the_approval() {
+    let (policy, _) = objects(&settings(), &[deployment("web", false)]).unwrap();
+    let owned = variable(&policy, "ownedChanged");
+    assert!(
+        owned.contains(
+            "has(object.metadata.ownerReferences) ? object.metadata.ownerReferences : []"
+        ),
+        "{owned}"
+    );
+    let rebind = &policy["spec"]["validations"][2];
+    let expression = rebind["expression"].as_str().unwrap();
+    assert!(
+        expression.contains(
+            "(variables.ticket == variables.oldTicket && variables.by == variables.oldBy)"
+        ),
+        "{expression}"
+    );
+    assert!(
+        rebind["message"].as_str().unwrap().contains(BY_ANNOTATION),
+        "{rebind}"
+    );
+}
+
+#[test]
+fn a_restarted_agent_knows_what_its_live_policy_guards() {
+    let (policy, _) = objects(&settings(), &[deployment("web", false)]).unwrap();
+    assert!(policy_guards(&policy, &deployment("web", true)));
+    assert!(!policy_guards(&policy, &deployment("api", false)));
+    assert!(!policy_guards(&json!({}), &deployment("web", false)));
+}
+
+#[test]
+fn any_break_glass_annotation_is_noticed() {
+    assert!(has_break_glass_annotations(&annotated(
+        json!({APPROVER_ANNOTATION: "bob"})
+    )));
+    assert!(has_break_glass_annotations(&annotated(
+        json!({TICKET_ANNOTATION: "INC-1"})
+    )));
+    assert!(!has_break_glass_annotations(&annotated(json!({"x": "y"}))));
+    assert!(!has_break_glass_annotations(&json!({})));
+}
+
+#[test]
+fn a_live_object_with_defaults_is_as_applied_until_a_field_is_changed_or_removed() {
+    let wanted = json!({"spec": {"rules": [{"a": 1}], "actions": ["Deny"]}});
+    let defaulted =
+        json!({"spec": {"rules": [{"a": 1, "scope": "*"}], "actions": ["Deny"], "x": true}});
+    assert!(still_as_applied(&defaulted, &wanted));
+    let edited = json!({"spec": {"rules": [{"a": 1}], "actions": ["Audit"]}});
+    assert!(!still_as_applied(&edited, &wanted));
+    let added = json!({"spec": {"rules": [{"a": 1}, {"a": 2}], "actions": ["Deny"]}});
+    assert!(!still_as_applied(&added, &wanted));
+    assert!(!still_as_applied(&json!({}), &wanted));
+}
+
+#[test]
+fn a_policy_is_tampered_with_when_gone_changed_or_added_to_by_someone_else() {
+    let wanted = json!({"metadata": {"name": "p"}, "spec": {"validationActions": ["Deny"]}});
+    assert_eq!(
+        tampered(None, &wanted, "windvane").as_deref(),
+        Some("deleted")
+    );
+    let ours = json!({"metadata": {"name": "p", "managedFields": [
+        {"manager": "windvane", "operation": "Apply", "fieldsV1": {"f:spec": {"f:validationActions": {}}}}
+    ]}, "spec": {"validationActions": ["Deny"], "matchResources": {"matchPolicy": "Equivalent"}}});
+    assert_eq!(tampered(Some(&ours), &wanted, "windvane"), None);
+    let mut audit = ours.clone();
+    audit["spec"]["validationActions"] = json!(["Deny", "Audit"]);
+    assert!(tampered(Some(&audit), &wanted, "windvane").is_some());
+    let mut added = ours.clone();
+    added["metadata"]["managedFields"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"manager": "kubectl-patch", "operation": "Update", "fieldsV1": {"f:spec": {"f:matchConditions": {}}}}));
+    let why = tampered(Some(&added), &wanted, "windvane").unwrap();
+    assert!(why.contains("kubectl-patch"), "{why}");
+    // Someone else's labels on it are not the policy's business.
+    let mut labelled = ours;
+    labelled["metadata"]["managedFields"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"manager": "kubectl-label", "operation": "Update", "fieldsV1": {"f:metadata": {"f:labels": {}}}}));
+    assert_eq!(tampered(Some(&labelled), &wanted, "windvane"), None);
+}
+
+#[test]
+fn an_approval_serves_one_change_and_only_the_agent_marks_it_spent() {
+    let (policy, _) = objects(&settings(), &[deployment("web", false)]).unwrap();
+    let validations = policy["spec"]["validations"].as_array().unwrap();
+    let last = validations.last().unwrap()["expression"].as_str().unwrap();
+    assert!(last.ends_with("&& variables.oldSpent == '')"), "{last}");
+    assert!(validations.iter().any(|v| {
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("written by the Windvane agent only")
+    }));
+    let names = BreakGlass {
+        by: "alice".into(),
+        approver: "bob".into(),
+        ticket: "INC-1".into(),
+    };
+    assert_eq!(
+        spend_approval(&names)["metadata"]["annotations"][SPENT_ANNOTATION],
+        "break-glass by alice, approved by bob, ticket INC-1"
+    );
+    assert!(
+        clear_break_glass()["metadata"]["annotations"]
+            .as_object()
+            .unwrap()
+            .contains_key(SPENT_ANNOTATION)
+    );
+}

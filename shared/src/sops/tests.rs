@@ -479,3 +479,24 @@ fn a_file_sealed_to_a_clusters_enrolled_key_opens_with_that_key_only() {
         Err(Error::SopsNoKey { .. })
     ));
 }
+
+#[test]
+fn a_recipient_is_checked_against_the_key_id_it_claims() {
+    for seed in [1u8, 2, 3, 77, 200] {
+        let key = crate::keys::signing_key_from_seed([seed; 32]).verifying_key();
+        let recipient = cluster_recipient(&key);
+        assert!(
+            recipient_of_keyid(&recipient, &crate::keys::keyid(&key)),
+            "seed {seed}"
+        );
+        let other = crate::keys::signing_key_from_seed([seed.wrapping_add(1); 32]).verifying_key();
+        assert!(!recipient_of_keyid(&recipient, &crate::keys::keyid(&other)));
+        assert!(!recipient_of_keyid(
+            &cluster_recipient(&other),
+            &crate::keys::keyid(&key)
+        ));
+    }
+    assert!(!recipient_of_keyid("age1notbech32", "00"));
+    let (_, generated) = Keyring::generate();
+    assert!(!recipient_of_keyid(&generated, &"0".repeat(64)));
+}
