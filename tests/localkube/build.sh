@@ -5,15 +5,17 @@
 # (tests/src/localkube.rs) looks for it.
 #
 # --version 1.37 (the default, the newest Kubernetes minor Windvane supports)
-# builds from go.mod; --version 1.34 (the oldest) builds from go.1.34.mod with
-# the k8s134 build tag (compat_k8s134.go) into target/localkube/1.34/localkube.
-# The Go sources are shared; only the module file and that tag differ.
+# builds from go.mod; --version 1.34 (the oldest), 1.35 or 1.36 builds from
+# go.1.3X.mod with the k8s13X build tag into target/localkube/1.3X/localkube.
+# The Go sources are shared; only the module file and that tag differ (the
+# shims each minor needs are listed in compat_k8s137.go). All minors share
+# Go's module and build caches.
 #
 # Needs only Go (the version in go.mod or newer) and the Go module proxy:
 # modules are downloaded into the usual GOMODCACHE and compiled packages are
 # kept in the usual GOCACHE, so a second build takes seconds.
 #
-# Usage: tests/localkube/build.sh [--version 1.34|1.37] [extra go build flags...]
+# Usage: tests/localkube/build.sh [--version 1.34|1.35|1.36|1.37] [extra go build flags...]
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -21,7 +23,7 @@ root="$(cd "$here/../.." && pwd)"
 
 version=1.37
 if [ "${1:-}" = "--version" ]; then
-	version="${2:?--version needs 1.34 or 1.37}"
+	version="${2:?--version needs 1.34, 1.35, 1.36 or 1.37}"
 	shift 2
 fi
 case "$version" in
@@ -29,12 +31,12 @@ case "$version" in
 	out="$root/target/localkube/localkube"
 	modflags=(-mod=readonly)
 	;;
-1.34)
-	out="$root/target/localkube/1.34/localkube"
-	modflags=(-mod=readonly -modfile=go.1.34.mod -tags=k8s134)
+1.34 | 1.35 | 1.36)
+	out="$root/target/localkube/$version/localkube"
+	modflags=(-mod=readonly -modfile="go.$version.mod" -tags="k8s1${version#1.}")
 	;;
 *)
-	echo "build.sh: unsupported --version $version (supported: 1.34, 1.37)" >&2
+	echo "build.sh: unsupported --version $version (supported: 1.34, 1.35, 1.36, 1.37)" >&2
 	exit 2
 	;;
 esac
@@ -42,7 +44,7 @@ esac
 mkdir -p "$(dirname "$out")"
 cd "$here"
 
-# -mod=readonly: go.mod and go.sum (go.1.34.*) are committed and must not change here.
+# -mod=readonly: go.mod and go.sum (go.1.3X.*) are committed and must not change here.
 # -buildvcs=false: no git stamp, so a commit elsewhere does not force a relink
 # (and a checkout without git still builds).
 # -trimpath keeps absolute paths of this checkout out of the binary; it is

@@ -3,43 +3,16 @@
 package main
 
 import (
-	"io"
-
-	"k8s.io/apimachinery/pkg/util/version"
-	utilfeature "k8s.io/apiserver/pkg/util/feature"
-	clientgofeaturegate "k8s.io/client-go/features"
 	basecompatibility "k8s.io/component-base/compatibility"
 	"k8s.io/component-base/featuregate"
-	"k8s.io/klog/v2"
 )
 
 // kubeMinor: built with go.1.34.mod and -tags k8s134 (build.sh --version 1.34),
-// the oldest Kubernetes minor Windvane supports. See compat_k8s137.go.
+// the oldest Kubernetes minor Windvane supports. What each minor needs is
+// listed in compat_k8s137.go.
 const kubeMinor = "34"
 
-// beforeAPIServerFlags turns WatchListClient on in the process-wide feature
-// gate before kube-apiserver's flags close it. kube-controller-manager 1.34
-// does exactly that in its own Flags(), on the process-wide gate; in one
-// process that gate is already closed by then and it would panic. Upstream the
-// controller manager runs with it on, so the in-process one does too.
-func beforeAPIServerFlags() error {
-	name := featuregate.Feature(clientgofeaturegate.WatchListClient)
-	if utilfeature.DefaultFeatureGate.Enabled(name) {
-		return nil
-	}
-	return utilfeature.DefaultMutableFeatureGate.OverrideDefaultAtVersion(name, true, version.MustParse("1.34"))
-}
-
-// klogStderrSettings: klog v2.130 (1.34's) has no
-// legacy_stderr_threshold_behavior and ignores stderrthreshold under
-// logtostderr, so log "to files" instead, discard the files' copy, and let
-// stderrthreshold pick what reaches stderr.
-func klogStderrSettings() map[string]string {
-	klog.SetOutput(io.Discard)
-	return map[string]string{"logtostderr": "false", "alsologtostderr": "false"}
-}
-
 // setMinCompatibilityVersion: a 1.34 feature gate has no minimum compatibility
-// version; the effective version keeps its default.
+// version (it came in 1.35); the effective version keeps its default.
 func setMinCompatibilityVersion(basecompatibility.MutableEffectiveVersion, featuregate.MutableVersionedFeatureGate) {
 }
