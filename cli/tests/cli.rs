@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{fails, ok};
+use common::{fails, ok, windvane};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -390,12 +390,22 @@ fn build_names_the_file_and_document_of_a_bad_manifest() {
     )
     .unwrap();
     let out_file = ws.p("bundle.json");
-    let err = fails(&["build", path(&fleet), "-o", path(&out_file)]);
+    // A YAML 1.1 form is refused, naming file, line and the two readings, only with --strict.
+    let err = fails(&["build", "--strict", path(&fleet), "-o", path(&out_file)]);
     assert!(
-        err.contains("apps/api/extra.yaml") && err.contains("0644") && err.contains("0o644"),
+        err.contains("apps/api/extra.yaml:11:9") && err.contains("0644") && err.contains("420"),
         "{err}"
     );
     assert!(!out_file.exists(), "nothing written on failure");
+    // Without it the file is read as kubectl reads it (420), with a warning naming the same place.
+    let out = windvane(&["build", path(&fleet), "-o", path(&out_file)]);
+    let warned = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{warned}");
+    assert!(
+        warned.contains("warning: apps/api/extra.yaml:11:9") && warned.contains("420"),
+        "{warned}"
+    );
+    std::fs::remove_file(&out_file).unwrap();
 
     std::fs::write(
         fleet.join("apps/api/extra.yaml"),
