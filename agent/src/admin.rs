@@ -9,8 +9,9 @@
 //!   network), and a NetworkPolicy can narrow who reaches them.
 //! - At most [`MAX_CONNECTIONS`] connections are open at once; a new one closes the oldest, so that a probe
 //!   always gets in, however many connections a client leaves open.
-//! - A client has [`HEADER_READ_TIMEOUT`] to send its request's headers (idle keep-alive connections too),
-//!   so a silent or trickling client frees its connection on its own.
+//! - A client has [`HEADER_READ_TIMEOUT`] to send its request's headers, so a silent or trickling client
+//!   frees its connection on its own; a connection serves one request (no keep-alive), so no idle
+//!   connection is ever closed under a client about to reuse it.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -78,7 +79,11 @@ pub async fn serve(
                     let response = respond(&request, &status, &metrics);
                     async move { Ok::<_, Infallible>(response) }
                 });
+                // One request per connection: probes and scrapers open a connection each time anyway, and a
+                // kept-alive connection the header timeout closes while idle races the client's next request
+                // on it (a reset instead of an answer).
                 let connection = hyper::server::conn::http1::Builder::new()
+                    .keep_alive(false)
                     .timer(TokioTimer::new())
                     .header_read_timeout(HEADER_READ_TIMEOUT)
                     .serve_connection(TokioIo::new(stream), service);
