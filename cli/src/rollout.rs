@@ -212,6 +212,16 @@ pub fn rollout(args: RolloutArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `trusted` and the signer's own key: what a pointer this signer or a trusted key signed verifies with.
+fn with_own_key(
+    trusted: &keys::TrustedKeys,
+    key: &ed25519_dalek::SigningKey,
+) -> anyhow::Result<keys::TrustedKeys> {
+    let mut all = trusted.clone();
+    all.insert(key.verifying_key())?;
+    Ok(all)
+}
+
 fn signing_key(args: &SignArgs) -> anyhow::Result<(ed25519_dalek::SigningKey, keys::TrustedKeys)> {
     let pem = super::read_text(&args.key)?;
     let key = keys::signing_key_from_pem(&pem, &args.key.display().to_string())?;
@@ -250,8 +260,7 @@ fn halt(args: SignArgs, halted: bool) -> anyhow::Result<()> {
 pub fn rollback(args: RollbackArgs) -> anyhow::Result<()> {
     let sign = &args.sign;
     let (key, trusted) = signing_key(sign)?;
-    let mut all = trusted.clone();
-    all.insert(key.verifying_key())?;
+    let all = with_own_key(&trusted, &key)?;
     let asked = store::history::Asked {
         channel: &sign.channel,
         fleet: sign.fleet.fleet.as_deref(),
@@ -427,8 +436,7 @@ pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
         trusted_keys: args.trusted_keys.clone(),
         fleet: args.fleet.clone(),
     })?;
-    let mut all = trusted.clone();
-    all.insert(key.verifying_key())?;
+    let all = with_own_key(&trusted, &key)?;
     let asked = store::history::Asked {
         channel: &args.from,
         fleet: args.fleet.fleet.as_deref(),
