@@ -346,12 +346,14 @@ fn engine(name: &str) -> PathBuf {
 
 /// `windvane build` of `tree` with the given helm and the real kustomize; its stderr when it fails.
 fn build_fails(tree: &Path, helm: &Path, env: &[(&str, &str)]) -> String {
+    // Its own output directory: tests run at once, and a shared path would make two builds race on one file.
+    let out_dir = tempfile::TempDir::new().expect("a temporary directory");
     let out = Command::new(binary("windvane").expect("the windvane binary"))
         .args([
             "build",
             &tree.display().to_string(),
             "--output",
-            &tree.join("../bundle.json").display().to_string(),
+            &out_dir.path().join("bundle.json").display().to_string(),
         ])
         .env("WINDVANE_HELM", helm)
         .env("WINDVANE_KUSTOMIZE", engine("kustomize"))

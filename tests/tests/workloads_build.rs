@@ -295,7 +295,10 @@ fn windvane(args: &[&str]) -> anyhow::Result<Output> {
 
 /// `windvane build` of `tree` (with `extra` flags): the bundle and standard error, or the error's text.
 fn build(tree: &FleetTree, extra: &[&str]) -> anyhow::Result<Result<(Value, String), String>> {
-    let out = tree.path().join("../bundle.json");
+    // Its own directory: every test of this file builds at once, and a shared `../bundle.json`
+    // (the parent of each tree is the same temp root) made two builds race on one file.
+    let out_dir = tempfile::TempDir::new()?;
+    let out = out_dir.path().join("bundle.json");
     let source = tree.path().display().to_string();
     let output_path = out.display().to_string();
     let mut args = vec!["build", source.as_str(), "-o", output_path.as_str()];
@@ -306,7 +309,6 @@ fn build(tree: &FleetTree, extra: &[&str]) -> anyhow::Result<Result<(Value, Stri
         return Ok(Err(stderr));
     }
     let bundle = serde_json::from_slice(&std::fs::read(&out)?)?;
-    std::fs::remove_file(&out)?;
     Ok(Ok((bundle, stderr)))
 }
 
