@@ -18,12 +18,13 @@ use windvane_shared::heartbeat::{
     EnrollRequest, HEARTBEAT_PAYLOAD_TYPE, MAX_DRIFT_RECORDS_PER_HEARTBEAT,
 };
 use windvane_shared::keys::{keyid, verifying_key_from_pem, verifying_key_to_pem};
-use windvane_source_server::server::db::{ClusterSummary, DriftEntry, VerifiedHeartbeat};
-use windvane_source_server::server::ingest::{
+use windvane_source_server::db::{ClusterSummary, DriftEntry, VerifiedHeartbeat};
+use windvane_source_server::ingest::{
     ClusterKey, MAX_INTERVAL_SECONDS, check_enroll, check_heartbeat,
 };
-use windvane_source_server::server::status::Filter;
-use windvane_source_server::server::{break_glass, page, view};
+use windvane_source_server::fleet::status::Filter;
+use windvane_source_server::fleet::{page, view};
+use windvane_source_server::notify::break_glass;
 
 const MAX_SKEW: Duration = Duration::from_secs(300);
 

@@ -29,13 +29,13 @@ use windvane_shared::digest::is_sha256_hex;
 use windvane_shared::heartbeat::{EnrollRequest, MAX_HEARTBEAT_BYTES};
 use windvane_shared::keys::verifying_key_to_pem;
 use windvane_shared::selector::LabelSelector;
-use windvane_source_server::server::auth::credential;
-use windvane_source_server::server::ingest::{ClusterKey, check_enroll, check_heartbeat};
-use windvane_source_server::server::route::{
+use windvane_source_server::http::auth::credential;
+use windvane_source_server::ingest::{ClusterKey, check_enroll, check_heartbeat};
+use windvane_source_server::http::route::{
     Route, accepts_gzip, if_none_match, query_param, query_params, route, valid_cluster_name,
 };
-use windvane_source_server::server::status::Filter;
-use windvane_source_server::server::view::parse_since;
+use windvane_source_server::fleet::status::Filter;
+use windvane_source_server::fleet::view::parse_since;
 use windvane_store::{bundle_path, channel_path, check_channel_name};
 
 fn runtime() -> &'static tokio::runtime::Runtime {

@@ -9,10 +9,10 @@ use jiff::Timestamp;
 use windvane_shared::heartbeat::{DriftAction, DriftRecord};
 use windvane_shared::keys::{keyid, verifying_key_to_pem};
 use windvane_shared::status::SyncState;
-use windvane_source_server::server::db::EpisodeClaim::{self, Close, Open, Within};
-use windvane_source_server::server::db::postgres::PostgresDb;
-use windvane_source_server::server::db::sqlite::SqliteDb;
-use windvane_source_server::server::db::{
+use windvane_source_server::db::EpisodeClaim::{self, Close, Open, Within};
+use windvane_source_server::db::postgres::PostgresDb;
+use windvane_source_server::db::sqlite::SqliteDb;
+use windvane_source_server::db::{
     Database, EnrollOutcome, Enrollment, IngestOutcome, NewDelivery, Settled, VerifiedHeartbeat,
 };
 use windvane_tests::heartbeat_agent::SimulatedAgent;
@@ -385,7 +385,7 @@ async fn sqlite_moves_an_old_heartbeat_log() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir
         .path()
-        .join(windvane_source_server::server::db::sqlite::FILE_NAME);
+        .join(windvane_source_server::db::sqlite::FILE_NAME);
     rusqlite::Connection::open(&file)
         .and_then(|c| c.execute_batch(OLD_LOG))
         .expect("old layout");

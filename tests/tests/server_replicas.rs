@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use windvane_shared::status::SyncState;
-use windvane_source_server::server::outbox;
+use windvane_source_server::notify::outbox;
 use windvane_tests::haproxy::{LoadBalancer, PROXY_SOURCE};
 use windvane_tests::heartbeat_agent::{Answer, SimulatedAgent};
 use windvane_tests::http::{client, get_json, json_body};

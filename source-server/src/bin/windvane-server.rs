@@ -1,6 +1,6 @@
 //! `windvane-server`: the source server daemon. Parses the command line (every flag also reads a
 //! `WINDVANE_*` environment variable), reads the token and notification files, sets up logging, and runs
-//! [`windvane_source_server::server::Server`] until SIGINT or SIGTERM.
+//! [`windvane_source_server::Server`] until SIGINT or SIGTERM.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,9 +9,9 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use windvane_shared::duration::parse_duration;
-use windvane_source_server::server::auth::TokenHash;
-use windvane_source_server::server::forwarded::AddressBlock;
-use windvane_source_server::server::{self, ServeConfig, Server, notify};
+use windvane_source_server::http::auth::TokenHash;
+use windvane_source_server::http::forwarded::AddressBlock;
+use windvane_source_server::{self as server, ServeConfig, Server, notify};
 
 /// Windvane source server: serves the release store, ingests signed heartbeats, and shows the fleet.
 #[derive(Debug, Parser)]
@@ -202,7 +202,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         audit_export: args
             .audit_export
             .as_deref()
-            .map(server::audit::AuditTarget::parse),
+            .map(notify::audit::AuditTarget::parse),
         drift_retention: args.drift_retention,
         rekey_ttl: args.rekey_ttl,
         max_held_polls_per_client: args.max_held_polls_per_client,

@@ -45,8 +45,8 @@ use windvane_shared::release::{
 use windvane_shared::render::ClusterIdentity;
 use windvane_shared::rollout::{self, RolloutView, WaveDecision};
 use windvane_shared::status::SyncState;
-use windvane_source_server::server::db::Database as _;
-use windvane_source_server::server::db::sqlite::SqliteDb;
+use windvane_source_server::db::Database as _;
+use windvane_source_server::db::sqlite::SqliteDb;
 use windvane_tests::fleet::{FleetTree, Publisher};
 
 use crate::agent::Memory;

@@ -31,8 +31,8 @@ use windvane_shared::heartbeat::{
 };
 use windvane_shared::keys::{signing_key_from_seed, verifying_key_to_pem};
 use windvane_shared::status::SyncState;
-use windvane_source_server::server::db::Database as _;
-use windvane_source_server::server::db::sqlite::SqliteDb;
+use windvane_source_server::db::Database as _;
+use windvane_source_server::db::sqlite::SqliteDb;
 use windvane_tests::process::{ChildProcess, free_port};
 
 use crate::drift::quantile;

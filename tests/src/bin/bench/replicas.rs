@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use ed25519_dalek::SigningKey;
-use windvane_source_server::server::db::Database as _;
-use windvane_source_server::server::db::postgres::PostgresDb;
-use windvane_source_server::server::db::sqlite::SqliteDb;
+use windvane_source_server::db::Database as _;
+use windvane_source_server::db::postgres::PostgresDb;
+use windvane_source_server::db::sqlite::SqliteDb;
 use windvane_tests::haproxy::LoadBalancer;
 use windvane_tests::postgres::Postgres;
 

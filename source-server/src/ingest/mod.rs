@@ -5,6 +5,17 @@
 //! request only after its batch committed. When the queue is full the handler answers 429 with
 //! `Retry-After` at once: a slow disk sheds load instead of growing memory or latency.
 
+//!
+//! This folder is stage 3 of the server: data comes from [`crate::http`] (request bodies), is checked here
+//! (signatures in batches by [`verify`]), and goes to [`crate::db`] and, once committed, to
+//! [`crate::notify`] and the audit export. [`enroll`], [`heartbeat`] and [`admin`] (rekey, forget: a
+//! binding's lifecycle) are the HTTP handlers around these checks.
+
+pub(crate) mod admin;
+pub(crate) mod enroll;
+pub(crate) mod heartbeat;
+pub mod verify;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,10 +31,9 @@ use windvane_shared::heartbeat::{
 };
 use windvane_shared::keys::{self, TrustedKeys};
 
-use super::db::{Database, Db, IngestOutcome, VerifiedHeartbeat};
-use super::metrics::{HeartbeatResult, Metrics};
-use super::notify;
-use super::verify;
+use crate::db::{Database, Db, IngestOutcome, VerifiedHeartbeat};
+use crate::fleet::metrics::{HeartbeatResult, Metrics};
+use crate::notify;
 
 /// Longest interval an agent may announce (the grace period is a multiple of it).
 pub const MAX_INTERVAL_SECONDS: u64 = 24 * 3600;
@@ -476,7 +486,7 @@ pub async fn run_writer(
                             .drift
                             .iter()
                             .map(|r| {
-                                super::audit::line(
+                                notify::audit::line(
                                     &h.cluster,
                                     h.source.applied_serial,
                                     heartbeat.received_at,

@@ -10,16 +10,16 @@ use hyper::{Request, Response, StatusCode};
 use jiff::Timestamp;
 use windvane_shared::heartbeat::{EnrollReply, EnrollRequest};
 
-use crate::server::App;
-use crate::server::db::{Database, EnrollOutcome, Enrollment};
-use crate::server::ingest::{self, Refusal};
+use crate::db::{Database, EnrollOutcome, Enrollment};
+use crate::http::App;
+use crate::ingest::{self, Refusal};
 
-use super::{
-    Body, MAX_SMALL_BODY, heartbeat, json, json_error, rate_limited, read_body, refusal_response,
-    token_failed,
+use crate::http::handlers::{
+    Body, MAX_SMALL_BODY, json, json_error, rate_limited, read_body, refusal_response, token_failed,
 };
+use crate::ingest::heartbeat;
 
-pub(super) async fn handle(
+pub(crate) async fn handle(
     app: &Arc<App>,
     request: Request<Incoming>,
     cluster: &str,

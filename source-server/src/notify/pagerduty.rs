@@ -4,14 +4,14 @@
 //! raises folds into one incident and its recovery resolves exactly that incident; the next episode gets a
 //! new key. Critical drift reported while the cluster is not alerting (already reverted) has no episode to
 //! join: it triggers an incident of its own, keyed by the object within the episode, for a person to
-//! resolve. The notifier ([`super::notify`]) claims, dedupes and delivers, as JSON with markup characters
-//! escaped ([`super::escape::json`]); the summary, the incident's title, is kept to one line.
+//! resolve. The notifier ([`crate::notify`]) claims, dedupes and delivers, as JSON with markup characters
+//! escaped ([`crate::notify::escape::json`]); the summary, the incident's title, is kept to one line.
 
 use serde_json::{Value, json};
 
-use super::escape;
-use super::notify::{Notification, Severity};
-use super::status;
+use crate::fleet::status;
+use crate::notify::escape;
+use crate::notify::{Notification, Severity};
 
 /// The Events API v2 endpoint.
 pub const EVENTS_URL: &str = "https://events.pagerduty.com/v2/enqueue";
@@ -98,8 +98,8 @@ mod tests {
     use windvane_shared::heartbeat::{DriftAction, DriftRecord};
 
     use super::*;
-    use crate::server::db::EpisodeClaim;
-    use crate::server::status::ClusterState;
+    use crate::db::EpisodeClaim;
+    use crate::fleet::status::ClusterState;
 
     fn notification(trigger: &str, state: ClusterState, episode: u64) -> Notification {
         Notification {

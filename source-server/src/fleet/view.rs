@@ -10,8 +10,8 @@ use jiff::Timestamp;
 pub use windvane_shared::fleet_api::{ClusterDetail, ClusterRow, FleetView};
 use windvane_shared::heartbeat::Heartbeat;
 
-use super::db::ClusterSummary;
-use super::status::{self, ClusterFacts, Filter};
+use crate::db::ClusterSummary;
+use crate::fleet::status::{self, ClusterFacts, Filter};
 
 /// Builds one row.
 pub fn cluster_row(
@@ -119,7 +119,7 @@ pub fn human_age(seconds: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::status::ClusterState;
+    use crate::fleet::status::ClusterState;
     use windvane_shared::status::SyncState;
 
     fn at(s: i64) -> Timestamp {

@@ -4,7 +4,7 @@
 //! The accept loop admits each new connection into a [`Connections`] table. While the table is full, the
 //! oldest connection with no request in progress (an idle keep-alive connection, or a client still sending
 //! its request line and headers) — or only holding a long poll ([`Busy::hold_poll`]) — makes room: an idle
-//! one is told to close, a held poll to answer and close ([`super::long_poll`]); so anonymous polls cannot
+//! one is told to close, a held poll to answer and close ([`crate::serve::long_poll`]); so anonymous polls cannot
 //! keep a heartbeat out, and a fresh connection is not evicted in favour of polls held since long before.
 //! When every connection is busy with another request, the newcomer is closed at once. Busy slots free
 //! themselves: hyper's header-read timeout and the handlers' body timeout bound how long a request can take

@@ -11,16 +11,16 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use jiff::{SignedDuration, Timestamp};
 
-use crate::server::App;
-use crate::server::auth;
-use crate::server::db::Database;
+use crate::db::Database;
+use crate::http::App;
+use crate::http::auth;
 
-use super::{
-    Body, MAX_SMALL_BODY, heartbeat, json, json_error, rate_limited, read_body, refusal_response,
-    token_failed,
+use crate::http::handlers::{
+    Body, MAX_SMALL_BODY, json, json_error, rate_limited, read_body, refusal_response, token_failed,
 };
+use crate::ingest::heartbeat;
 
-pub(super) async fn handle(
+pub(crate) async fn handle(
     app: &Arc<App>,
     request: Request<Incoming>,
     cluster: &str,

@@ -8,13 +8,13 @@ use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 
-use crate::server::App;
-use crate::server::conns;
-use crate::server::files::{CachedFile, FileError, FileKind};
-use crate::server::long_poll::{self, HoldEnd};
-use crate::server::route::{self};
+use crate::http::App;
+use crate::http::conns;
+use crate::http::route::{self};
+use crate::serve::files::{CachedFile, FileError, FileKind};
+use crate::serve::long_poll::{self, HoldEnd};
 
-use super::{Body, JSON, NOSNIFF, json_error};
+use crate::http::handlers::{Body, JSON, NOSNIFF, json_error};
 
 static CACHE_POINTER: HeaderValue = HeaderValue::from_static("no-cache");
 static CACHE_BUNDLE: HeaderValue = HeaderValue::from_static("public, max-age=31536000, immutable");
@@ -28,7 +28,7 @@ static PREFERENCE_APPLIED: header::HeaderName =
 /// unchanged ([`long_poll`]), and any answer to a `Prefer: wait` says `Preference-Applied: wait=N` — except
 /// a poll evicted to make room, which closes its connection and says nothing, so the agent polls on its
 /// interval next.
-pub(super) async fn serve_pointer(
+pub(crate) async fn serve_pointer(
     app: &Arc<App>,
     request: &Request<Incoming>,
     channel: &str,
@@ -68,7 +68,7 @@ pub(super) async fn serve_pointer(
 
 static PREFER: header::HeaderName = header::HeaderName::from_static("prefer");
 
-pub(super) fn serve_file(
+pub(crate) fn serve_file(
     request: &Request<Incoming>,
     file: Result<Arc<CachedFile>, FileError>,
 ) -> Response<Body> {

@@ -20,7 +20,7 @@ use super::{
     check_sequence, decide_enroll, decide_episode, episode_key, from_ms, id_ranges,
     labels_from_json, rekey_deadline, schema, to_i64, to_u64,
 };
-use crate::server::status::parse_sync_state;
+use crate::fleet::status::parse_sync_state;
 use crate::{Error, Result};
 
 /// The database file's name under `--data`.

@@ -7,11 +7,11 @@
 //! [`windvane_shared::rollout::rollout_view`].
 //!
 //! Views are built at most once a second per channel and served as cached bytes with an ETag
-//! ([`crate::server::rollout_cache`]); `If-None-Match` gets `304`. Agents ask for `?summary=1`: every
+//! ([`crate::serve::rollout_cache`]); `If-None-Match` gets `304`. Agents ask for `?summary=1`: every
 //! wave's counts and only its clusters not done (at most 20), O(waves) instead of O(fleet).
 //!
 //! Access: the read token when one is set — or the fleet registration token, which every agent holds; wrong
-//! tokens count against the client's address ([`super::check_token`]).
+//! tokens count against the client's address ([`crate::http::handlers::check_token`]).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -25,16 +25,17 @@ use jiff::Timestamp;
 use windvane_shared::release::ReleasePointer;
 use windvane_shared::rollout::{ClusterFacts, Rollout, RolloutView, rollout_view};
 
-use crate::server::App;
-use crate::server::db::Database;
-use crate::server::view::ClusterRow;
-use crate::server::{auth, page, route, view};
+use crate::db::Database;
+use crate::fleet::view::ClusterRow;
+use crate::fleet::{page, view};
+use crate::http::App;
+use crate::http::{auth, route};
 
-use super::{Body, JSON, TokenCheck, check_token, html, json_error};
+use crate::http::handlers::{Body, JSON, TokenCheck, check_token, html, json_error};
 
 /// Which representation a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Form {
+pub(crate) enum Form {
     /// `GET /rollouts/CHANNEL`.
     Page,
     /// `GET /api/v1/rollouts/CHANNEL`: every cluster of every wave.
@@ -46,7 +47,7 @@ pub(super) enum Form {
 
 impl Form {
     /// The JSON form a query asks for.
-    pub(super) fn of_query(query: Option<&str>) -> Form {
+    pub(crate) fn of_query(query: Option<&str>) -> Form {
         let summary = query
             .unwrap_or_default()
             .split('&')
@@ -55,7 +56,7 @@ impl Form {
     }
 }
 
-pub(super) async fn handle(
+pub(crate) async fn handle(
     app: &Arc<App>,
     request: &Request<Incoming>,
     channel: &str,
@@ -250,7 +251,7 @@ fn view_of(
 /// The rollout metrics of every channel the fleet's clusters follow, in Prometheus text:
 /// `windvane_rollout_clusters{channel,wave,phase}`, `windvane_rollout_serial{channel}`,
 /// `windvane_rollout_complete{channel}` and `windvane_rollout_halted{channel}`.
-pub(super) fn metrics(app: &App, rows: &[ClusterRow], now: Timestamp) -> String {
+pub(crate) fn metrics(app: &App, rows: &[ClusterRow], now: Timestamp) -> String {
     let channels: std::collections::BTreeSet<&str> =
         rows.iter().filter_map(|r| r.channel.as_deref()).collect();
     let views: Vec<RolloutView> = channels

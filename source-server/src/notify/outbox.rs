@@ -1,5 +1,5 @@
 //! The notification sender: delivers what the notifier queued in the database's outbox (a notification is
-//! claimed and its deliveries queued in one transaction, [`crate::server::notify`]). On several replicas only
+//! claimed and its deliveries queued in one transaction, [`crate::notify`]). On several replicas only
 //! the one that leads sends ([`Database::lead_notifications`]: a PostgreSQL session advisory lock, taken over
 //! by another replica within a tick when the leader's connection ends), so each notification is sent once for
 //! the fleet, and a replica that dies with deliveries pending leaves them to the next leader. A delivery taken
@@ -15,9 +15,9 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use tokio::sync::Semaphore;
 
-use super::db::{Database, Db, QueuedDelivery, Settled};
-use super::metrics::Metrics;
-use super::notify::{Config, MAX_ATTEMPTS, backoff};
+use crate::db::{Database, Db, QueuedDelivery, Settled};
+use crate::fleet::metrics::Metrics;
+use crate::notify::{Config, MAX_ATTEMPTS, backoff};
 
 /// How often the sender looks for due deliveries (and whether it leads).
 pub const TICK: Duration = Duration::from_millis(250);

@@ -41,9 +41,9 @@ pub fn line(
     received_at: Timestamp,
     record: &DriftRecord,
 ) -> String {
-    // Escaped like every JSON body the server sends ([`crate::server::escape::json`]): a log pipeline that
+    // Escaped like every JSON body the server sends ([`crate::notify::escape::json`]): a log pipeline that
     // renders a line as HTML gets no markup from a cluster.
-    crate::server::escape::json(&json!({
+    crate::notify::escape::json(&json!({
         "cluster": cluster,
         "release": serial,
         "app": record.app,
@@ -131,7 +131,7 @@ async fn post(client: &reqwest::Client, url: &str, text: String) -> Result<(), S
         }
         tracing::warn!(error = %last, attempt, "audit export attempt failed");
         if attempt < MAX_ATTEMPTS {
-            tokio::time::sleep(super::notify::backoff(attempt)).await;
+            tokio::time::sleep(crate::notify::backoff(attempt)).await;
         }
     }
     Err(last)

@@ -12,12 +12,9 @@
 //! [`heartbeat`], [`admin`] (rekey, forget) and [`read`] (page, JSON API, metrics, readiness); this file
 //! dispatches and holds what they share (bounded body reads, the token limiter's answers, response shapes).
 
-mod admin;
-mod enroll;
-mod heartbeat;
-mod read;
-mod rollout;
-mod store;
+use crate::fleet::{read, rollout};
+use crate::ingest::{admin, enroll, heartbeat};
+use crate::serve::handlers as store;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -32,24 +29,24 @@ use serde::Serialize;
 
 use jiff::Timestamp;
 
-use super::App;
-use super::db::Database;
-use super::forwarded;
-use super::ingest::Refusal;
-use super::route::{self, Route};
+use crate::db::Database;
+use crate::http::App;
+use crate::http::forwarded;
+use crate::http::route::{self, Route};
+use crate::ingest::Refusal;
 
-pub(super) type Body = Full<Bytes>;
+pub(crate) type Body = Full<Bytes>;
 
 /// Largest enrolment or admin request body.
-pub(super) const MAX_SMALL_BODY: u64 = 64 * 1024;
+pub(crate) const MAX_SMALL_BODY: u64 = 64 * 1024;
 /// Longest time a client may take to send a request body, once its headers are in (hyper bounds the headers
 /// to 30 s), so that a trickled body cannot hold a connection open.
-pub(super) const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub(super) static JSON: HeaderValue = HeaderValue::from_static("application/json");
-pub(super) static NOSNIFF: HeaderValue = HeaderValue::from_static("nosniff");
+pub(crate) static JSON: HeaderValue = HeaderValue::from_static("application/json");
+pub(crate) static NOSNIFF: HeaderValue = HeaderValue::from_static("nosniff");
 
-pub(super) async fn handle(
+pub(crate) async fn handle(
     app: &Arc<App>,
     request: Request<Incoming>,
     peer: SocketAddr,
@@ -134,7 +131,7 @@ pub(super) async fn handle(
 
 /// Reads a body of at most `limit` bytes within [`BODY_TIMEOUT`]: refused from `Content-Length` before reading,
 /// or as soon as more arrives than the limit.
-pub(super) async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, Refusal> {
+pub(crate) async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, Refusal> {
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -162,7 +159,7 @@ pub(super) async fn read_body(request: Request<Incoming>, limit: u64) -> Result<
 }
 
 /// The client a request is from: the peer, or the client a trusted load balancer names
-/// ([`crate::server::forwarded`]).
+/// ([`crate::http::forwarded`]).
 fn client_of(app: &App, request: &Request<Incoming>, peer: SocketAddr) -> IpAddr {
     let forwarded = request
         .headers()
@@ -174,7 +171,7 @@ fn client_of(app: &App, request: &Request<Incoming>, peer: SocketAddr) -> IpAddr
 
 /// Answers 429 when `client` offered too many wrong tokens lately (counted in the database, so on every
 /// replica), 503 when the count cannot be read.
-pub(super) async fn rate_limited(app: &App, client: IpAddr) -> Option<Response<Body>> {
+pub(crate) async fn rate_limited(app: &App, client: IpAddr) -> Option<Response<Body>> {
     let now = Timestamp::now();
     let since = app.limiter.window_start(now);
     let retry = match app
@@ -204,7 +201,7 @@ pub(super) async fn rate_limited(app: &App, client: IpAddr) -> Option<Response<B
 }
 
 /// Counts a wrong `token` (`"registration token"`, `"admin token"`, …) against the address and answers 401.
-pub(super) async fn token_failed(app: &App, client: IpAddr, token: &str) -> Response<Body> {
+pub(crate) async fn token_failed(app: &App, client: IpAddr, token: &str) -> Response<Body> {
     record_token_failure(app, client, token).await;
     json_error(
         StatusCode::UNAUTHORIZED,
@@ -226,7 +223,7 @@ async fn record_token_failure(app: &App, client: IpAddr, token: &str) {
 }
 
 /// What a check of an offered token ([`check_token`]) decided.
-pub(super) enum TokenCheck {
+pub(crate) enum TokenCheck {
     /// The token is right and the address is not refused.
     Passed,
     /// No token was offered (not counted: a browser asks before it prompts).
@@ -238,7 +235,7 @@ pub(super) enum TokenCheck {
 /// Checks a token offered for a read (`token` names it in the log and the answer): an address that offered
 /// too many wrong tokens lately is refused even with the right one, as at enrolment, so guessing any token
 /// goes at the limiter's pace; a wrong token is counted.
-pub(super) async fn check_token(
+pub(crate) async fn check_token(
     app: &App,
     client: IpAddr,
     offered: Option<String>,
@@ -264,7 +261,7 @@ pub(super) async fn check_token(
 
 // ---- responses ----
 
-pub(super) fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
+pub(crate) fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
     let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
     Response::builder()
         .status(status)
@@ -274,14 +271,14 @@ pub(super) fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body
         .unwrap_or_default()
 }
 
-pub(super) fn json_error(status: StatusCode, reason: &str, message: &str) -> Response<Body> {
+pub(crate) fn json_error(status: StatusCode, reason: &str, message: &str) -> Response<Body> {
     json(
         status,
         &serde_json::json!({ "error": message, "reason": reason }),
     )
 }
 
-pub(super) fn refusal_response(refusal: &Refusal) -> Response<Body> {
+pub(crate) fn refusal_response(refusal: &Refusal) -> Response<Body> {
     let mut response = json_error(refusal.status(), refusal.reason(), &refusal.message());
     match refusal {
         Refusal::Overloaded { retry_after } => {
@@ -299,7 +296,7 @@ pub(super) fn refusal_response(refusal: &Refusal) -> Response<Body> {
     response
 }
 
-pub(super) fn text(status: StatusCode, body: &'static str) -> Response<Body> {
+pub(crate) fn text(status: StatusCode, body: &'static str) -> Response<Body> {
     Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
@@ -307,7 +304,7 @@ pub(super) fn text(status: StatusCode, body: &'static str) -> Response<Body> {
         .unwrap_or_default()
 }
 
-pub(super) fn html(body: String) -> Response<Body> {
+pub(crate) fn html(body: String) -> Response<Body> {
     Response::builder()
         .header(header::CONTENT_TYPE, "text/html; charset=utf-8")
         .header(header::CACHE_CONTROL, "no-store")

@@ -10,14 +10,14 @@ use jiff::Timestamp;
 use tokio::sync::oneshot;
 use windvane_shared::heartbeat::{HeartbeatReply, MAX_HEARTBEAT_BYTES};
 
-use crate::server::App;
-use crate::server::db::{Database, IngestOutcome};
-use crate::server::ingest::{self, ClusterKey, IngestJob, Refusal};
-use crate::server::metrics::HeartbeatResult;
+use crate::db::{Database, IngestOutcome};
+use crate::fleet::metrics::HeartbeatResult;
+use crate::http::App;
+use crate::ingest::{self, ClusterKey, IngestJob, Refusal};
 
-use super::{Body, json, read_body, refusal_response};
+use crate::http::handlers::{Body, json, read_body, refusal_response};
 
-pub(super) async fn handle(
+pub(crate) async fn handle(
     app: &Arc<App>,
     request: Request<Incoming>,
     cluster: &str,
@@ -172,7 +172,7 @@ async fn cluster_key(
     Ok(key)
 }
 
-pub(super) fn forget_key(app: &App, cluster: &str) {
+pub(crate) fn forget_key(app: &App, cluster: &str) {
     app.keys
         .write()
         .unwrap_or_else(|p| p.into_inner())

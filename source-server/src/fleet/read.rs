@@ -12,22 +12,23 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use jiff::Timestamp;
 
-use crate::server::App;
-use crate::server::db::Database;
-use crate::server::metrics::{self, FleetGauges};
-use crate::server::route::{self, Route};
-use crate::server::status::Filter;
-use crate::server::view::{self, ClusterDetail};
-use crate::server::{auth, page};
+use crate::db::Database;
+use crate::fleet::metrics::{self, FleetGauges};
+use crate::fleet::page;
+use crate::fleet::status::Filter;
+use crate::fleet::view::{self, ClusterDetail};
+use crate::http::App;
+use crate::http::auth;
+use crate::http::route::{self, Route};
 
-use super::{Body, TokenCheck, check_token, html, json, json_error, text};
+use crate::http::handlers::{Body, TokenCheck, check_token, html, json, json_error, text};
 
 /// Most drift entries one page or API call returns.
 const DRIFT_LIMIT: u32 = 500;
 
 /// `None` when the request may read (no read token is set, or it offers it), else the answer: 401 asking for
 /// the token, 401 for a wrong one (counted against the address), 429 while the address is refused.
-pub(super) async fn check_read_token(
+pub(crate) async fn check_read_token(
     app: &App,
     request: &Request<Incoming>,
     client: IpAddr,
@@ -66,7 +67,7 @@ fn latest_serial(app: &App) -> impl Fn(&str) -> Option<u64> + '_ {
     }
 }
 
-pub(super) async fn handle(
+pub(crate) async fn handle(
     app: &Arc<App>,
     request: &Request<Incoming>,
     route: Route,
@@ -209,7 +210,7 @@ async fn prometheus(app: &Arc<App>, now: Timestamp) -> crate::Result<Response<Bo
         Ordering::Relaxed,
     );
     let mut body = metrics::render(&app.metrics, &gauges);
-    body.push_str(&super::rollout::metrics(app, &fleet.clusters, now));
+    body.push_str(&crate::fleet::rollout::metrics(app, &fleet.clusters, now));
     Ok(Response::builder()
         .header(
             header::CONTENT_TYPE,
@@ -219,7 +220,7 @@ async fn prometheus(app: &Arc<App>, now: Timestamp) -> crate::Result<Response<Bo
         .unwrap_or_default())
 }
 
-pub(super) async fn readyz(app: &Arc<App>) -> Response<Body> {
+pub(crate) async fn readyz(app: &Arc<App>) -> Response<Body> {
     if let Err(error) = app.db.ping().await {
         return json_error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -263,13 +264,13 @@ fn page(query: Option<&str>) -> Result<(u32, u64), String> {
 async fn open_break_glass(
     app: &App,
     now: Timestamp,
-) -> crate::Result<Vec<crate::server::break_glass::OpenBreakGlass>> {
+) -> crate::Result<Vec<crate::notify::break_glass::OpenBreakGlass>> {
     // Holds are capped (24 h by default): a week of the log covers every one still open.
     let since = now
         .checked_sub(jiff::SignedDuration::from_hours(24 * 7))
         .ok();
     let drift = app.db.drift(None, since, DRIFT_LIMIT, 0).await?;
-    Ok(crate::server::break_glass::open(&drift, now))
+    Ok(crate::notify::break_glass::open(&drift, now))
 }
 
 #[cfg(test)]

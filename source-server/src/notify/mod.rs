@@ -1,7 +1,7 @@
 //! Notifications: which state changes and drift page someone, deduplicated, and delivered to webhooks.
 //!
 //! Configured from a JSON (or YAML) file ([`Config`]): sinks — a generic JSON webhook, a Slack-compatible
-//! incoming webhook or PagerDuty Events v2 ([`super::pagerduty`]) — each optionally limited to some
+//! incoming webhook or PagerDuty Events v2 ([`crate::notify::pagerduty`]) — each optionally limited to some
 //! triggers, a minimum and a maximum severity and a label selector.
 //! Triggers: a cluster enters OutOfSync, Degraded, Failed, Contested or Unknown; it recovers (reaches Synced
 //! after any of those); drift on RBAC (`rbac.authorization.k8s.io`), NetworkPolicy, admission webhook
@@ -12,11 +12,24 @@
 //! [`transition`], [`drift_severity`]); each candidate is then claimed in the database under
 //! `(cluster, trigger, release serial)` within the cluster's alert episode — one episode runs from entering an
 //! alerting state until the cluster is Synced again, and the episodes are stored
-//! ([`crate::server::db::decide_episode`]) — so it is sent once per episode across restarts and replicas,
+//! ([`crate::db::decide_episode`]) — so it is sent once per episode across restarts and replicas,
 //! and a cluster that goes Unknown, recovers and goes Unknown again in one release alerts twice. A claim
 //! queues one delivery per sink in the database's outbox in the same transaction; the replica leading the
-//! sender delivers them, with retries and exponential backoff ([`crate::server::outbox`]). Ingestion never
+//! sender delivers them, with retries and exponential backoff ([`crate::notify::outbox`]). Ingestion never
 //! waits for any of this: events travel through a bounded queue and are dropped (and counted) when it is full.
+
+//!
+//! This folder is stage 5 of the server: besides the notifier here, the [`audit`] export (every stored drift
+//! record as a JSON line to a file or URL), the open [`break_glass`] changes (decided from the drift audit log;
+//! reminded here, listed by the page), [`pagerduty`]'s events, the [`outbox`] sender and [`escape`] (text from
+//! clusters made safe for each sink). Data comes from the ingest writer and the database; it goes to the
+//! sinks, off this server.
+
+pub mod audit;
+pub mod break_glass;
+pub mod escape;
+pub mod outbox;
+pub mod pagerduty;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -28,11 +41,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use windvane_shared::heartbeat::DriftRecord;
 
-use super::db::{Database, Db, EpisodeClaim, NewDelivery, VerifiedHeartbeat, episode_key};
-use super::escape;
-use super::metrics::Metrics;
-use super::outbox;
-use super::status::{self, ClusterFacts, ClusterState, Filter};
+use crate::db::{Database, Db, EpisodeClaim, NewDelivery, VerifiedHeartbeat, episode_key};
+use crate::fleet::metrics::Metrics;
+use crate::fleet::status::{self, ClusterFacts, ClusterState, Filter};
 use crate::{Error, Result};
 
 /// How bad a notification is.
@@ -104,7 +115,7 @@ pub enum SinkKind {
     Webhook,
     /// POSTs `{"text": …}` to a Slack-compatible incoming webhook.
     Slack,
-    /// POSTs a PagerDuty Events API v2 event ([`super::pagerduty`]): trigger, and resolve on recovery.
+    /// POSTs a PagerDuty Events API v2 event ([`crate::notify::pagerduty`]): trigger, and resolve on recovery.
     Pagerduty,
 }
 
@@ -580,7 +591,7 @@ pub fn sink_wants(sink: &Sink, notification: &Notification) -> bool {
 /// The request body for `sink` (PagerDuty needs the sink's routing key).
 pub fn sink_body(sink: &Sink, notification: &Notification) -> serde_json::Value {
     match sink.kind {
-        SinkKind::Pagerduty => super::pagerduty::event(
+        SinkKind::Pagerduty => pagerduty::event(
             notification,
             sink.routing_key.as_deref().unwrap_or_default(),
         ),
@@ -589,12 +600,12 @@ pub fn sink_body(sink: &Sink, notification: &Notification) -> serde_json::Value 
 }
 
 /// The request body for a sink. Text from the cluster (in the summary and the message) is escaped for the
-/// sink ([`super::escape`]); the body goes out as [`super::escape::json`].
+/// sink ([`crate::notify::escape`]); the body goes out as [`crate::notify::escape::json`].
 pub fn body_for(kind: SinkKind, notification: &Notification) -> serde_json::Value {
     match kind {
         SinkKind::Webhook => serde_json::to_value(notification).unwrap_or_default(),
         SinkKind::Slack => serde_json::json!({ "text": slack_text(notification) }),
-        SinkKind::Pagerduty => super::pagerduty::event(notification, ""),
+        SinkKind::Pagerduty => pagerduty::event(notification, ""),
     }
 }
 
@@ -810,7 +821,7 @@ async fn expiring_break_glass(
         .unwrap_or(now);
     let entries = db.drift(None, week, 500, 0).await?;
     let mut out: HashMap<String, Vec<DriftRecord>> = HashMap::new();
-    for entry in super::break_glass::open_entries(&entries, now) {
+    for entry in break_glass::open_entries(&entries, now) {
         if entry
             .record
             .break_glass

@@ -15,10 +15,10 @@
 //! stopping server does not wait a whole poll's length for its open requests to finish.
 //!
 //! A held poll keeps its connection busy, and a connection busy with a request is not closed to make room
-//! ([`super::conns`]), so anyone could take every connection slot with polls, no token needed, and
+//! ([`crate::http::conns`]), so anyone could take every connection slot with polls, no token needed, and
 //! heartbeats would be refused. So: one client address holds at most `--max-held-polls-per-client` at once
 //! ([`HeldPolls`]; its oldest is answered to make room for a new one), and a held poll marks its connection
-//! as one the connection table may reclaim ([`super::conns::Busy::hold_poll`]): when the table is full, the
+//! as one the connection table may reclaim ([`crate::http::conns::Busy::hold_poll`]): when the table is full, the
 //! oldest connection that is idle or only holds a poll makes room for the newcomer. An evicted poll is
 //! answered as the end of its wait would be, but without `Preference-Applied` and with `Connection: close`:
 //! the agent takes the store for one that does not hold polls and polls again on its interval (so many
@@ -33,10 +33,10 @@ use std::time::Duration;
 use hyper::header::HeaderValue;
 use tokio::sync::{oneshot, watch};
 
-use super::App;
-use super::conns::{Busy, HeldPollGuard};
-use super::files::{self, FileCache};
-use super::route;
+use crate::http::App;
+use crate::http::conns::{Busy, HeldPollGuard};
+use crate::http::route;
+use crate::serve::files::{self, FileCache};
 
 /// The longest a client may ask a poll to be held; longer waits are cut to this.
 pub const MAX_WAIT: Duration = Duration::from_secs(120);

@@ -1,8 +1,8 @@
 //! Text from clusters (names, field managers, break-glass tickets, errors) escaped for each place the server
 //! puts it, one function per sink, so that a cluster cannot write markup into what people read:
 //!
-//! - [`html`]: the fleet, cluster and rollout pages ([`super::page`]).
-//! - [`slack`]: Slack mrkdwn ([`super::notify::body_for`]): `&`, `<` and `>` become entities, as Slack asks,
+//! - [`html`]: the fleet, cluster and rollout pages ([`crate::fleet::page`]).
+//! - [`slack`]: Slack mrkdwn ([`crate::notify::body_for`]): `&`, `<` and `>` become entities, as Slack asks,
 //!   so `<!channel>` cannot ping a channel and `<https://evil|Approve>` cannot draw a link.
 //! - [`json`]: every JSON body the server sends out (webhooks, Slack's envelope, PagerDuty events, the audit
 //!   export): standard JSON whose strings carry `<`, `>` and `&` as `\u003c`, `\u003e` and `\u0026`. The

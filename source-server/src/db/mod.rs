@@ -57,7 +57,7 @@ pub(crate) fn rekey_deadline(ms: i64) -> Option<Timestamp> {
 pub use windvane_shared::fleet_api::DriftEntry;
 pub use windvane_shared::heartbeat::EnrollOutcome;
 
-pub use crate::server::auth::RecentFailures;
+pub use crate::http::auth::RecentFailures;
 
 /// Decides an enrolment at `now` from the stored binding (pure): a rekey allowed until `now` or earlier is
 /// no longer allowed.

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::status::ClusterState;
+use crate::fleet::status::ClusterState;
 
 /// Why a heartbeat was answered as it was: the `result` label of `windvane_heartbeats_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +65,7 @@ pub struct Metrics {
     pub notifications_sent: AtomicU64,
     pub notifications_failed: AtomicU64,
     pub notifications_dropped: AtomicU64,
-    /// Whether this replica leads the notification sender ([`crate::server::outbox`]).
+    /// Whether this replica leads the notification sender ([`crate::notify::outbox`]).
     pub notification_sender_leader: AtomicBool,
     pub ingest_batches: AtomicU64,
     pub ingest_queue_depth: AtomicU64,
@@ -367,7 +367,7 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::status::rollup;
+    use crate::fleet::status::rollup;
 
     #[test]
     fn exposition_has_every_family() {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use ed25519_dalek::{Signature, VerifyingKey};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::metrics::Metrics;
+use crate::fleet::metrics::Metrics;
 
 /// Most signatures checked in one batch (beyond 64 the gain per signature is small, and latency grows).
 pub const MAX_BATCH: usize = 64;

@@ -3,16 +3,16 @@
 //! serves. The page refreshes itself (`<meta http-equiv=refresh>`), puts the counts per state at the top —
 //! Unknown drawn apart from Synced — and filters by label selector and state through plain query parameters,
 //! so every view is a link. Everything that came from a cluster or a query is HTML-escaped
-//! ([`super::escape::html`]).
+//! ([`crate::notify::escape::html`]).
 
 use std::fmt::Write as _;
 
 use jiff::Timestamp;
 
-use super::break_glass::OpenBreakGlass;
-use super::escape::html as escape;
-use super::status::ClusterState;
-use super::view::{ClusterDetail, ClusterRow, FleetView, human_age};
+use crate::fleet::status::ClusterState;
+use crate::fleet::view::{ClusterDetail, ClusterRow, FleetView, human_age};
+use crate::notify::break_glass::OpenBreakGlass;
+use crate::notify::escape::html as escape;
 use windvane_shared::fleet_api::DriftEntry;
 use windvane_shared::heartbeat::Heartbeat;
 
@@ -522,7 +522,7 @@ fn drift_table(out: &mut String, drift: &[DriftEntry]) {
                 (Some(m), None) => m.clone(),
                 _ => "unknown".to_owned(),
             };
-            let critical = super::notify::drift_severity(d) == super::notify::Severity::Critical;
+            let critical = crate::notify::drift_severity(d) == crate::notify::Severity::Critical;
             let _ = write!(
                 out,
                 "<tr><td class=\"num\">{}</td><td class=\"mono\">{}{}</td><td class=\"mono\">{}</td><td>{}</td><td>{:?}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
@@ -606,9 +606,9 @@ pub fn rollout_page(view: &windvane_shared::rollout::RolloutView) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::db::ClusterSummary;
-    use crate::server::status::Filter;
-    use crate::server::view::fleet_view;
+    use crate::db::ClusterSummary;
+    use crate::fleet::status::Filter;
+    use crate::fleet::view::fleet_view;
     use windvane_shared::status::SyncState;
 
     #[test]

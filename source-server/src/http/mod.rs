@@ -1,36 +1,21 @@
-//! `windvane-server`: serves the static store, ingests enrolments and signed heartbeats, and shows the fleet
-//! (page, JSON API, `/metrics`), with notifications on state changes.
+//! Stage 1, HTTP: the server's setup and its front door. [`Server::bind`] opens the database
+//! ([`crate::db`]), binds the listener and starts the background tasks: the ingest writer
+//! ([`crate::ingest::run_writer`], group commit), the notifier ([`crate::notify::run`], when configured) and the
+//! heartbeat-log pruner. [`Server::run`] accepts HTTP/1.1 connections (hyper; at most [`conns`]' limit, the
+//! oldest idle one, or held poll, making room) until the shutdown future completes, then lets open requests
+//! finish and drains the ingest queue.
 //!
-//! [`Server::bind`] opens the database ([`db`]), binds the listener and starts the background tasks: the
-//! ingest writer ([`ingest::run_writer`], group commit), the notifier ([`notify::run`], when configured) and
-//! the heartbeat-log pruner. [`Server::run`] accepts HTTP/1.1 connections (hyper; at most [`conns`]' limit, the
-//! oldest idle one, or held poll, making room) until the shutdown future completes, then lets open requests finish
-//! and drains the ingest queue. Requests are routed by the pure
-//! [`route::route`] and handled in [`handlers`]; heartbeat signatures are checked in batches
-//! ([`verify`]). Status is computed at read time from what the database
-//! holds ([`status`], [`view`]), so every replica shows the same fleet.
+//! Data comes in as requests from agents, browsers and scrapers; the client address is taken from the peer
+//! or a trusted proxy's `X-Forwarded-For` ([`forwarded`]), tokens are checked and wrong ones limited
+//! ([`auth`]), the path is routed by the pure [`route::route`], and [`handlers`] hands each request to its
+//! stage: [`crate::serve`] (the static store), [`crate::ingest`] (enrolments, heartbeats, admin actions) or
+//! [`crate::fleet`] (page, API, metrics). Responses go back from here.
 
-pub mod audit;
 pub mod auth;
-pub mod break_glass;
-mod conns;
-pub mod db;
-pub mod escape;
-mod files;
+pub(crate) mod conns;
 pub mod forwarded;
-mod handlers;
-pub mod ingest;
-mod long_poll;
-pub mod metrics;
-pub mod notify;
-pub mod outbox;
-pub mod page;
-pub mod pagerduty;
-mod rollout_cache;
+pub(crate) mod handlers;
 pub mod route;
-pub mod status;
-pub mod verify;
-pub mod view;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -45,15 +30,18 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use self::auth::{FailurePolicy, TokenHash};
-use self::db::{Database, Db};
-use self::files::FileCache;
-use self::forwarded::AddressBlock;
-use self::ingest::{ClusterKey, IngestJob};
-use self::metrics::Metrics;
-use crate::{Error, Result};
+use crate::db::{Database, Db};
+use crate::fleet::metrics::Metrics;
+use crate::http::auth::{FailurePolicy, TokenHash};
+use crate::http::forwarded::AddressBlock;
+use crate::ingest::verify;
+use crate::ingest::{ClusterKey, IngestJob};
+use crate::notify::audit;
+use crate::serve::files::FileCache;
+use crate::serve::{files, long_poll, rollout_cache};
+use crate::{Error, Result, db, ingest, notify};
 
-pub use self::long_poll::DEFAULT_MAX_HELD_PER_CLIENT;
+pub use crate::serve::long_poll::DEFAULT_MAX_HELD_PER_CLIENT;
 
 /// Default allowance between an agent's clock and the server's.
 pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(5 * 60);
@@ -106,31 +94,31 @@ pub struct ServeConfig {
 
 /// Shared state of all requests.
 #[derive(Debug)]
-struct App {
-    files: FileCache,
+pub(crate) struct App {
+    pub(crate) files: FileCache,
     /// Held polls of channel pointers (`Prefer: wait=N`).
-    pointer_watch: long_poll::PointerWatch,
+    pub(crate) pointer_watch: long_poll::PointerWatch,
     /// Rollout views, built at most once a second per channel.
-    rollouts: rollout_cache::RolloutCache,
-    db: Arc<Db>,
-    metrics: Arc<Metrics>,
+    pub(crate) rollouts: rollout_cache::RolloutCache,
+    pub(crate) db: Arc<Db>,
+    pub(crate) metrics: Arc<Metrics>,
     /// Bound cluster keys by cluster name (a cache of the database; the writer re-checks the key id).
-    keys: RwLock<HashMap<String, Arc<ClusterKey>>>,
-    ingest: mpsc::Sender<IngestJob>,
-    ingest_capacity: usize,
+    pub(crate) keys: RwLock<HashMap<String, Arc<ClusterKey>>>,
+    pub(crate) ingest: mpsc::Sender<IngestJob>,
+    pub(crate) ingest_capacity: usize,
     /// Heartbeat signatures are checked in batches.
-    verifier: verify::BatchVerifier,
+    pub(crate) verifier: verify::BatchVerifier,
     /// Heartbeats whose signature is being checked; when none is left, 429.
-    checking: tokio::sync::Semaphore,
-    registration_token: TokenHash,
-    admin_token: Option<TokenHash>,
-    read_token: Option<TokenHash>,
-    limiter: FailurePolicy,
+    pub(crate) checking: tokio::sync::Semaphore,
+    pub(crate) registration_token: TokenHash,
+    pub(crate) admin_token: Option<TokenHash>,
+    pub(crate) read_token: Option<TokenHash>,
+    pub(crate) limiter: FailurePolicy,
     /// Load balancers whose `X-Forwarded-For` names the client.
-    trusted_proxies: Vec<AddressBlock>,
-    unknown_after: Option<Duration>,
-    max_clock_skew: Duration,
-    rekey_ttl: Duration,
+    pub(crate) trusted_proxies: Vec<AddressBlock>,
+    pub(crate) unknown_after: Option<Duration>,
+    pub(crate) max_clock_skew: Duration,
+    pub(crate) rekey_ttl: Duration,
 }
 
 /// A bound server, ready to run.

@@ -122,7 +122,7 @@ pub fn credential(authorization: Option<&[u8]>) -> Option<String> {
 
 /// How many wrong tokens an address may offer: once it has failed `max_failures` times within the last
 /// `window`, it is refused (429) until the oldest of those failures is `window` old. The failures are stored
-/// in the database ([`crate::server::db::Database::record_token_failure`]), so replicas behind a load
+/// in the database ([`crate::db::Database::record_token_failure`]), so replicas behind a load
 /// balancer share the count; this decision over what is stored is pure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FailurePolicy {
