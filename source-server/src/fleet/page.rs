@@ -2,17 +2,19 @@
 //! no script, built by pure functions from the [`FleetView`] and [`ClusterDetail`] that the JSON API also
 //! serves. The page refreshes itself (`<meta http-equiv=refresh>`), puts the counts per state at the top —
 //! Unknown drawn apart from Synced — and filters by label selector and state through plain query parameters,
-//! so every view is a link. Everything that came from a cluster or a query is HTML-escaped
-//! ([`crate::notify::escape::html`]).
-
-use std::fmt::Write as _;
+//! so every view is a link.
+//!
+//! The HTML is written with maud's `html!`: every interpolated value (`(value)`) is HTML-escaped unless it is
+//! wrapped in `PreEscaped`, which only the fixed style sheet is. Clusters write much of what these pages show
+//! (names, labels, errors, field managers, break-glass tickets), so escaping is the default, not a call that
+//! each new field has to remember.
 
 use jiff::Timestamp;
+use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use crate::fleet::status::ClusterState;
 use crate::fleet::view::{ClusterDetail, ClusterRow, FleetView, human_age};
 use crate::notify::break_glass::OpenBreakGlass;
-use crate::notify::escape::html as escape;
 use windvane_shared::fleet_api::DriftEntry;
 use windvane_shared::heartbeat::Heartbeat;
 
@@ -65,90 +67,95 @@ dl.facts dt{color:var(--muted)}dl.facts dd{margin:0;overflow-wrap:anywhere}
 footer{padding:16px 24px;color:var(--muted);font-size:12px}
 "#;
 
-fn head(out: &mut String, title: &str) {
-    let _ = write!(
-        out,
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\
-         <meta http-equiv=\"refresh\" content=\"{REFRESH_SECONDS}\">\
-         <link rel=\"icon\" href=\"data:,\"><title>{}</title><style>{CSS}</style></head><body>",
-        escape(title)
-    );
-}
-
-fn header(out: &mut String, generated_at: Timestamp) {
-    let _ = write!(
-        out,
-        "<header><h1><a href=\"/\">Windvane</a> · fleet status</h1>\
-         <span class=\"meta\">as of {} · refreshes every {REFRESH_SECONDS}s</span></header>",
-        escape(&generated_at.strftime("%Y-%m-%d %H:%M:%S UTC").to_string())
-    );
-}
-
-fn footer(out: &mut String) {
-    out.push_str(
-        "<footer>Unknown = no heartbeat within the grace period (the last reported state is shown beside it); \
-         it is never counted as Synced. JSON: <a href=\"/api/v1/fleet\">/api/v1/fleet</a> · \
-         <a href=\"/api/v1/drift\">/api/v1/drift</a> · <a href=\"/metrics\">/metrics</a></footer></body></html>",
-    );
-}
-
-fn badge(state: ClusterState) -> String {
-    format!("<span class=\"badge s-{0} {0}\">{0}</span>", state.as_str())
-}
-
-fn labels(out: &mut String, labels: &std::collections::BTreeMap<String, String>) {
-    for (key, value) in labels {
-        let _ = write!(
-            out,
-            "<span class=\"label\">{}={}</span>",
-            escape(key),
-            escape(value)
-        );
-    }
-}
-
-fn state_cell(row: &ClusterRow) -> String {
-    let mut cell = badge(row.state);
-    if row.state == ClusterState::Unknown {
-        let last = row.last_reported.map_or("nothing", |s| s.as_str());
-        let _ = write!(
-            cell,
-            " <span class=\"muted\">last reported {}</span>",
-            escape(last)
-        );
-    }
-    cell
-}
-
-fn release_cell(row: &ClusterRow) -> String {
-    let applied = row.applied_serial.map_or("–".to_owned(), |s| s.to_string());
-    let latest = row.latest_serial.map_or("–".to_owned(), |s| s.to_string());
-    let channel = row
-        .channel
-        .as_deref()
-        .map(|c| format!(" <span class=\"muted\">{}</span>", escape(c)))
-        .unwrap_or_default();
-    if row.behind() {
-        format!(
-            "<span class=\"behind\" title=\"behind the channel's latest release\">{applied} / {latest}</span>{channel}"
-        )
-    } else {
-        format!("{applied} / {latest}{channel}")
-    }
-}
-
-fn age_cell(row: &ClusterRow) -> String {
-    match row.heartbeat_age_seconds {
-        None => "<span class=\"muted\">never</span>".to_owned(),
-        Some(age) if row.state == ClusterState::Unknown => {
-            format!(
-                "<span class=\"warn\">{} ago</span> <span class=\"muted\">(grace {})</span>",
-                human_age(age),
-                human_age(row.grace_seconds)
-            )
+/// A whole page: head (title, refresh, style), the header bar, `main` and the footer.
+fn page(title: &str, generated_at: Timestamp, main: Markup) -> String {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width,initial-scale=1";
+                meta http-equiv="refresh" content=(REFRESH_SECONDS);
+                link rel="icon" href="data:,";
+                title { (title) }
+                style { (PreEscaped(CSS)) }
+            }
+            body {
+                header {
+                    h1 { a href="/" { "Windvane" } " · fleet status" }
+                    span.meta {
+                        "as of " (generated_at.strftime("%Y-%m-%d %H:%M:%S UTC")) " · refreshes every "
+                        (REFRESH_SECONDS) "s"
+                    }
+                }
+                (main)
+                footer {
+                    "Unknown = no heartbeat within the grace period (the last reported state is shown beside it); \
+                     it is never counted as Synced. JSON: "
+                    a href="/api/v1/fleet" { "/api/v1/fleet" } " · "
+                    a href="/api/v1/drift" { "/api/v1/drift" } " · "
+                    a href="/metrics" { "/metrics" }
+                }
+            }
         }
-        Some(age) => format!("{} ago", human_age(age)),
+    }
+    .into_string()
+}
+
+fn badge(state: ClusterState) -> Markup {
+    let s = state.as_str();
+    html! { span class={ "badge s-" (s) " " (s) } { (s) } }
+}
+
+fn labels(labels: &std::collections::BTreeMap<String, String>) -> Markup {
+    html! {
+        @for (key, value) in labels {
+            span.label { (key) "=" (value) }
+        }
+    }
+}
+
+fn state_cell(row: &ClusterRow) -> Markup {
+    html! {
+        (badge(row.state))
+        @if row.state == ClusterState::Unknown {
+            " " span.muted { "last reported " (row.last_reported.map_or("nothing", |s| s.as_str())) }
+        }
+    }
+}
+
+fn serial(serial: Option<u64>) -> String {
+    serial.map_or("–".to_owned(), |s| s.to_string())
+}
+
+fn release_cell(row: &ClusterRow) -> Markup {
+    let serials = format!(
+        "{} / {}",
+        serial(row.applied_serial),
+        serial(row.latest_serial)
+    );
+    html! {
+        @if row.behind() {
+            span.behind title="behind the channel's latest release" { (serials) }
+        } @else {
+            (serials)
+        }
+        @if let Some(channel) = &row.channel {
+            " " span.muted { (channel) }
+        }
+    }
+}
+
+fn age_cell(row: &ClusterRow) -> Markup {
+    html! {
+        @match row.heartbeat_age_seconds {
+            None => span.muted { "never" },
+            Some(age) if row.state == ClusterState::Unknown => {
+                span.warn { (human_age(age)) " ago" }
+                " " span.muted { "(grace " (human_age(row.grace_seconds)) ")" }
+            }
+            Some(age) => { (human_age(age)) " ago" }
+        }
     }
 }
 
@@ -159,169 +166,164 @@ pub fn fleet_page(
     states: &[ClusterState],
     break_glass: &[OpenBreakGlass],
 ) -> String {
-    let mut out = String::with_capacity(16 * 1024 + view.clusters.len() * 512);
-    head(&mut out, "Windvane · fleet");
-    header(&mut out, view.generated_at);
-    out.push_str("<main>");
-    state_counts(&mut out, view, selector);
-    rollout_links(&mut out, view);
-    filter_form(&mut out, selector, states);
-    break_glass_table(&mut out, break_glass);
-    clusters_table(&mut out, view);
-    out.push_str("</main>");
-    footer(&mut out);
-    out
+    let main = html! {
+        main {
+            (state_counts(view, selector))
+            (rollout_links(view))
+            (filter_form(selector, states))
+            (break_glass_table(break_glass))
+            (clusters_table(view))
+        }
+    };
+    page("Windvane · fleet", view.generated_at, main)
 }
 
 /// The clusters per state, each a link to the fleet filtered by it (and by `selector`), then the total.
-fn state_counts(out: &mut String, view: &FleetView, selector: &str) {
-    out.push_str("<nav class=\"counts\" id=\"counts\" aria-label=\"clusters per state\">");
+fn state_counts(view: &FleetView, selector: &str) -> Markup {
     let selector_param = if selector.is_empty() {
         String::new()
     } else {
-        format!("selector={}&amp;", query_value(selector))
+        format!("selector={}", query_value(selector))
     };
-    for (state, count) in &view.counts {
-        if *state == ClusterState::NeverSeen {
-            out.push_str("<span class=\"sep\"></span>");
-        }
-        let zero = if *count == 0 { " zero" } else { "" };
-        let extra = if *state == ClusterState::Unknown {
-            " unknown"
+    let filtered = |state: &str| {
+        if selector_param.is_empty() {
+            format!("/?state={state}")
         } else {
-            ""
-        };
-        let _ = write!(
-            out,
-            "<a class=\"count s-{s}{zero}{extra}\" id=\"count-{s}\" href=\"/?{selector_param}state={s}\" title=\"{title}\">\
-             <div class=\"n\">{count}</div><div class=\"l\">{label}</div></a>",
-            s = state.as_str(),
-            title = match state {
-                ClusterState::Unknown => "no heartbeat within the grace period",
-                ClusterState::NeverSeen => "enrolled, never sent a heartbeat",
-                _ => "",
-            },
-            label = match state {
-                ClusterState::OutOfSync => "Out of sync",
-                ClusterState::NeverSeen => "Never seen",
-                other => other.as_str(),
-            },
-        );
+            format!("/?{selector_param}&state={state}")
+        }
+    };
+    html! {
+        nav.counts #counts aria-label="clusters per state" {
+            @for (state, count) in &view.counts {
+                @if *state == ClusterState::NeverSeen { span.sep {} }
+                @let s = state.as_str();
+                a class={ "count s-" (s) @if *count == 0 { " zero" } @if *state == ClusterState::Unknown { " unknown" } }
+                    id={ "count-" (s) } href=(filtered(s)) title=(count_title(*state)) {
+                    div.n { (count) }
+                    div.l { (count_label(*state)) }
+                }
+            }
+            a.count style="--c:var(--fg)" #count-total href={ "/?" (selector_param) } {
+                div.n { (view.total) }
+                div.l { "Total" }
+            }
+        }
     }
-    let _ = write!(
-        out,
-        "<a class=\"count\" style=\"--c:var(--fg)\" id=\"count-total\" href=\"/?{}\"><div class=\"n\">{}</div><div class=\"l\">Total</div></a>",
-        selector_param.trim_end_matches("&amp;"),
-        view.total
-    );
-    out.push_str("</nav>");
+}
+
+fn count_title(state: ClusterState) -> &'static str {
+    match state {
+        ClusterState::Unknown => "no heartbeat within the grace period",
+        ClusterState::NeverSeen => "enrolled, never sent a heartbeat",
+        _ => "",
+    }
+}
+
+fn count_label(state: ClusterState) -> &'static str {
+    match state {
+        ClusterState::OutOfSync => "Out of sync",
+        ClusterState::NeverSeen => "Never seen",
+        other => other.as_str(),
+    }
 }
 
 /// Links to the rollout page of every channel a listed cluster follows.
-fn rollout_links(out: &mut String, view: &FleetView) {
+fn rollout_links(view: &FleetView) -> Markup {
     let channels: std::collections::BTreeSet<&str> = view
         .clusters
         .iter()
         .filter_map(|c| c.channel.as_deref())
         .collect();
-    if !channels.is_empty() {
-        out.push_str("<p class=\"muted\" id=\"rollouts\">Rollouts:");
-        for channel in channels {
-            let channel = escape(channel);
-            let _ = write!(out, " <a href=\"/rollouts/{channel}\">{channel}</a>");
+    html! {
+        @if !channels.is_empty() {
+            p.muted #rollouts {
+                "Rollouts:"
+                @for channel in channels {
+                    " " a href={ "/rollouts/" (channel) } { (channel) }
+                }
+            }
         }
-        out.push_str("</p>");
     }
 }
 
 /// The label selector and state filter, showing the ones in force.
-fn filter_form(out: &mut String, selector: &str, states: &[ClusterState]) {
-    let _ = write!(
-        out,
-        "<form class=\"filter\" method=\"get\" action=\"/\"><label for=\"selector\" class=\"muted\">Label selector</label>\
-         <input type=\"text\" id=\"selector\" name=\"selector\" value=\"{}\" placeholder=\"env=prod,region in (eu,us)\">\
-         <label for=\"state\" class=\"muted\">State</label><select id=\"state\" name=\"state\"><option value=\"\">any</option>",
-        escape(selector)
-    );
-    for state in ClusterState::ALL {
-        let selected = if states.contains(&state) {
-            " selected"
-        } else {
-            ""
-        };
-        let _ = write!(
-            out,
-            "<option value=\"{0}\"{selected}>{0}</option>",
-            state.as_str()
-        );
+fn filter_form(selector: &str, states: &[ClusterState]) -> Markup {
+    html! {
+        form.filter method="get" action="/" {
+            label for="selector" class="muted" { "Label selector" }
+            input type="text" #selector name="selector" value=(selector) placeholder="env=prod,region in (eu,us)";
+            label for="state" class="muted" { "State" }
+            select #state name="state" {
+                option value="" { "any" }
+                @for state in ClusterState::ALL {
+                    option value=(state.as_str()) selected[states.contains(&state)] { (state.as_str()) }
+                }
+            }
+            button type="submit" { "Filter" }
+            " " a href="/" { "clear" }
+        }
     }
-    out.push_str("</select><button type=\"submit\">Filter</button> <a href=\"/\">clear</a></form>");
 }
 
 /// A row per cluster: name, labels, state, release, heartbeat age, drift count, last error.
-fn clusters_table(out: &mut String, view: &FleetView) {
-    if view.clusters.is_empty() {
-        out.push_str("<div class=\"empty\">No cluster matches.</div>");
-    } else {
-        out.push_str(
-            "<table id=\"clusters\"><thead><tr><th>Cluster</th><th>Labels</th><th>State</th>\
-             <th title=\"applied serial / latest serial of its channel in this store\">Release</th>\
-             <th>Heartbeat</th><th>Drift</th><th>Last error</th></tr></thead><tbody>",
-        );
-        for row in &view.clusters {
-            let _ = write!(
-                out,
-                "<tr class=\"s-{}\"><td><a href=\"/clusters/{name}\">{name}</a></td><td>",
-                row.state.as_str(),
-                name = escape(&row.name)
-            );
-            labels(out, &row.labels);
-            let _ = write!(
-                out,
-                "</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"err\">{}</td></tr>",
-                state_cell(row),
-                release_cell(row),
-                age_cell(row),
-                row.drift_total,
-                escape(row.last_error.as_deref().unwrap_or(""))
-            );
+fn clusters_table(view: &FleetView) -> Markup {
+    html! {
+        @if view.clusters.is_empty() {
+            div.empty { "No cluster matches." }
+        } @else {
+            table #clusters {
+                thead { tr {
+                    th { "Cluster" } th { "Labels" } th { "State" }
+                    th title="applied serial / latest serial of its channel in this store" { "Release" }
+                    th { "Heartbeat" } th { "Drift" } th { "Last error" }
+                } }
+                tbody {
+                    @for row in &view.clusters {
+                        tr class={ "s-" (row.state.as_str()) } {
+                            td { a href={ "/clusters/" (row.name) } { (row.name) } }
+                            td { (labels(&row.labels)) }
+                            td { (state_cell(row)) }
+                            td.num { (release_cell(row)) }
+                            td.num { (age_cell(row)) }
+                            td.num { (row.drift_total) }
+                            td.err { (row.last_error.as_deref().unwrap_or("")) }
+                        }
+                    }
+                }
+            }
         }
-        out.push_str("</tbody></table>");
     }
 }
 
 /// The open break-glass changes: each is a production change made outside the release, to be reverted or
 /// taken into a release before its hold ends.
-fn break_glass_table(out: &mut String, open: &[OpenBreakGlass]) {
-    if open.is_empty() {
-        return;
+fn break_glass_table(open: &[OpenBreakGlass]) -> Markup {
+    html! {
+        @if !open.is_empty() {
+            h2 { "Open break-glass changes (" (open.len()) ")" }
+            table #break-glass {
+                thead { tr {
+                    th { "Cluster" } th { "Object" } th { "Changed by" } th { "Approved by" } th { "Ticket" }
+                    th { "Since" } th { "Reverted at" }
+                } }
+                tbody {
+                    @for change in open {
+                        tr {
+                            td { a href={ "/clusters/" (change.cluster) } { (change.cluster) } }
+                            td { (change.object) } td { (change.by) } td { (change.approver) }
+                            td { (change.ticket) }
+                            td { (opt_time(Some(change.detected_at))) }
+                            td { (opt_time(Some(change.until))) }
+                        }
+                    }
+                }
+            }
+        }
     }
-    let _ = write!(
-        out,
-        "<h2>Open break-glass changes ({})</h2><table id=\"break-glass\"><thead><tr><th>Cluster</th>\
-         <th>Object</th><th>Changed by</th><th>Approved by</th><th>Ticket</th><th>Since</th>\
-         <th>Reverted at</th></tr></thead><tbody>",
-        open.len()
-    );
-    for change in open {
-        let _ = write!(
-            out,
-            "<tr><td><a href=\"/clusters/{cluster}\">{cluster}</a></td><td>{}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td>{}</td></tr>",
-            escape(&change.object),
-            escape(&change.by),
-            escape(&change.approver),
-            escape(&change.ticket),
-            opt_time(Some(change.detected_at)),
-            opt_time(Some(change.until)),
-            cluster = escape(&change.cluster),
-        );
-    }
-    out.push_str("</tbody></table>");
 }
 
 fn opt_time(t: Option<Timestamp>) -> String {
-    t.map(|t| escape(&t.strftime("%Y-%m-%d %H:%M:%S").to_string()))
+    t.map(|t| t.strftime("%Y-%m-%d %H:%M:%S").to_string())
         .unwrap_or_else(|| "–".to_owned())
 }
 
@@ -342,214 +344,175 @@ fn latency(from: Option<Timestamp>, to: Option<Timestamp>) -> String {
 /// One cluster's page: facts, apps, problem objects and the drift audit log.
 pub fn cluster_page(detail: &ClusterDetail, now: Timestamp) -> String {
     let row = &detail.cluster;
-    let mut out = String::with_capacity(16 * 1024);
-    head(&mut out, &format!("{} · Windvane", row.name));
-    header(&mut out, now);
-    let _ = write!(
-        out,
-        "<main><h2 style=\"font-size:20px\">{} {}</h2><dl class=\"facts\">",
-        escape(&row.name),
-        state_cell(row)
-    );
-    cluster_facts(&mut out, detail);
-    out.push_str("</dl>");
-    apps_table(&mut out, detail.report.as_ref());
-    problems_table(&mut out, detail.report.as_ref());
-    drift_table(&mut out, &detail.drift);
-    let _ = write!(
-        out,
-        "<p class=\"muted\">JSON: <a href=\"/api/v1/clusters/{0}\">/api/v1/clusters/{0}</a></p></main>",
-        escape(&row.name)
-    );
-    footer(&mut out);
-    out
+    let main = html! {
+        main {
+            h2 style="font-size:20px" { (row.name) " " (state_cell(row)) }
+            dl.facts { (cluster_facts(detail)) }
+            (apps_table(detail.report.as_ref()))
+            (problems_table(detail.report.as_ref()))
+            (drift_table(&detail.drift))
+            p.muted {
+                "JSON: " a href={ "/api/v1/clusters/" (row.name) } { "/api/v1/clusters/" (row.name) }
+            }
+        }
+    };
+    page(&format!("{} · Windvane", row.name), now, main)
+}
+
+fn fact(name: &str, value: Markup) -> Markup {
+    html! { dt { (name) } dd { (value) } }
 }
 
 /// The cluster's facts (`<dt>`/`<dd>` pairs): what the server stored, then what the agent last reported.
-fn cluster_facts(out: &mut String, detail: &ClusterDetail) {
+fn cluster_facts(detail: &ClusterDetail) -> Markup {
     let row = &detail.cluster;
-    let mut fact = |name: &str, value: String| {
-        let _ = write!(out, "<dt>{name}</dt><dd>{value}</dd>");
-    };
-    fact("Fleet", escape(&row.fleet));
-    let mut label_html = String::new();
-    labels(&mut label_html, &row.labels);
-    fact("Labels", label_html);
-    fact("Release (applied / latest)", release_cell(row));
-    fact(
-        "Last heartbeat",
-        format!(
-            "{} <span class=\"muted\">at {}</span>",
-            age_cell(row),
-            opt_time(row.last_seen)
-        ),
-    );
-    fact(
-        "Interval / grace",
-        format!(
-            "{} / {}",
-            row.interval_seconds
-                .map_or("–".to_owned(), |s| format!("{s}s")),
-            human_age(row.grace_seconds)
-        ),
-    );
-    fact("Sequence", row.sequence.to_string());
-    fact(
-        "Identity key",
-        format!("<span class=\"mono\">{}</span>", escape(&row.keyid)),
-    );
-    fact("Enrolled", opt_time(Some(row.enrolled_at)));
-    if let Some(report) = &detail.report {
-        reported_facts(&mut fact, report);
-    }
-    if let Some(error) = &row.last_error {
-        fact(
-            "Last error",
-            format!("<span class=\"err\">{}</span>", escape(error)),
-        );
+    let interval = row
+        .interval_seconds
+        .map_or("–".to_owned(), |s| format!("{s}s"));
+    html! {
+        (fact("Fleet", html! { (row.fleet) }))
+        (fact("Labels", labels(&row.labels)))
+        (fact("Release (applied / latest)", release_cell(row)))
+        (fact("Last heartbeat", html! { (age_cell(row)) " " span.muted { "at " (opt_time(row.last_seen)) } }))
+        (fact("Interval / grace", html! { (interval) " / " (human_age(row.grace_seconds)) }))
+        (fact("Sequence", html! { (row.sequence) }))
+        (fact("Identity key", html! { span.mono { (row.keyid) } }))
+        (fact("Enrolled", html! { (opt_time(Some(row.enrolled_at))) }))
+        @if let Some(report) = &detail.report { (reported_facts(report)) }
+        @if let Some(error) = &row.last_error {
+            (fact("Last error", html! { span.err { (error) } }))
+        }
     }
 }
 
 /// The facts only the agent's last report tells: its version, the bundle applied, a stale source, a rollout
 /// waiting, the last release refused.
-fn reported_facts(fact: &mut impl FnMut(&str, String), report: &Heartbeat) {
-    fact("Agent", escape(&report.agent_version));
-    if let Some(digest) = &report.source.applied_sha256 {
-        fact(
-            "Applied bundle",
-            format!("<span class=\"mono\">{}</span>", escape(digest)),
-        );
-    }
-    if let Some(since) = report.source.stale_since {
-        fact(
-            "Source stale since",
-            format!("<span class=\"warn\">{}</span>", opt_time(Some(since))),
-        );
-    }
-    if let Some(pending) = &report.source.pending {
-        let channel = escape(&report.source.channel);
-        fact(
-            "Rollout",
-            format!(
-                "<span class=\"warn\">serial {}: {}</span>{} <a href=\"/rollouts/{channel}\">rollout of {channel}</a>",
-                pending.serial,
-                escape(&pending.message),
-                pending
-                    .changes
-                    .map_or_else(String::new, |c| format!(" — {}", c.describe()))
-            ),
-        );
-    }
-    if let Some(refusal) = &report.source.last_refusal {
-        fact(
-            "Last refused release",
-            format!(
-                "<span class=\"err\">{}: {}</span> <span class=\"muted\">at {}</span>",
-                escape(&refusal.reason),
-                escape(&refusal.message),
-                opt_time(Some(refusal.at))
-            ),
-        );
+fn reported_facts(report: &Heartbeat) -> Markup {
+    let source = &report.source;
+    html! {
+        (fact("Agent", html! { (report.agent_version) }))
+        @if let Some(digest) = &source.applied_sha256 {
+            (fact("Applied bundle", html! { span.mono { (digest) } }))
+        }
+        @if let Some(since) = source.stale_since {
+            (fact("Source stale since", html! { span.warn { (opt_time(Some(since))) } }))
+        }
+        @if let Some(pending) = &source.pending {
+            (fact("Rollout", html! {
+                span.warn { "serial " (pending.serial) ": " (pending.message) }
+                @if let Some(changes) = pending.changes { " — " (changes.describe()) }
+                " " a href={ "/rollouts/" (source.channel) } { "rollout of " (source.channel) }
+            }))
+        }
+        @if let Some(refusal) = &source.last_refusal {
+            (fact("Last refused release", html! {
+                span.err { (refusal.reason) ": " (refusal.message) }
+                " " span.muted { "at " (opt_time(Some(refusal.at))) }
+            }))
+        }
     }
 }
 
 /// The apps the agent reported, with their states and object counts.
-fn apps_table(out: &mut String, report: Option<&Heartbeat>) {
-    out.push_str("<h2>Apps</h2>");
-    match report {
-        Some(report) if !report.apps.is_empty() => {
-            out.push_str("<table id=\"apps\"><thead><tr><th>App</th><th>State</th><th>Objects</th></tr></thead><tbody>");
-            for app in &report.apps {
-                let _ = write!(
-                    out,
-                    "<tr><td>{}</td><td>{}</td><td class=\"num\">{}</td></tr>",
-                    escape(&app.name),
-                    badge(ClusterState::from_reported(app.state)),
-                    app.objects
-                );
+fn apps_table(report: Option<&Heartbeat>) -> Markup {
+    let apps = report.map_or(&[][..], |r| &r.apps[..]);
+    html! {
+        h2 { "Apps" }
+        @if apps.is_empty() {
+            div.empty { "No apps reported." }
+        } @else {
+            table #apps {
+                thead { tr { th { "App" } th { "State" } th { "Objects" } } }
+                tbody {
+                    @for app in apps {
+                        tr {
+                            td { (app.name) }
+                            td { (badge(ClusterState::from_reported(app.state))) }
+                            td.num { (app.objects) }
+                        }
+                    }
+                }
             }
-            out.push_str("</tbody></table>");
         }
-        _ => out.push_str("<div class=\"empty\">No apps reported.</div>"),
     }
 }
 
 /// The objects the agent reported as not Synced, with why.
-fn problems_table(out: &mut String, report: Option<&Heartbeat>) {
-    out.push_str("<h2>Problem objects</h2>");
-    match report {
-        Some(report) if !report.problems.is_empty() => {
-            out.push_str("<table id=\"problems\"><thead><tr><th>App</th><th>Object</th><th>State</th><th>Message</th></tr></thead><tbody>");
-            for p in &report.problems {
-                let _ = write!(
-                    out,
-                    "<tr><td>{}</td><td class=\"mono\">{}</td><td>{}</td><td class=\"err\">{}</td></tr>",
-                    escape(&p.app),
-                    escape(&p.object),
-                    badge(ClusterState::from_reported(p.state)),
-                    escape(&p.message)
-                );
+fn problems_table(report: Option<&Heartbeat>) -> Markup {
+    let problems = report.map_or(&[][..], |r| &r.problems[..]);
+    html! {
+        h2 { "Problem objects" }
+        @if problems.is_empty() {
+            div.empty { "No problem objects." }
+        } @else {
+            table #problems {
+                thead { tr { th { "App" } th { "Object" } th { "State" } th { "Message" } } }
+                tbody {
+                    @for p in problems {
+                        tr {
+                            td { (p.app) }
+                            td.mono { (p.object) }
+                            td { (badge(ClusterState::from_reported(p.state))) }
+                            td.err { (p.message) }
+                        }
+                    }
+                }
             }
-            out.push_str("</tbody></table>");
         }
-        _ => out.push_str("<div class=\"empty\">No problem objects.</div>"),
     }
 }
 
 /// The cluster's drift audit log: what changed, who changed it, what Windvane did and how fast.
-fn drift_table(out: &mut String, drift: &[DriftEntry]) {
-    out.push_str("<h2>Drift audit log</h2>");
-    if drift.is_empty() {
-        out.push_str("<div class=\"empty\">No drift recorded.</div>");
-    } else {
-        out.push_str(
-            "<table id=\"drift\"><thead><tr><th>Changed</th><th>Object</th><th>Fields</th><th>By</th><th>Action</th>\
-             <th title=\"changed → detected\">Detection</th><th title=\"detected → reverted\">Repair</th></tr></thead><tbody>",
-        );
-        for entry in drift {
-            let d = &entry.record;
-            let object = match &d.namespace {
-                Some(ns) => format!("{} {ns}/{}", d.kind, d.name),
-                None => format!("{} {}", d.kind, d.name),
-            };
-            let fields = if d.deleted {
-                "(deleted)".to_owned()
-            } else {
-                d.fields.join(", ")
-            };
-            let who = match (&d.manager, &d.operation) {
-                (Some(m), Some(op)) => format!("{m} ({op})"),
-                (Some(m), None) => m.clone(),
-                _ => "unknown".to_owned(),
-            };
-            let critical = crate::notify::drift_severity(d) == crate::notify::Severity::Critical;
-            let _ = write!(
-                out,
-                "<tr><td class=\"num\">{}</td><td class=\"mono\">{}{}</td><td class=\"mono\">{}</td><td>{}</td><td>{:?}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
-                opt_time(d.changed_at.or(Some(d.detected_at))),
-                escape(&object),
-                if critical {
-                    " <span class=\"badge s-Failed\">critical</span>"
-                } else {
-                    ""
-                },
-                escape(&fields),
-                escape(&who),
-                d.action,
-                latency(d.changed_at, Some(d.detected_at)),
-                latency(Some(d.detected_at), d.reverted_at),
-            );
+fn drift_table(drift: &[DriftEntry]) -> Markup {
+    html! {
+        h2 { "Drift audit log" }
+        @if drift.is_empty() {
+            div.empty { "No drift recorded." }
+        } @else {
+            table #drift {
+                thead { tr {
+                    th { "Changed" } th { "Object" } th { "Fields" } th { "By" } th { "Action" }
+                    th title="changed → detected" { "Detection" } th title="detected → reverted" { "Repair" }
+                } }
+                tbody { @for entry in drift { (drift_row(entry)) } }
+            }
         }
-        out.push_str("</tbody></table>");
+    }
+}
+
+fn drift_row(entry: &DriftEntry) -> Markup {
+    let d = &entry.record;
+    let object = match &d.namespace {
+        Some(ns) => format!("{} {ns}/{}", d.kind, d.name),
+        None => format!("{} {}", d.kind, d.name),
+    };
+    let fields = if d.deleted {
+        "(deleted)".to_owned()
+    } else {
+        d.fields.join(", ")
+    };
+    let who = match (&d.manager, &d.operation) {
+        (Some(m), Some(op)) => format!("{m} ({op})"),
+        (Some(m), None) => m.clone(),
+        _ => "unknown".to_owned(),
+    };
+    let critical = crate::notify::drift_severity(d) == crate::notify::Severity::Critical;
+    html! {
+        tr {
+            td.num { (opt_time(d.changed_at.or(Some(d.detected_at)))) }
+            td.mono { (object) @if critical { " " span class="badge s-Failed" { "critical" } } }
+            td.mono { (fields) }
+            td { (who) }
+            td { (format!("{:?}", d.action)) }
+            td.num { (latency(d.changed_at, Some(d.detected_at))) }
+            td.num { (latency(Some(d.detected_at), d.reverted_at)) }
+        }
     }
 }
 
 /// The rollout page of a channel (`/rollouts/{channel}`): each wave with when it opens, its counts, why it is
 /// held, and its clusters.
 pub fn rollout_page(view: &windvane_shared::rollout::RolloutView) -> String {
-    let mut out = String::new();
-    head(&mut out, &format!("Windvane · rollout of {}", view.channel));
-    header(&mut out, Timestamp::now());
     let status = if view.complete {
         "complete"
     } else if view.halted {
@@ -557,50 +520,42 @@ pub fn rollout_page(view: &windvane_shared::rollout::RolloutView) -> String {
     } else {
         "in progress"
     };
-    let _ = write!(
-        out,
-        "<main><h2>Rollout of channel {} · serial {} · {status}</h2><p class=\"meta\">issued {}</p>",
-        escape(&view.channel),
-        view.serial,
-        escape(&view.issued_at.to_string())
-    );
-    for wave in &view.waves {
-        let _ = write!(
-            out,
-            "<section><h3>{} — {}, opens {}</h3><p>done {} · pending {} · failed {} · unknown {}{}</p>",
-            escape(&wave.name),
-            if wave.opened { "open" } else { "not open" },
-            escape(&wave.opens_at.to_string()),
-            wave.done,
-            wave.pending,
-            wave.failed,
-            wave.unknown,
-            wave.held
-                .as_deref()
-                .map(|h| format!(" · <strong class=\"held\">held: {}</strong>", escape(h)))
-                .unwrap_or_default()
-        );
-        out.push_str(
-            "<table><tr><th>cluster</th><th>state</th><th>serial</th><th>rollout</th><th>waiting for</th></tr>",
-        );
-        for cluster in &wave.clusters {
-            let _ = write!(
-                out,
-                "<tr><td><a href=\"/clusters/{0}\">{0}</a></td><td>{1}</td><td>{2}</td><td>{3:?}</td><td>{4}</td></tr>",
-                escape(&cluster.name),
-                badge(cluster.state),
-                cluster
-                    .applied_serial
-                    .map_or("–".to_owned(), |s| s.to_string()),
-                cluster.phase,
-                escape(cluster.waiting.as_deref().unwrap_or_default())
-            );
+    let main = html! {
+        main {
+            h2 { "Rollout of channel " (view.channel) " · serial " (view.serial) " · " (status) }
+            p.meta { "issued " (view.issued_at) }
+            @for wave in &view.waves {
+                section {
+                    h3 {
+                        (wave.name) " — " (if wave.opened { "open" } else { "not open" }) ", opens "
+                        (wave.opens_at)
+                    }
+                    p {
+                        "done " (wave.done) " · pending " (wave.pending) " · failed " (wave.failed)
+                        " · unknown " (wave.unknown)
+                        @if let Some(held) = &wave.held { " · " strong.held { "held: " (held) } }
+                    }
+                    table {
+                        tr { th { "cluster" } th { "state" } th { "serial" } th { "rollout" } th { "waiting for" } }
+                        @for cluster in &wave.clusters {
+                            tr {
+                                td { a href={ "/clusters/" (cluster.name) } { (cluster.name) } }
+                                td { (badge(cluster.state)) }
+                                td { (serial(cluster.applied_serial)) }
+                                td { (format!("{:?}", cluster.phase)) }
+                                td { (cluster.waiting.as_deref().unwrap_or_default()) }
+                            }
+                        }
+                    }
+                }
+            }
         }
-        out.push_str("</table></section>");
-    }
-    out.push_str("</main>");
-    footer(&mut out);
-    out
+    };
+    page(
+        &format!("Windvane · rollout of {}", view.channel),
+        Timestamp::now(),
+        main,
+    )
 }
 
 #[cfg(test)]
@@ -663,5 +618,182 @@ mod tests {
         assert!(html.contains("<a href=\"/clusters/prod-eu\">prod-eu</a>"));
         assert!(html.contains("<td>alice</td><td>bob</td><td>INC-&lt;42&gt;</td>"));
         assert!(html.contains("2026-12-05 12:00:00"), "when it is reverted");
+    }
+
+    /// Markup a cluster might write into any text it reports: a script, an element with a handler, and a
+    /// quote that would end an attribute value.
+    const HOSTILE: &str =
+        "x\"><script>alert('x')</script><img src=x onerror=alert(1)>\" onmouseover=\"alert(2)";
+
+    /// Everything a page shows that a cluster wrote, in one place: labels, error, channel, fleet, key id,
+    /// agent version, bundle digest, rollout message, refusal, apps, problem objects, drift records and
+    /// break-glass changes.
+    fn hostile_cluster(now: Timestamp) -> (ClusterDetail, FleetView, Vec<OpenBreakGlass>) {
+        use windvane_shared::heartbeat::{
+            AppReport, BreakGlassRecord, DriftAction, DriftRecord, ObjectReport, Refusal,
+            SourceReport,
+        };
+        let h = || HOSTILE.to_owned();
+        let summary = ClusterSummary {
+            name: h(),
+            fleet: h(),
+            keyid: h(),
+            labels: [(h(), h())].into(),
+            enrolled_at: now,
+            rekey_allowed_until: None,
+            last_sequence: 1,
+            last_seen: Some(now),
+            interval_seconds: Some(30),
+            state: Some(SyncState::Failed),
+            channel: Some(h()),
+            applied_serial: Some(1),
+            last_error: Some(h()),
+            drift_total: 1,
+            public_key: String::new(),
+        };
+        let drift = DriftRecord {
+            app: h(),
+            group: h(),
+            kind: h(),
+            namespace: Some(h()),
+            name: h(),
+            fields: vec![h(), h()],
+            deleted: false,
+            manager: Some(h()),
+            operation: Some(h()),
+            changed_at: Some(now),
+            detected_at: now,
+            reverted_at: None,
+            action: DriftAction::Held,
+            break_glass: Some(BreakGlassRecord {
+                by: h(),
+                approver: h(),
+                ticket: h(),
+                until: now + jiff::SignedDuration::from_hours(1),
+            }),
+            revert_requested_by: None,
+        };
+        let pending: windvane_shared::rollout::PendingReport = serde_json::from_value(
+            serde_json::json!({"serial": 2, "wave": 1, "waves": 2, "halted": false, "message": HOSTILE}),
+        )
+        .expect("pending report");
+        let report = Heartbeat {
+            cluster: h(),
+            fleet: h(),
+            sequence: 1,
+            sent_at: now,
+            interval_seconds: 30,
+            agent_version: h(),
+            labels: [(h(), h())].into(),
+            state: SyncState::Failed,
+            source: SourceReport {
+                channel: h(),
+                applied_serial: Some(1),
+                applied_sha256: Some(h()),
+                stale_since: Some(now),
+                last_refusal: Some(Refusal {
+                    reason: h(),
+                    message: h(),
+                    at: now,
+                }),
+                pending: Some(pending),
+            },
+            counts: Default::default(),
+            apps: vec![AppReport {
+                name: h(),
+                state: SyncState::Failed,
+                objects: 1,
+            }],
+            problems: vec![ObjectReport {
+                app: h(),
+                object: h(),
+                group: h(),
+                kind: h(),
+                state: SyncState::Failed,
+                message: h(),
+            }],
+            drift: vec![drift.clone()],
+            last_error: Some(h()),
+        };
+        let entry = DriftEntry {
+            cluster: h(),
+            sequence: 1,
+            received_at: now,
+            record: drift,
+        };
+        let open = crate::notify::break_glass::open(std::slice::from_ref(&entry), now);
+        assert_eq!(
+            open.len(),
+            1,
+            "the hostile drift is an open break-glass change"
+        );
+        let view = fleet_view(
+            vec![summary.clone()],
+            now,
+            None,
+            &Filter::default(),
+            &|_| Some(2),
+        );
+        let detail = ClusterDetail {
+            cluster: view.clusters[0].clone(),
+            report: Some(report),
+            drift: vec![entry],
+        };
+        (detail, view, open)
+    }
+
+    /// No text a cluster wrote becomes markup or leaves its attribute: each page carries it only escaped.
+    fn assert_inert(html: &str, at_least: usize) {
+        assert!(!html.contains("<script"), "a script element: {html}");
+        assert!(!html.contains("<img"), "an img element: {html}");
+        assert!(
+            !html.contains("\" onmouseover=\""),
+            "an attribute broken out of: {html}"
+        );
+        let escaped = html.matches("&lt;script&gt;alert(").count();
+        assert!(
+            escaped >= at_least,
+            "{escaped} escaped copies, expected at least {at_least}: {html}"
+        );
+    }
+
+    #[test]
+    fn cluster_written_markup_is_escaped_in_every_field_each_page_shows() {
+        let now: Timestamp = "2026-12-07T12:00:00Z".parse().expect("time");
+        let (detail, view, open) = hostile_cluster(now);
+        // Fleet: name (twice: link text and href), 2 label parts, channel (rollout link twice, row once),
+        // last error, the selector echoed in the form, and the break-glass row's seven texts.
+        assert_inert(&fleet_page(&view, HOSTILE, &[], &open), 8);
+        // Cluster page: every fact, app, problem and drift cell listed in `hostile_cluster`.
+        assert_inert(&cluster_page(&detail, now), 20);
+        let rollout = windvane_shared::rollout::RolloutView {
+            channel: HOSTILE.to_owned(),
+            serial: 2,
+            issued_at: now,
+            halted: false,
+            complete: false,
+            waves: vec![windvane_shared::rollout::WaveView {
+                index: 0,
+                name: HOSTILE.to_owned(),
+                opens_at: now,
+                opened: true,
+                held: Some(HOSTILE.to_owned()),
+                soak_seconds: 0,
+                gate: Default::default(),
+                done: 0,
+                pending: 1,
+                failed: 0,
+                unknown: 0,
+                clusters: vec![windvane_shared::rollout::WaveCluster {
+                    name: HOSTILE.to_owned(),
+                    state: ClusterState::Failed,
+                    applied_serial: Some(1),
+                    phase: windvane_shared::rollout::RolloutPhase::Failed,
+                    done: false,
+                    waiting: Some(HOSTILE.to_owned()),
+                }],
+            }],
+        };
+        assert_inert(&rollout_page(&rollout), 5);
     }
 }

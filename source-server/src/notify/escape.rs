@@ -1,7 +1,7 @@
 //! Text from clusters (names, field managers, break-glass tickets, errors) escaped for each place the server
-//! puts it, one function per sink, so that a cluster cannot write markup into what people read:
+//! sends it, one function per sink, so that a cluster cannot write markup into what people read (the pages
+//! escape through their templates, [`crate::fleet::page`]):
 //!
-//! - [`html`]: the fleet, cluster and rollout pages ([`crate::fleet::page`]).
 //! - [`slack`]: Slack mrkdwn ([`crate::notify::body_for`]): `&`, `<` and `>` become entities, as Slack asks,
 //!   so `<!channel>` cannot ping a channel and `<https://evil|Approve>` cannot draw a link.
 //! - [`json`]: every JSON body the server sends out (webhooks, Slack's envelope, PagerDuty events, the audit
@@ -14,22 +14,6 @@
 //! Pure functions; they read nothing and log nothing.
 
 use serde::Serialize;
-
-/// Escapes text for HTML element content and quoted attribute values.
-pub fn html(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 /// Escapes text for Slack mrkdwn: the three characters Slack gives meaning to (`<…>` links, mentions and
 /// commands; `&` starts an entity).
@@ -93,14 +77,6 @@ impl serde_json::ser::Formatter for MarkupSafe {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn html_escapes_markup_and_quotes() {
-        assert_eq!(
-            html("<a href=\"x\">&'"),
-            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
-        );
-    }
 
     #[test]
     fn slack_mentions_and_links_become_text() {
