@@ -128,22 +128,22 @@ struct ServeArgs {
     log_format: String,
 }
 
-fn duration(text: &str) -> Result<std::time::Duration, String> {
-    parse_duration(text).map_err(|e| e.to_string())
+fn duration(text: &str) -> Result<std::time::Duration, windvane_shared::Error> {
+    parse_duration(text)
 }
 
-fn at_least_one(text: &str) -> Result<usize, String> {
+fn at_least_one(text: &str) -> Result<usize, windvane_source_server::Error> {
     match text.parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!(
-            "expected a whole number of at least 1, got {text:?}"
-        )),
+        _ => Err(windvane_source_server::Error::NotAtLeastOne {
+            text: text.to_owned(),
+        }),
     }
 }
 
-fn positive_duration(text: &str) -> Result<std::time::Duration, String> {
+fn positive_duration(text: &str) -> Result<std::time::Duration, windvane_source_server::Error> {
     match duration(text)? {
-        std::time::Duration::ZERO => Err("must be more than zero".to_owned()),
+        std::time::Duration::ZERO => Err(windvane_source_server::Error::ZeroDuration),
         positive => Ok(positive),
     }
 }

@@ -105,7 +105,13 @@ async fn fleet(
     let states: Vec<&str> = states.iter().map(String::as_str).collect();
     let filter = match Filter::parse(selector.as_deref(), &states) {
         Ok(filter) => filter,
-        Err(detail) => return Ok(json_error(StatusCode::BAD_REQUEST, "bad_filter", &detail)),
+        Err(detail) => {
+            return Ok(json_error(
+                StatusCode::BAD_REQUEST,
+                "bad_filter",
+                &detail.to_string(),
+            ));
+        }
     };
     let clusters = app.db.list_clusters().await?;
     let fleet = view::fleet_view(
@@ -166,13 +172,25 @@ async fn drift(
     let since = match route::query_param(query, "since").filter(|s| !s.is_empty()) {
         Some(text) => match view::parse_since(&text, now) {
             Ok(t) => Some(t),
-            Err(detail) => return Ok(json_error(StatusCode::BAD_REQUEST, "bad_since", &detail)),
+            Err(detail) => {
+                return Ok(json_error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_since",
+                    &detail.to_string(),
+                ));
+            }
         },
         None => None,
     };
     let (limit, offset) = match page(query) {
         Ok(page) => page,
-        Err(detail) => return Ok(json_error(StatusCode::BAD_REQUEST, "bad_page", &detail)),
+        Err(detail) => {
+            return Ok(json_error(
+                StatusCode::BAD_REQUEST,
+                "bad_page",
+                &detail.to_string(),
+            ));
+        }
     };
     let drift = app
         .db
@@ -239,23 +257,24 @@ pub(crate) async fn readyz(app: &Arc<App>) -> Response<Body> {
 }
 
 /// The `limit` (1 to [`DRIFT_LIMIT`], default [`DRIFT_LIMIT`]) and `offset` (default 0) of a drift page.
-fn page(query: Option<&str>) -> Result<(u32, u64), String> {
+fn page(query: Option<&str>) -> crate::Result<(u32, u64)> {
     let limit = match route::query_param(query, "limit").filter(|s| !s.is_empty()) {
         None => DRIFT_LIMIT,
         Some(text) => match text.parse::<u32>() {
             Ok(n) if (1..=DRIFT_LIMIT).contains(&n) => n,
             _ => {
-                return Err(format!(
-                    "limit must be a number from 1 to {DRIFT_LIMIT}, got {text:?}"
-                ));
+                return Err(crate::Error::PageLimit {
+                    text: text.to_owned(),
+                    max: DRIFT_LIMIT,
+                });
             }
         },
     };
     let offset = match route::query_param(query, "offset").filter(|s| !s.is_empty()) {
         None => 0,
-        Some(text) => text
-            .parse::<u64>()
-            .map_err(|_| format!("offset must be a non-negative number, got {text:?}"))?,
+        Some(text) => text.parse::<u64>().map_err(|_| crate::Error::PageOffset {
+            text: text.to_owned(),
+        })?,
     };
     Ok((limit, offset))
 }
@@ -279,10 +298,18 @@ mod page_tests {
 
     #[test]
     fn pages_default_to_the_limit_and_refuse_nonsense() {
-        assert_eq!(page(None), Ok((DRIFT_LIMIT, 0)));
-        assert_eq!(page(Some("limit=10&offset=20")), Ok((10, 20)));
-        assert!(page(Some("limit=0")).unwrap_err().contains("limit"));
+        assert_eq!(page(None).expect("default"), (DRIFT_LIMIT, 0));
+        assert_eq!(page(Some("limit=10&offset=20")).expect("given"), (10, 20));
+        assert!(matches!(
+            page(Some("limit=0")),
+            Err(crate::Error::PageLimit { text, .. }) if text == "0"
+        ));
         assert!(page(Some(&format!("limit={}", DRIFT_LIMIT + 1))).is_err());
-        assert!(page(Some("offset=-1")).unwrap_err().contains("offset"));
+        let offset = page(Some("offset=-1")).expect_err("negative offset");
+        assert!(matches!(&offset, crate::Error::PageOffset { text } if text == "-1"));
+        assert_eq!(
+            offset.to_string(),
+            "offset must be a non-negative number, got \"-1\""
+        );
     }
 }

@@ -79,8 +79,13 @@ pub(crate) async fn handle(
             app.metrics
                 .rollout_view_builds
                 .fetch_add(1, Ordering::Relaxed);
-            let pointer = parse_pointer(channel, &file.body)
-                .map_err(|detail| json_error(StatusCode::NOT_FOUND, "unknown_channel", &detail))?;
+            let pointer = parse_pointer(channel, &file.body).map_err(|detail| {
+                json_error(
+                    StatusCode::NOT_FOUND,
+                    "unknown_channel",
+                    &detail.to_string(),
+                )
+            })?;
             build(app, channel, &pointer).await.map_err(|error| {
                 tracing::error!(%error, "rollout view failed");
                 json_error(
@@ -152,22 +157,29 @@ async fn check_access(
 }
 
 /// The channel's pointer payload as the store holds it.
-fn current_pointer(app: &App, channel: &str) -> Result<ReleasePointer, String> {
+fn current_pointer(app: &App, channel: &str) -> crate::Result<ReleasePointer> {
     let file = app
         .files
         .pointer(channel)
-        .map_err(|_| format!("channel {channel} has no release in the store"))?;
+        .map_err(|_| crate::Error::NoRelease {
+            channel: channel.to_owned(),
+        })?;
     parse_pointer(channel, &file.body)
 }
 
 /// A pointer file's payload, read without verification (the server is no authority on releases).
-fn parse_pointer(channel: &str, body: &[u8]) -> Result<ReleasePointer, String> {
-    let envelope = windvane_shared::dsse::Envelope::from_json_slice(body)
-        .map_err(|e| format!("channel {channel}: {e}"))?;
-    let payload = envelope
-        .payload_bytes()
-        .map_err(|e| format!("channel {channel}: {e}"))?;
-    serde_json::from_slice(&payload).map_err(|e| format!("channel {channel}: {e}"))
+fn parse_pointer(channel: &str, body: &[u8]) -> crate::Result<ReleasePointer> {
+    let envelope_error = |source| crate::Error::PointerEnvelope {
+        channel: channel.to_owned(),
+        source,
+    };
+    let envelope =
+        windvane_shared::dsse::Envelope::from_json_slice(body).map_err(envelope_error)?;
+    let payload = envelope.payload_bytes().map_err(envelope_error)?;
+    serde_json::from_slice(&payload).map_err(|source| crate::Error::PointerPayload {
+        channel: channel.to_owned(),
+        source,
+    })
 }
 
 async fn build(app: &App, channel: &str, pointer: &ReleasePointer) -> crate::Result<RolloutView> {

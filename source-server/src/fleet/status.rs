@@ -123,9 +123,16 @@ pub struct Filter {
 
 impl Filter {
     /// Parses the `selector` and `state` query parameters (`state` may be comma-separated).
-    pub fn parse(selector: Option<&str>, states: &[&str]) -> Result<Filter, String> {
+    pub fn parse(selector: Option<&str>, states: &[&str]) -> crate::Result<Filter> {
         let selector = match selector.map(str::trim).filter(|s| !s.is_empty()) {
-            Some(text) => Some(LabelSelector::parse(text).map_err(|e| e.to_string())?),
+            Some(text) => {
+                Some(
+                    LabelSelector::parse(text).map_err(|source| crate::Error::Selector {
+                        selector: text.to_owned(),
+                        source,
+                    })?,
+                )
+            }
             None => None,
         };
         let mut parsed = Vec::new();
@@ -135,9 +142,8 @@ impl Filter {
             .map(str::trim)
             .filter(|s| !s.is_empty())
         {
-            let state = ClusterState::parse(text).ok_or_else(|| {
-                let names: Vec<&str> = ClusterState::ALL.iter().map(|s| s.as_str()).collect();
-                format!("unknown state {text:?}; use one of {}", names.join(", "))
+            let state = ClusterState::parse(text).ok_or_else(|| crate::Error::UnknownState {
+                state: text.to_owned(),
             })?;
             if !parsed.contains(&state) {
                 parsed.push(state);
@@ -158,6 +164,12 @@ impl Filter {
     pub fn matches(&self, labels: &BTreeMap<String, String>, state: ClusterState) -> bool {
         self.matches_labels(labels) && (self.states.is_empty() || self.states.contains(&state))
     }
+}
+
+/// The states a `state` filter may name, for messages.
+pub fn state_names() -> String {
+    let names: Vec<&str> = ClusterState::ALL.iter().map(|s| s.as_str()).collect();
+    names.join(", ")
 }
 
 #[cfg(test)]
@@ -278,7 +290,8 @@ mod tests {
         assert!(
             Filter::parse(None, &["Sideways"])
                 .unwrap_err()
-                .contains("unknown state")
+                .to_string()
+                .starts_with("unknown state \"Sideways\"; use one of ")
         );
         assert!(Filter::parse(Some("env in (prod"), &[]).is_err());
     }

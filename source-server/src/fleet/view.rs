@@ -87,12 +87,14 @@ pub fn parse_report(payload: Option<&str>) -> Option<Heartbeat> {
 }
 
 /// Reads `since` as an RFC 3339 time or as a duration back from `now` (`1h`).
-pub fn parse_since(text: &str, now: Timestamp) -> Result<Timestamp, String> {
+pub fn parse_since(text: &str, now: Timestamp) -> crate::Result<Timestamp> {
     if let Ok(t) = text.parse::<Timestamp>() {
         return Ok(t);
     }
-    let back = windvane_shared::duration::parse_duration(text)
-        .map_err(|_| format!("since={text:?}: use an RFC 3339 time or a duration such as 1h"))?;
+    let back =
+        windvane_shared::duration::parse_duration(text).map_err(|_| crate::Error::Since {
+            text: text.to_owned(),
+        })?;
     let millis = i64::try_from(back.as_millis()).unwrap_or(i64::MAX);
     Ok(
         Timestamp::from_millisecond(now.as_millisecond().saturating_sub(millis))

@@ -132,7 +132,7 @@ async fn heartbeat_inner(
                 "cluster {cluster} was re-keyed or forgotten; enrol again"
             )))
         }
-        Ok(Err(detail)) => Err(Refusal::Unavailable(detail)),
+        Ok(Err(error)) => Err(Refusal::Unavailable(error.to_string())),
         Err(_) => Err(Refusal::Unavailable("the ingest task stopped".into())),
     }
 }

@@ -389,7 +389,7 @@ pub fn next_interval(agent_interval: u64, queued: usize, capacity: usize) -> u64
 #[derive(Debug)]
 pub struct IngestJob {
     pub heartbeat: VerifiedHeartbeat,
-    pub reply: oneshot::Sender<Result<IngestOutcome, String>>,
+    pub reply: oneshot::Sender<crate::Result<IngestOutcome>>,
 }
 
 /// A batch commit at least this slow is worth a warning: every heartbeat in it, and every one queued behind
@@ -513,9 +513,10 @@ pub async fn run_writer(
             }
             Err(error) => {
                 tracing::error!(%error, "storing heartbeats failed");
-                let message = error.to_string();
+                // One failed transaction answers every heartbeat it held.
+                let error = Arc::new(error);
                 for reply in replies {
-                    let _ = reply.send(Err(message.clone()));
+                    let _ = reply.send(Err(crate::Error::BatchNotStored(Arc::clone(&error))));
                 }
             }
         }

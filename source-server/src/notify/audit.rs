@@ -72,13 +72,12 @@ const MAX_ATTEMPTS: u32 = 6;
 pub async fn run(target: AuditTarget, mut lines: mpsc::Receiver<Vec<String>>) {
     // Only an endpoint needs an HTTP client (and the process's TLS provider).
     let client = match &target {
-        AuditTarget::Http(_) => Some(
-            reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(5))
-                .timeout(Duration::from_secs(30))
-                .build()
-                .map_err(|e| e.to_string()),
-        ),
+        AuditTarget::Http(url) => reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(30))
+            .build()
+            .inspect_err(|error| tracing::error!(%error, %url, "cannot build the audit export's HTTP client"))
+            .ok(),
         AuditTarget::File(_) => None,
     };
     while let Some(mut batch) = lines.recv().await {
@@ -90,9 +89,8 @@ pub async fn run(target: AuditTarget, mut lines: mpsc::Receiver<Vec<String>>) {
         text.push('\n');
         let result = match (&target, &client) {
             (AuditTarget::File(path), _) => append(path, &text).await,
-            (AuditTarget::Http(url), Some(Ok(client))) => post(client, url, text).await,
-            (AuditTarget::Http(_), Some(Err(error))) => Err(error.clone()),
-            (AuditTarget::Http(url), None) => Err(format!("{url}: no HTTP client")),
+            (AuditTarget::Http(url), Some(client)) => post(client, url, text).await,
+            (AuditTarget::Http(url), None) => Err(crate::Error::AuditNoClient { url: url.clone() }),
         };
         if let Err(error) = result {
             tracing::error!(%error, lines = batch.len(), "audit export failed; these drift lines are not exported");
@@ -100,23 +98,25 @@ pub async fn run(target: AuditTarget, mut lines: mpsc::Receiver<Vec<String>>) {
     }
 }
 
-async fn append(path: &std::path::Path, text: &str) -> Result<(), String> {
+async fn append(path: &std::path::Path, text: &str) -> crate::Result<()> {
+    let failed = |source| crate::Error::AuditWrite {
+        path: path.to_owned(),
+        source,
+    };
     let mut file = tokio::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
         .await
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    file.write_all(text.as_bytes())
-        .await
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    file.flush()
-        .await
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(failed)?;
+    file.write_all(text.as_bytes()).await.map_err(failed)?;
+    file.flush().await.map_err(failed)
 }
 
-async fn post(client: &reqwest::Client, url: &str, text: String) -> Result<(), String> {
-    let mut last = String::new();
+async fn post(client: &reqwest::Client, url: &str, text: String) -> crate::Result<()> {
+    let mut last = crate::Error::AuditNoClient {
+        url: url.to_owned(),
+    };
     for attempt in 1..=MAX_ATTEMPTS {
         let sent = client
             .post(url)
@@ -126,8 +126,18 @@ async fn post(client: &reqwest::Client, url: &str, text: String) -> Result<(), S
             .await;
         match sent {
             Ok(response) if response.status().is_success() => return Ok(()),
-            Ok(response) => last = format!("{url}: HTTP {}", response.status()),
-            Err(error) => last = format!("{url}: {error}"),
+            Ok(response) => {
+                last = crate::Error::AuditStatus {
+                    url: url.to_owned(),
+                    status: response.status(),
+                }
+            }
+            Err(source) => {
+                last = crate::Error::AuditSend {
+                    url: url.to_owned(),
+                    source,
+                }
+            }
         }
         tracing::warn!(error = %last, attempt, "audit export attempt failed");
         if attempt < MAX_ATTEMPTS {

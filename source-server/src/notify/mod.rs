@@ -157,7 +157,7 @@ pub struct Config {
     pub sinks: Vec<Sink>,
 }
 
-const TRIGGER_NAMES: [&str; 8] = [
+pub(crate) const TRIGGER_NAMES: [&str; 8] = [
     "OutOfSync",
     "Degraded",
     "Failed",
@@ -176,7 +176,7 @@ impl Config {
             detail,
         };
         let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-        let mut config = Config::parse(&text).map_err(bad)?;
+        let mut config = Config::parse(&text).map_err(|e| bad(e.to_string()))?;
         let base = path.parent().unwrap_or(Path::new("."));
         for sink in &mut config.sinks {
             if let Some(file) = &sink.routing_key_file {
@@ -196,56 +196,50 @@ impl Config {
 
     /// Parses config text (JSON) and checks it.
     /// Parses config text, JSON or YAML (one document), and checks it.
-    pub fn parse(text: &str) -> std::result::Result<Config, String> {
+    pub fn parse(text: &str) -> Result<Config> {
         let value = match serde_json::from_str::<serde_json::Value>(text) {
             Ok(value) => value,
             Err(_) => {
                 let limits = windvane_shared::yaml::YamlLimits::default();
                 let mut documents =
-                    windvane_shared::yaml::documents_to_json(text, "notifications config", limits)
-                        .map_err(|e| e.to_string())?;
+                    windvane_shared::yaml::documents_to_json(text, "notifications config", limits)?;
                 if documents.len() != 1 {
-                    return Err(format!(
-                        "expected one YAML document, found {}",
-                        documents.len()
-                    ));
+                    return Err(Error::NotificationDocuments {
+                        found: documents.len(),
+                    });
                 }
                 documents.remove(0).1
             }
         };
         let config: Config =
-            serde_json::from_value(value).map_err(|e| format!("invalid config: {e}"))?;
+            serde_json::from_value(value).map_err(|source| Error::NotificationSchema { source })?;
         config.check()?;
         Ok(config)
     }
 
-    fn check(&self) -> std::result::Result<(), String> {
+    fn check(&self) -> Result<()> {
         for sink in &self.sinks {
+            let name = || sink.name.clone();
             if !(sink.url.starts_with("http://") || sink.url.starts_with("https://")) {
-                return Err(format!(
-                    "sink {}: url must be http:// or https://",
-                    sink.name
-                ));
+                return Err(Error::SinkUrl { sink: name() });
             }
             let keyed = sink.routing_key.is_some() || sink.routing_key_file.is_some();
             if sink.kind == SinkKind::Pagerduty && !keyed {
-                return Err(format!(
-                    "sink {}: a pagerduty sink needs routingKey or routingKeyFile",
-                    sink.name
-                ));
+                return Err(Error::SinkRoutingKey { sink: name() });
             }
             for trigger in sink.triggers.iter().flatten() {
                 if !TRIGGER_NAMES.contains(&trigger.as_str()) {
-                    return Err(format!(
-                        "sink {}: unknown trigger {trigger:?}; use {}",
-                        sink.name,
-                        TRIGGER_NAMES.join(", ")
-                    ));
+                    return Err(Error::SinkTrigger {
+                        sink: name(),
+                        trigger: trigger.clone(),
+                    });
                 }
             }
             if let Some(selector) = &sink.selector {
-                Filter::parse(Some(selector), &[])
-                    .map_err(|e| format!("sink {}: {e}", sink.name))?;
+                Filter::parse(Some(selector), &[]).map_err(|source| Error::SinkSelector {
+                    sink: name(),
+                    source: Box::new(source),
+                })?;
             }
         }
         Ok(())
@@ -1123,7 +1117,11 @@ mod tests {
             r#"{"sinks":[{"name":"pd","type":"pagerduty","url":"https://events.pagerduty.com/v2/enqueue"}]}"#,
         )
         .unwrap_err();
-        assert!(missing.contains("routingKey"), "{missing}");
+        assert!(
+            matches!(&missing, Error::SinkRoutingKey { sink } if sink == "pd"),
+            "{missing}"
+        );
+        assert!(missing.to_string().contains("routingKey"), "{missing}");
         let config = Config::parse(
             r#"{"sinks":[
                 {"name":"pd","type":"pagerduty","url":"http://127.0.0.1:9/v2/enqueue","routingKey":"R",
