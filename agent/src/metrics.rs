@@ -1,5 +1,6 @@
 //! The agent's Prometheus metrics, kept in memory and written in the text exposition format on `/metrics`.
-//! Hand-rolled (a few counters, gauges and histograms) to keep the agent small. The engine records syncs,
+//! Its own families are hand-rolled (a few counters, gauges and histograms); `windvane_build_info` and the
+//! process's memory and CPU come from `windvane-metrics` (the Prometheus client), as on the server. The engine records syncs,
 //! applies and the source's state; the healer (`heal/mod.rs`) records drift; the admin server renders.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -260,6 +261,11 @@ impl Metrics {
             "Time to render, apply and prune a release.",
         );
         render_drift(out, &values);
+        // Build info and the process's memory and CPU, named and written as on the server.
+        text.push_str(&windvane_metrics::encode(&windvane_metrics::registry(
+            "windvane-agent",
+            env!("CARGO_PKG_VERSION"),
+        )));
         text
     }
 }
@@ -466,6 +472,11 @@ mod tests {
         );
         assert!(text.contains("windvane_apply_total{result=\"written\"} 1"));
         assert!(text.contains("windvane_enrolments_total{result=\"enrolled\"} 1"));
+        assert!(text.contains(&format!(
+            "windvane_build_info{{binary=\"windvane-agent\",version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )));
+        assert!(text.contains("\nprocess_resident_memory_bytes "), "{text}");
         assert!(text.contains("windvane_release_serial 7"));
         assert!(text.contains("windvane_source_stale 0"));
         assert!(text.contains("windvane_rollout_waiting_wave 0"));

@@ -1,14 +1,19 @@
-//! Prometheus metrics, written by hand in the text exposition format (a handful of counters and gauges do
-//! not need a registry). Counters live in [`Metrics`] and are bumped by the handlers, the ingest task and
-//! the notifier; fleet gauges are computed from the database at scrape time by the caller and passed to
-//! [`render`]. Every name starts with `windvane_`.
+//! The server's Prometheus metrics, kept and written by the Prometheus project's Rust client
+//! (`prometheus-client`, through `windvane-metrics`, which also adds `windvane_build_info` and the process's
+//! memory and CPU). Counters, gauges and histograms live in [`Metrics`] and are bumped by the handlers, the
+//! ingest task and the notifier; fleet gauges are computed from the database at scrape time by the caller and
+//! passed to [`render`]. Every name of the server's own starts with `windvane_`; every labelled series exists
+//! from the start (at 0), so a rate over it never starts mid-way.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::fleet::status::ClusterState;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
+use crate::fleet::status::ClusterState;
 /// Why a heartbeat was answered as it was: the `result` label of `windvane_heartbeats_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeartbeatResult {
@@ -54,117 +59,230 @@ impl HeartbeatResult {
     }
 }
 
-/// The server's counters.
+/// One label and its value.
+type Label = [(&'static str, &'static str); 1];
+/// A counter per value of one label.
+type Counters = Family<Label, Counter>;
+/// A gauge holding a float (`Gauge<f64>` keeps its bits in an `AtomicU64`).
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+/// A counter family with a series for each of `values` of `label`, registered as `name`.
+fn counters(
+    registry: &mut Registry,
+    (name, help): (&str, &str),
+    label: &'static str,
+    values: &[&'static str],
+) -> Counters {
+    let family = Counters::default();
+    for value in values {
+        let _ = family.get_or_create(&[(label, *value)]);
+    }
+    registry.register(name, help, family.clone());
+    family
+}
+
+fn registered<M: prometheus_client::registry::Metric + Clone>(
+    registry: &mut Registry,
+    (name, help): (&str, &str),
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// The server's counters, gauges and histograms, and the registry that writes them.
 #[derive(Debug)]
 pub struct Metrics {
-    heartbeats: [AtomicU64; 10],
-    pub drift_events: AtomicU64,
-    pub drift_critical: AtomicU64,
-    pub enrollments_ok: AtomicU64,
-    pub enrollments_refused: AtomicU64,
-    pub notifications_sent: AtomicU64,
-    pub notifications_failed: AtomicU64,
-    pub notifications_dropped: AtomicU64,
-    /// Whether this replica leads the notification sender ([`crate::notify::outbox`]).
-    pub notification_sender_leader: AtomicBool,
-    pub ingest_batches: AtomicU64,
-    pub ingest_queue_depth: AtomicU64,
+    registry: Registry,
+    heartbeats: Counters,
+    drift: Counters,
+    enrolments: Counters,
+    notifications: Counters,
+    /// 1 while this replica leads the notification sender ([`crate::notify::outbox`]).
+    pub notification_sender_leader: Gauge,
+    pub ingest_batches: Counter,
+    pub ingest_queue_depth: Gauge,
     /// Pointer polls being held (`Prefer: wait`).
-    pub held_polls: AtomicU64,
-    /// Held polls answered early to make room: for another poll of the same client address, and for a new
-    /// connection when the connections were at their limit.
-    pub held_polls_evicted_per_client: AtomicU64,
-    pub held_polls_evicted_for_connection: AtomicU64,
+    pub held_polls: Gauge,
+    /// Held polls answered early to make room: for another poll of the same client address (`per_client`),
+    /// and for a new connection when the connections were at their limit (`connections`).
+    held_polls_evicted: Counters,
     /// Rollout views built from the database (at most one per channel and second).
-    pub rollout_view_builds: AtomicU64,
-    /// Rollout view reads answered with the view (`200`) and with `304`.
-    pub rollout_view_sent: AtomicU64,
-    pub rollout_view_not_modified: AtomicU64,
+    pub rollout_view_builds: Counter,
+    /// Rollout view reads answered with the view (`ok`) and with `304` (`not_modified`).
+    rollout_view_reads: Counters,
     /// How long storing a batch of heartbeats took (one transaction, its fsync included).
-    pub ingest_commit_seconds: Histogram<11>,
+    pub ingest_commit_seconds: Histogram,
     /// Signatures per batched check.
-    pub signature_batch_size: Histogram<7>,
-}
-
-/// A Prometheus histogram with fixed upper bounds, updated without locks.
-#[derive(Debug)]
-pub struct Histogram<const N: usize> {
-    bounds: [f64; N],
-    /// Observations at or below each bound (not cumulative; the last slot is above every bound).
-    counts: [AtomicU64; N],
-    above: AtomicU64,
-    /// The sum, in millionths of the unit.
-    sum_micros: AtomicU64,
-}
-
-impl<const N: usize> Histogram<N> {
-    pub fn new(bounds: [f64; N]) -> Self {
-        Histogram {
-            bounds,
-            counts: std::array::from_fn(|_| AtomicU64::new(0)),
-            above: AtomicU64::new(0),
-            sum_micros: AtomicU64::new(0),
-        }
-    }
-
-    pub fn observe(&self, value: f64) {
-        match self.bounds.iter().position(|bound| value <= *bound) {
-            Some(i) => self.counts[i].fetch_add(1, Ordering::Relaxed),
-            None => self.above.fetch_add(1, Ordering::Relaxed),
-        };
-        self.sum_micros
-            .fetch_add((value * 1e6).round() as u64, Ordering::Relaxed);
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        header(out, name, "histogram", help);
-        let mut cumulative = 0;
-        for (bound, count) in self.bounds.iter().zip(&self.counts) {
-            cumulative += count.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
-        }
-        cumulative += self.above.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cumulative}");
-    }
+    pub signature_batch_size: Histogram,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
+        let mut r = windvane_metrics::registry("windvane-server", env!("CARGO_PKG_VERSION"));
+        let results = HeartbeatResult::ALL.map(HeartbeatResult::as_str);
         Metrics {
-            heartbeats: Default::default(),
-            drift_events: AtomicU64::new(0),
-            drift_critical: AtomicU64::new(0),
-            enrollments_ok: AtomicU64::new(0),
-            enrollments_refused: AtomicU64::new(0),
-            notifications_sent: AtomicU64::new(0),
-            notifications_failed: AtomicU64::new(0),
-            notifications_dropped: AtomicU64::new(0),
-            notification_sender_leader: AtomicBool::new(false),
-            ingest_batches: AtomicU64::new(0),
-            ingest_queue_depth: AtomicU64::new(0),
-            held_polls: AtomicU64::new(0),
-            held_polls_evicted_per_client: AtomicU64::new(0),
-            held_polls_evicted_for_connection: AtomicU64::new(0),
-            rollout_view_builds: AtomicU64::new(0),
-            rollout_view_sent: AtomicU64::new(0),
-            rollout_view_not_modified: AtomicU64::new(0),
-            ingest_commit_seconds: Histogram::new([
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-            ]),
-            signature_batch_size: Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+            heartbeats: counters(
+                &mut r,
+                ("windvane_heartbeats", "Heartbeats received, by outcome."),
+                "result",
+                &results,
+            ),
+            drift: counters(
+                &mut r,
+                (
+                    "windvane_drift_events",
+                    "Drift records received in accepted heartbeats, by severity.",
+                ),
+                "severity",
+                &["critical", "warning"],
+            ),
+            enrolments: counters(
+                &mut r,
+                ("windvane_enrolments", "Enrolment requests, by outcome."),
+                "result",
+                &["accepted", "refused"],
+            ),
+            notifications: counters(
+                &mut r,
+                (
+                    "windvane_notifications",
+                    "Notifications, by outcome per sink delivery.",
+                ),
+                "result",
+                &["sent", "failed", "dropped"],
+            ),
+            notification_sender_leader: registered(
+                &mut r,
+                (
+                    "windvane_notification_sender_leader",
+                    "1 on the replica that sends the fleet's notifications.",
+                ),
+                Gauge::default(),
+            ),
+            ingest_batches: registered(
+                &mut r,
+                ("windvane_ingest_batches", "Heartbeat batches committed."),
+                Counter::default(),
+            ),
+            ingest_queue_depth: registered(
+                &mut r,
+                (
+                    "windvane_ingest_queue_depth",
+                    "Heartbeats waiting for a batch.",
+                ),
+                Gauge::default(),
+            ),
+            held_polls: registered(
+                &mut r,
+                (
+                    "windvane_held_polls",
+                    "Channel pointer polls held until the pointer changes.",
+                ),
+                Gauge::default(),
+            ),
+            held_polls_evicted: counters(
+                &mut r,
+                (
+                    "windvane_held_polls_evicted",
+                    "Held polls answered early to make room (the agent then polls on its interval): for another \
+                     poll of the same client address (per_client), or for a new connection when the connections \
+                     were at their limit (connections).",
+                ),
+                "reason",
+                &["per_client", "connections"],
+            ),
+            rollout_view_builds: registered(
+                &mut r,
+                (
+                    "windvane_rollout_view_builds",
+                    "Rollout views built from the database (at most one per channel and second; reads in between \
+                     are served from the cache).",
+                ),
+                Counter::default(),
+            ),
+            rollout_view_reads: counters(
+                &mut r,
+                (
+                    "windvane_rollout_view_reads",
+                    "Reads of a channel's rollout view (JSON), by answer.",
+                ),
+                "answer",
+                &["ok", "not_modified"],
+            ),
+            ingest_commit_seconds: registered(
+                &mut r,
+                (
+                    "windvane_ingest_commit_duration_seconds",
+                    "Time to store one batch of heartbeats (one transaction, fsync included).",
+                ),
+                Histogram::new([
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                ]),
+            ),
+            signature_batch_size: registered(
+                &mut r,
+                (
+                    "windvane_signature_batch_size",
+                    "Heartbeat signatures checked together in one batch.",
+                ),
+                Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+            ),
+            registry: r,
         }
     }
 }
 
 impl Metrics {
     pub fn heartbeat(&self, result: HeartbeatResult) {
-        self.heartbeats[result as usize].fetch_add(1, Ordering::Relaxed);
+        self.heartbeats
+            .get_or_create(&[("result", result.as_str())])
+            .inc();
     }
 
     pub fn heartbeat_count(&self, result: HeartbeatResult) -> u64 {
-        self.heartbeats[result as usize].load(Ordering::Relaxed)
+        self.heartbeats
+            .get_or_create(&[("result", result.as_str())])
+            .get()
+    }
+
+    /// Counts the drift records of an accepted heartbeat, `critical` of them critical.
+    pub fn drift(&self, records: usize, critical: usize) {
+        let warning = records.saturating_sub(critical);
+        self.drift
+            .get_or_create(&[("severity", "critical")])
+            .inc_by(critical as u64);
+        self.drift
+            .get_or_create(&[("severity", "warning")])
+            .inc_by(warning as u64);
+    }
+
+    /// Counts an enrolment request, `accepted` or refused.
+    pub fn enrolment(&self, accepted: bool) {
+        let result = if accepted { "accepted" } else { "refused" };
+        self.enrolments.get_or_create(&[("result", result)]).inc();
+    }
+
+    /// Counts a notification delivery by result: `sent`, `failed` (given up) or `dropped` (queue full).
+    pub fn notification(&self, result: &'static str) {
+        self.notifications
+            .get_or_create(&[("result", result)])
+            .inc();
+    }
+
+    /// Counts a held poll answered early to make room, by reason: `per_client` or `connections`.
+    pub fn held_poll_evicted(&self, reason: &'static str) {
+        self.held_polls_evicted
+            .get_or_create(&[("reason", reason)])
+            .inc();
+    }
+
+    /// Counts a read of a rollout view, answered with `304` or with the view.
+    pub fn rollout_view_read(&self, not_modified: bool) {
+        let answer = if not_modified { "not_modified" } else { "ok" };
+        self.rollout_view_reads
+            .get_or_create(&[("answer", answer)])
+            .inc();
     }
 }
 
@@ -176,183 +294,46 @@ pub struct FleetGauges {
     pub ages: Vec<Duration>,
 }
 
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-/// A metric of one unlabelled series: its `(name, type)`, help and value.
-fn single(out: &mut String, (name, kind): (&str, &str), help: &str, value: impl std::fmt::Display) {
-    header(out, name, kind, help);
-    let _ = writeln!(out, "{name} {value}");
-}
-
-/// A counter with one label, a series per `(label value, count)`.
-fn labelled<'a>(
-    out: &mut String,
-    (name, label): (&str, &str),
-    help: &str,
-    series: impl IntoIterator<Item = (&'a str, u64)>,
-) {
-    header(out, name, "counter", help);
-    for (value, count) in series {
-        let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {count}");
-    }
-}
-
-fn load(value: &AtomicU64) -> u64 {
-    value.load(Ordering::Relaxed)
-}
-
-/// The exposition text.
+/// The exposition text: the server's metrics, then the fleet's.
 pub fn render(metrics: &Metrics, fleet: &FleetGauges) -> String {
-    let mut out = String::with_capacity(4096);
-    render_fleet(&mut out, metrics, fleet);
-    render_deliveries(&mut out, metrics);
-    render_ingest(&mut out, metrics);
-    out
+    let mut text = windvane_metrics::encode(&metrics.registry);
+    text.push_str(&windvane_metrics::encode(&fleet_registry(fleet)));
+    text
 }
 
-/// The clusters: their states, their heartbeats and how long ago each last sent one.
-fn render_fleet(out: &mut String, metrics: &Metrics, fleet: &FleetGauges) {
-    header(
-        out,
-        "windvane_clusters",
-        "gauge",
-        "Enrolled clusters by the state the server shows.",
-    );
+/// The clusters by state and how long ago each last sent a heartbeat, in a registry built for one scrape.
+/// The ages are written as a summary's series (`quantile` 0.5, 0.9, 0.99 and 1, `_sum`, `_count`); the client
+/// has no summary type, so each is a gauge of that name.
+fn fleet_registry(fleet: &FleetGauges) -> Registry {
+    let mut registry = Registry::default();
+    let clusters = Family::<[(&'static str, String); 1], Gauge>::default();
     for (state, count) in &fleet.counts {
-        let _ = writeln!(out, "windvane_clusters{{state=\"{state}\"}} {count}");
+        clusters
+            .get_or_create(&[("state", state.as_str().to_owned())])
+            .set(i64::try_from(*count).unwrap_or(i64::MAX));
     }
-    labelled(
-        out,
-        ("windvane_heartbeats_total", "result"),
-        "Heartbeats received, by outcome.",
-        HeartbeatResult::ALL.map(|result| (result.as_str(), metrics.heartbeat_count(result))),
+    registry.register(
+        "windvane_clusters",
+        "Enrolled clusters by the state the server shows.",
+        clusters,
     );
     let mut ages: Vec<f64> = fleet.ages.iter().map(Duration::as_secs_f64).collect();
     ages.sort_by(f64::total_cmp);
-    header(
-        out,
-        "windvane_heartbeat_age_seconds",
-        "summary",
-        "Time since each cluster's last heartbeat, across the fleet.",
-    );
+    let quantiles = Family::<[(&'static str, String); 1], FloatGauge>::default();
     for q in [0.5, 0.9, 0.99, 1.0] {
-        let value = quantile(&ages, q);
-        let _ = writeln!(
-            out,
-            "windvane_heartbeat_age_seconds{{quantile=\"{q}\"}} {value:.3}"
-        );
+        quantiles
+            .get_or_create(&[("quantile", q.to_string())])
+            .set(quantile(&ages, q));
     }
-    let _ = writeln!(
-        out,
-        "windvane_heartbeat_age_seconds_sum {:.3}",
-        ages.iter().sum::<f64>()
-    );
-    let _ = writeln!(out, "windvane_heartbeat_age_seconds_count {}", ages.len());
-}
-
-/// What came in and went out besides heartbeats: drift records, enrolments, notifications.
-fn render_deliveries(out: &mut String, metrics: &Metrics) {
-    let critical = load(&metrics.drift_critical);
-    labelled(
-        out,
-        ("windvane_drift_events_total", "severity"),
-        "Drift records received in accepted heartbeats, by severity.",
-        [
-            ("critical", critical),
-            (
-                "warning",
-                load(&metrics.drift_events).saturating_sub(critical),
-            ),
-        ],
-    );
-    labelled(
-        out,
-        ("windvane_enrollments_total", "result"),
-        "Enrolment requests, by outcome.",
-        [
-            ("accepted", load(&metrics.enrollments_ok)),
-            ("refused", load(&metrics.enrollments_refused)),
-        ],
-    );
-    labelled(
-        out,
-        ("windvane_notifications_total", "result"),
-        "Notifications, by outcome per sink delivery.",
-        [
-            ("sent", load(&metrics.notifications_sent)),
-            ("failed", load(&metrics.notifications_failed)),
-            ("dropped", load(&metrics.notifications_dropped)),
-        ],
-    );
-    single(
-        out,
-        ("windvane_notification_sender_leader", "gauge"),
-        "1 on the replica that sends the fleet's notifications.",
-        u8::from(metrics.notification_sender_leader.load(Ordering::Relaxed)),
-    );
-}
-
-/// The server's own work: heartbeat batches, held polls, rollout views.
-fn render_ingest(out: &mut String, metrics: &Metrics) {
-    single(
-        out,
-        ("windvane_ingest_batches_total", "counter"),
-        "Heartbeat batches committed.",
-        load(&metrics.ingest_batches),
-    );
-    single(
-        out,
-        ("windvane_ingest_queue_depth", "gauge"),
-        "Heartbeats waiting for a batch.",
-        load(&metrics.ingest_queue_depth),
-    );
-    single(
-        out,
-        ("windvane_held_polls", "gauge"),
-        "Channel pointer polls held until the pointer changes.",
-        load(&metrics.held_polls),
-    );
-    labelled(
-        out,
-        ("windvane_held_polls_evicted_total", "reason"),
-        "Held polls answered early to make room (the agent then polls on its interval): for another poll of \
-         the same client address (per_client), or for a new connection when the connections were at their \
-         limit (connections).",
-        [
-            ("per_client", load(&metrics.held_polls_evicted_per_client)),
-            (
-                "connections",
-                load(&metrics.held_polls_evicted_for_connection),
-            ),
-        ],
-    );
-    single(
-        out,
-        ("windvane_rollout_view_builds_total", "counter"),
-        "Rollout views built from the database (at most one per channel and second; reads in between are served from the cache).",
-        load(&metrics.rollout_view_builds),
-    );
-    labelled(
-        out,
-        ("windvane_rollout_view_reads_total", "answer"),
-        "Reads of a channel's rollout view (JSON), by answer.",
-        [
-            ("ok", load(&metrics.rollout_view_sent)),
-            ("not_modified", load(&metrics.rollout_view_not_modified)),
-        ],
-    );
-    metrics.ingest_commit_seconds.render(
-        out,
-        "windvane_ingest_commit_duration_seconds",
-        "Time to store one batch of heartbeats (one transaction, fsync included).",
-    );
-    metrics.signature_batch_size.render(
-        out,
-        "windvane_signature_batch_size",
-        "Heartbeat signatures checked together in one batch.",
-    );
+    const AGE_HELP: &str = "Time since each cluster's last heartbeat, across the fleet.";
+    registry.register("windvane_heartbeat_age_seconds", AGE_HELP, quantiles);
+    let sum = FloatGauge::default();
+    sum.set(ages.iter().sum::<f64>());
+    registry.register("windvane_heartbeat_age_seconds_sum", AGE_HELP, sum);
+    let count = Gauge::<i64>::default();
+    count.set(i64::try_from(ages.len()).unwrap_or(i64::MAX));
+    registry.register("windvane_heartbeat_age_seconds_count", AGE_HELP, count);
+    registry
 }
 
 /// The `q` quantile of sorted values (nearest rank); zero when there are none.
@@ -374,8 +355,8 @@ mod tests {
         let metrics = Metrics::default();
         metrics.heartbeat(HeartbeatResult::Accepted);
         metrics.heartbeat(HeartbeatResult::Replay);
-        metrics.drift_events.fetch_add(3, Ordering::Relaxed);
-        metrics.drift_critical.fetch_add(1, Ordering::Relaxed);
+        metrics.drift(3, 1);
+        metrics.enrolment(false);
         metrics.ingest_commit_seconds.observe(0.004);
         metrics.ingest_commit_seconds.observe(3.0);
         let fleet = FleetGauges {
@@ -389,7 +370,10 @@ mod tests {
             "windvane_clusters{state=\"Failed\"} 0",
             "windvane_heartbeats_total{result=\"accepted\"} 1",
             "windvane_heartbeats_total{result=\"replay\"} 1",
-            "windvane_heartbeat_age_seconds{quantile=\"1\"} 100.000",
+            "windvane_heartbeat_age_seconds{quantile=\"1\"} 100.0",
+            "windvane_enrolments_total{result=\"refused\"} 1",
+            "windvane_enrolments_total{result=\"accepted\"} 0",
+            "windvane_build_info{binary=\"windvane-server\",version=\"0.1.0\"} 1",
             "windvane_heartbeat_age_seconds_count 2",
             "windvane_drift_events_total{severity=\"critical\"} 1",
             "windvane_drift_events_total{severity=\"warning\"} 2",
@@ -404,8 +388,17 @@ mod tests {
             );
         }
         for line in text.lines().filter(|l| !l.starts_with('#')) {
-            assert!(line.starts_with("windvane_"), "{line}");
+            assert!(
+                line.starts_with("windvane_") || line.starts_with("process_"),
+                "{line}"
+            );
         }
+        assert!(
+            !text.contains("enrollments"),
+            "one spelling on both binaries"
+        );
+        assert!(text.contains("\nprocess_resident_memory_bytes "), "{text}");
+        assert!(text.contains("\nprocess_cpu_seconds_total "), "{text}");
     }
 
     #[test]

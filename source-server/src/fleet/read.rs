@@ -3,7 +3,6 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -223,17 +222,13 @@ async fn prometheus(app: &Arc<App>, now: Timestamp) -> crate::Result<Response<Bo
             .map(Duration::from_secs)
             .collect(),
     };
-    app.metrics.ingest_queue_depth.store(
-        (app.ingest_capacity - app.ingest.capacity()) as u64,
-        Ordering::Relaxed,
-    );
+    app.metrics
+        .ingest_queue_depth
+        .set(i64::try_from(app.ingest_capacity - app.ingest.capacity()).unwrap_or(i64::MAX));
     let mut body = metrics::render(&app.metrics, &gauges);
     body.push_str(&crate::fleet::rollout::metrics(app, &fleet.clusters, now));
     Ok(Response::builder()
-        .header(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )
+        .header(header::CONTENT_TYPE, windvane_metrics::CONTENT_TYPE)
         .body(Body::new(Bytes::from(body)))
         .unwrap_or_default())
 }

@@ -16,7 +16,6 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
@@ -76,9 +75,7 @@ pub(crate) async fn handle(
     let built = app
         .rollouts
         .get(channel, &file.etag, || async {
-            app.metrics
-                .rollout_view_builds
-                .fetch_add(1, Ordering::Relaxed);
+            app.metrics.rollout_view_builds.inc();
             let pointer = parse_pointer(channel, &file.body).map_err(|detail| {
                 json_error(
                     StatusCode::NOT_FOUND,
@@ -112,12 +109,7 @@ pub(crate) async fn handle(
     let builder = Response::builder()
         .header(header::ETAG, encoded.etag.clone())
         .header(header::CACHE_CONTROL, "no-cache");
-    let answered = if not_modified {
-        &app.metrics.rollout_view_not_modified
-    } else {
-        &app.metrics.rollout_view_sent
-    };
-    answered.fetch_add(1, Ordering::Relaxed);
+    app.metrics.rollout_view_read(not_modified);
     let response = if not_modified {
         builder
             .status(StatusCode::NOT_MODIFIED)
@@ -278,11 +270,19 @@ pub(crate) fn metrics(app: &App, rows: &[ClusterRow], now: Timestamp) -> String 
     render_metrics(&views)
 }
 
-/// Prometheus text for rollout views. Pure.
+/// Prometheus text for rollout views, through a registry built for one scrape. Pure.
 fn render_metrics(views: &[RolloutView]) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    out.push_str("# HELP windvane_rollout_clusters Clusters of each rollout wave of a channel's current release, by phase.\n# TYPE windvane_rollout_clusters gauge\n");
+    use prometheus_client::metrics::family::Family;
+    use prometheus_client::metrics::gauge::Gauge;
+    type ByChannel = Family<[(&'static str, String); 1], Gauge>;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let clusters = Family::<[(&'static str, String); 3], Gauge>::default();
+    let (serial, complete, halted) = (
+        ByChannel::default(),
+        ByChannel::default(),
+        ByChannel::default(),
+    );
+    let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     for view in views {
         for wave in &view.waves {
             for (phase, count) in [
@@ -291,40 +291,42 @@ fn render_metrics(views: &[RolloutView]) -> String {
                 ("failed", wave.failed),
                 ("unknown", wave.unknown),
             ] {
-                let _ = writeln!(
-                    out,
-                    "windvane_rollout_clusters{{channel=\"{}\",wave=\"{}\",phase=\"{phase}\"}} {count}",
-                    view.channel,
-                    wave.index + 1
-                );
+                let labels = [
+                    ("channel", view.channel.clone()),
+                    ("wave", (wave.index + 1).to_string()),
+                    ("phase", phase.to_owned()),
+                ];
+                clusters.get_or_create(&labels).set(gauge(count));
             }
         }
+        let channel = [("channel", view.channel.clone())];
+        serial.get_or_create(&channel).set(gauge(view.serial));
+        complete
+            .get_or_create(&channel)
+            .set(i64::from(view.complete));
+        halted.get_or_create(&channel).set(i64::from(view.halted));
     }
-    for (name, help) in [
-        (
-            "windvane_rollout_serial",
-            "Serial of the channel's current release.",
-        ),
-        (
-            "windvane_rollout_complete",
-            "1 when every cluster of the channel has its current release, Synced.",
-        ),
-        (
-            "windvane_rollout_halted",
-            "1 while the publisher has halted the current release's rollout.",
-        ),
-    ] {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-        for view in views {
-            let value = match name {
-                "windvane_rollout_serial" => view.serial,
-                "windvane_rollout_complete" => u64::from(view.complete),
-                _ => u64::from(view.halted),
-            };
-            let _ = writeln!(out, "{name}{{channel=\"{}\"}} {value}", view.channel);
-        }
-    }
-    out
+    registry.register(
+        "windvane_rollout_clusters",
+        "Clusters of each rollout wave of a channel's current release, by phase.",
+        clusters,
+    );
+    registry.register(
+        "windvane_rollout_serial",
+        "Serial of the channel's current release.",
+        serial,
+    );
+    registry.register(
+        "windvane_rollout_complete",
+        "1 when every cluster of the channel has its current release, Synced.",
+        complete,
+    );
+    registry.register(
+        "windvane_rollout_halted",
+        "1 while the publisher has halted the current release's rollout.",
+        halted,
+    );
+    windvane_metrics::encode(&registry)
 }
 
 #[cfg(test)]

@@ -265,9 +265,7 @@ impl Server {
                             tracing::debug!(%peer, "connection limit reached: closing the oldest idle connection")
                         }
                         Some(conns::Evicted::HeldPoll) => {
-                            app.metrics
-                                .held_polls_evicted_for_connection
-                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            app.metrics.held_poll_evicted("connections");
                             tracing::debug!(%peer, "connection limit reached: answering the oldest held poll to make room");
                         }
                         None => {}

@@ -3,7 +3,6 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
@@ -37,9 +36,7 @@ pub(crate) async fn handle(
         Err(e) => return refusal_response(&Refusal::Malformed(format!("enrolment body: {e}"))),
     };
     if !app.registration_token.verify(&enroll.token) {
-        app.metrics
-            .enrollments_refused
-            .fetch_add(1, Ordering::Relaxed);
+        app.metrics.enrolment(false);
         return token_failed(app, client, "registration token").await;
     }
     let checked = match ingest::check_enroll(cluster, &enroll) {
@@ -71,15 +68,11 @@ pub(crate) async fn handle(
         EnrollOutcome::Enrolled => StatusCode::CREATED,
         EnrollOutcome::AlreadyEnrolled | EnrollOutcome::Rekeyed => StatusCode::OK,
         EnrollOutcome::KeyConflict => {
-            app.metrics
-                .enrollments_refused
-                .fetch_add(1, Ordering::Relaxed);
+            app.metrics.enrolment(false);
             return refusal_response(&Refusal::KeyConflict(cluster.to_owned()));
         }
         EnrollOutcome::FleetConflict => {
-            app.metrics
-                .enrollments_refused
-                .fetch_add(1, Ordering::Relaxed);
+            app.metrics.enrolment(false);
             return json_error(
                 StatusCode::CONFLICT,
                 "fleet_conflict",
@@ -89,7 +82,7 @@ pub(crate) async fn handle(
             );
         }
     };
-    app.metrics.enrollments_ok.fetch_add(1, Ordering::Relaxed);
+    app.metrics.enrolment(true);
     let last_sequence = match app.db.get_cluster(cluster).await {
         Ok(Some((summary, _))) => summary.last_sequence,
         _ => 0,

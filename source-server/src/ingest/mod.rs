@@ -18,7 +18,6 @@ pub mod verify;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hyper::StatusCode;
@@ -454,7 +453,7 @@ pub async fn run_writer(
     while queue.recv_many(&mut jobs, max_batch).await > 0 {
         metrics
             .ingest_queue_depth
-            .store(queue.len() as u64, Ordering::Relaxed);
+            .set(i64::try_from(queue.len()).unwrap_or(i64::MAX));
         let (batch, replies): (Vec<VerifiedHeartbeat>, Vec<_>) =
             jobs.drain(..).map(|j| (j.heartbeat, j.reply)).unzip();
         let batch: Arc<[VerifiedHeartbeat]> = batch.into();
@@ -474,10 +473,13 @@ pub async fn run_writer(
                 SLOW_COMMIT.as_millis()
             );
         }
-        metrics.ingest_batches.fetch_add(1, Ordering::Relaxed);
+        metrics.ingest_batches.inc();
         match result {
             Ok(outcomes) => {
                 for ((heartbeat, reply), outcome) in batch.iter().zip(replies).zip(outcomes) {
+                    if let IngestOutcome::Accepted { .. } = &outcome {
+                        count_drift(&metrics, &heartbeat.heartbeat.drift);
+                    }
                     if let (IngestOutcome::Accepted { .. }, Some(audit)) = (&outcome, &audit)
                         && !heartbeat.heartbeat.drift.is_empty()
                     {
@@ -503,9 +505,7 @@ pub async fn run_writer(
                     {
                         let event = notify::Event::from_heartbeat(heartbeat, *previous);
                         if notifier.try_send(event).is_err() {
-                            metrics
-                                .notifications_dropped
-                                .fetch_add(1, Ordering::Relaxed);
+                            metrics.notification("dropped");
                         }
                     }
                     let _ = reply.send(Ok(outcome));
@@ -521,6 +521,15 @@ pub async fn run_writer(
             }
         }
     }
+}
+
+/// Counts an accepted heartbeat's drift records by severity (`windvane_drift_events_total`).
+fn count_drift(metrics: &Metrics, drift: &[windvane_shared::heartbeat::DriftRecord]) {
+    let critical = drift
+        .iter()
+        .filter(|r| notify::drift_severity(r) == notify::Severity::Critical)
+        .count();
+    metrics.drift(drift.len(), critical);
 }
 
 #[cfg(test)]
@@ -785,6 +794,46 @@ mod tests {
             Refusal::KeyConflict("c".into())
                 .message()
                 .contains("windvane cluster rekey c")
+        );
+    }
+
+    #[test]
+    fn accepted_drift_is_counted_by_severity() {
+        let record = |group: &str, kind: &str| windvane_shared::heartbeat::DriftRecord {
+            app: "a".into(),
+            group: group.into(),
+            kind: kind.into(),
+            namespace: Some("ns".into()),
+            name: "x".into(),
+            fields: vec!["spec.replicas".into()],
+            deleted: false,
+            manager: None,
+            operation: None,
+            changed_at: None,
+            detected_at: Timestamp::from_second(1_800_000_000).expect("valid"),
+            reverted_at: None,
+            action: windvane_shared::heartbeat::DriftAction::Reverted,
+            break_glass: None,
+            revert_requested_by: None,
+        };
+        let metrics = Metrics::default();
+        count_drift(
+            &metrics,
+            &[
+                record("rbac.authorization.k8s.io", "Role"),
+                record("apps", "Deployment"),
+                record("apps", "Deployment"),
+            ],
+        );
+        let text =
+            crate::fleet::metrics::render(&metrics, &crate::fleet::metrics::FleetGauges::default());
+        assert!(
+            text.contains("windvane_drift_events_total{severity=\"critical\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("windvane_drift_events_total{severity=\"warning\"} 2\n"),
+            "{text}"
         );
     }
 }

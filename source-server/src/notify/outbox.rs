@@ -9,7 +9,6 @@
 //! What to do after an attempt is pure ([`after_attempt`]); the loop around it is thin.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
@@ -85,9 +84,7 @@ async fn run(config: Arc<Config>, db: Arc<Db>, metrics: Arc<Metrics>, client: re
         if leads != leading {
             tracing::info!(leads, "notification sender leadership changed");
             leading = leads;
-            metrics
-                .notification_sender_leader
-                .store(leads, Ordering::Relaxed);
+            metrics.notification_sender_leader.set(i64::from(leads));
         }
         if !leads {
             continue;
@@ -140,10 +137,10 @@ async fn send(
     let settled = after_attempt(attempt, delivery.attempts, now);
     match settled {
         Settled::Delivered => {
-            metrics.notifications_sent.fetch_add(1, Ordering::Relaxed);
+            metrics.notification("sent");
         }
         Settled::GaveUp => {
-            metrics.notifications_failed.fetch_add(1, Ordering::Relaxed);
+            metrics.notification("failed");
             tracing::error!(sink = %delivery.sink, id = %delivery.notification_id, attempts = delivery.attempts, "notification not delivered");
         }
         Settled::RetryAt(_) => {}

@@ -26,7 +26,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -173,9 +172,7 @@ pub(super) async fn hold(
     let deadline = tokio::time::Instant::now() + wait;
     let (mut ticket, evicted) = app.pointer_watch.held.admit(client);
     if evicted {
-        app.metrics
-            .held_polls_evicted_per_client
-            .fetch_add(1, Ordering::Relaxed);
+        app.metrics.held_poll_evicted("per_client");
         tracing::debug!(%client, "too many polls held for this address: answered its oldest");
     }
     let _held = Held::count(&app.metrics.held_polls);
@@ -298,18 +295,18 @@ impl HeldPolls {
 
 /// One held poll in `windvane_held_polls`, for as long as it lives (also when the client goes away and
 /// the request is dropped mid-wait).
-struct Held<'a>(&'a AtomicU64);
+struct Held<'a>(&'a prometheus_client::metrics::gauge::Gauge);
 
 impl<'a> Held<'a> {
-    fn count(gauge: &'a AtomicU64) -> Self {
-        gauge.fetch_add(1, Ordering::Relaxed);
+    fn count(gauge: &'a prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
         Held(gauge)
     }
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.dec();
     }
 }
 
