@@ -9,17 +9,15 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use tokio::sync::Mutex;
-use tokio_postgres::{Client, NoTls, Row};
+use tokio_postgres::{Client, NoTls};
 
-use super::sql;
 use super::{
-    Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, Episode,
-    EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, NewDelivery,
-    QueuedDelivery, RecentFailures, RowUpdate, SequenceState, Settled, VerifiedHeartbeat,
-    check_sequence, decide_enroll, decide_episode, episode_key, from_ms, id_ranges,
-    labels_from_json, rekey_deadline, schema, to_i64, to_u64,
+    ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, EpisodeClaim, IngestOutcome,
+    LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, NewDelivery, QueuedDelivery, RecentFailures,
+    RowUpdate, Settled, VerifiedHeartbeat, check_sequence, decide_enroll, decide_episode,
+    episode_key, id_ranges, schema, to_i64, to_u64,
 };
-use crate::fleet::status::parse_sync_state;
+use super::{rows, sql};
 use crate::{Error, Result};
 
 /// PostgreSQL behind the [`Database`] trait.
@@ -123,26 +121,6 @@ async fn migrate(client: &mut Client) -> std::result::Result<(), tokio_postgres:
     Ok(())
 }
 
-fn summary_from_row(row: &Row) -> ClusterSummary {
-    ClusterSummary {
-        name: row.get(0),
-        fleet: row.get(1),
-        keyid: row.get(2),
-        labels: labels_from_json(row.get::<_, &str>(3)),
-        enrolled_at: from_ms(row.get(4)),
-        rekey_allowed_until: rekey_deadline(row.get(5)),
-        last_sequence: to_u64(row.get(6)),
-        last_seen: row.get::<_, Option<i64>>(7).map(from_ms),
-        interval_seconds: row.get::<_, Option<i64>>(8).map(to_u64),
-        state: row.get::<_, Option<&str>>(9).and_then(parse_sync_state),
-        channel: row.get(10),
-        applied_serial: row.get::<_, Option<i64>>(11).map(to_u64),
-        last_error: row.get(12),
-        drift_total: to_u64(row.get(13)),
-        public_key: row.get(14),
-    }
-}
-
 async fn ingest_batch(
     client: &mut Client,
     batch: &[VerifiedHeartbeat],
@@ -161,21 +139,21 @@ async fn ingest_batch(
     let mut outcomes = Vec::with_capacity(batch.len());
     for hb in batch {
         let name = &hb.heartbeat.cluster;
-        let current = tx.query_opt(&select, &[name]).await?;
-        let sequence_state = current.as_ref().map(|r| SequenceState {
-            keyid: r.get(0),
-            last_sequence: to_u64(r.get(1)),
-        });
-        if let Some(refusal) =
-            check_sequence(sequence_state.as_ref(), &hb.keyid, hb.heartbeat.sequence)
-        {
+        let current = tx
+            .query_opt(&select, &[name])
+            .await?
+            .as_ref()
+            .map(rows::sequence)
+            .transpose()?;
+        if let Some(refusal) = check_sequence(
+            current.as_ref().map(|(state, _)| state),
+            &hb.keyid,
+            hb.heartbeat.sequence,
+        ) {
             outcomes.push(refusal);
             continue;
         }
-        let previous = current
-            .as_ref()
-            .and_then(|r| r.get::<_, Option<&str>>(2))
-            .and_then(parse_sync_state);
+        let previous = current.and_then(|(_, state)| state);
         let row = RowUpdate::of(hb);
         tx.execute(
             &update,
@@ -227,11 +205,9 @@ async fn enroll_tx(
     let existing = tx
         .query_opt(&sql::postgres_locked(sql::SELECT_BINDING), &[&e.cluster])
         .await?
-        .map(|r| Binding {
-            fleet: r.get(0),
-            keyid: r.get(1),
-            rekey_until: rekey_deadline(r.get(2)),
-        });
+        .as_ref()
+        .map(rows::binding)
+        .transpose()?;
     let outcome = decide_enroll(existing.as_ref(), &e.fleet, &e.keyid, e.at);
     let labels = serde_json::to_string(&e.labels).unwrap_or_else(|_| "{}".into());
     let at = e.at.as_millisecond();
@@ -288,7 +264,10 @@ impl Database for PostgresDb {
             .query_opt(&sql::postgres(sql::SELECT_KEY), &[&cluster])
             .await
             .map_err(db_err(format!("read key of cluster {cluster}")))?;
-        Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
+        row.as_ref()
+            .map(rows::key)
+            .transpose()
+            .map_err(db_err(format!("read key of cluster {cluster}")))
     }
 
     async fn ingest(&self, batch: Arc<[VerifiedHeartbeat]>) -> Result<Vec<IngestOutcome>> {
@@ -303,20 +282,28 @@ impl Database for PostgresDb {
 
     async fn list_clusters(&self) -> Result<Vec<ClusterSummary>> {
         let client = self.client(&self.reader).await?;
-        let rows = client
+        let found = client
             .query(sql::LIST_CLUSTERS, &[])
             .await
             .map_err(db_err("list clusters"))?;
-        Ok(rows.iter().map(summary_from_row).collect())
+        found
+            .iter()
+            .map(rows::summary)
+            .collect::<std::result::Result<_, _>>()
+            .map_err(db_err("list clusters"))
     }
 
     async fn waiting_reports(&self) -> Result<Vec<(String, String)>> {
         let client = self.client(&self.reader).await?;
-        let rows = client
+        let found = client
             .query(sql::LIST_WAITING, &[])
             .await
             .map_err(db_err("list waiting clusters"))?;
-        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        found
+            .iter()
+            .map(rows::waiting)
+            .collect::<std::result::Result<_, _>>()
+            .map_err(db_err("list waiting clusters"))
     }
 
     async fn get_cluster(&self, cluster: &str) -> Result<Option<(ClusterSummary, Option<String>)>> {
@@ -325,7 +312,10 @@ impl Database for PostgresDb {
             .query_opt(&sql::postgres(sql::GET_CLUSTER), &[&cluster])
             .await
             .map_err(db_err(format!("read cluster {cluster}")))?;
-        Ok(row.map(|r| (summary_from_row(&r), r.get(sql::SUMMARY_COLUMNS))))
+        row.as_ref()
+            .map(rows::summary_and_report)
+            .transpose()
+            .map_err(db_err(format!("read cluster {cluster}")))
     }
 
     async fn drift(
@@ -338,25 +328,19 @@ impl Database for PostgresDb {
         let offset = i64::try_from(offset).unwrap_or(i64::MAX);
         let client = self.client(&self.reader).await?;
         let since_ms = since.map_or(i64::MIN, |t| t.as_millisecond());
-        let rows = client
+        let found = client
             .query(
                 &sql::postgres(sql::SELECT_DRIFT),
                 &[&cluster, &since_ms, &i64::from(limit), &offset],
             )
             .await
             .map_err(db_err("read drift log"))?;
-        Ok(rows
+        found
             .iter()
-            .filter_map(|r| {
-                let record = serde_json::from_str(r.get::<_, &str>(3)).ok()?;
-                Some(DriftEntry {
-                    cluster: r.get(0),
-                    sequence: to_u64(r.get(1)),
-                    received_at: from_ms(r.get(2)),
-                    record,
-                })
-            })
-            .collect())
+            .map(rows::drift)
+            .filter_map(std::result::Result::transpose)
+            .collect::<std::result::Result<_, _>>()
+            .map_err(db_err("read drift log"))
     }
 
     async fn allow_rekey(&self, cluster: &str, until: Timestamp) -> Result<bool> {
@@ -380,9 +364,9 @@ impl Database for PostgresDb {
                 for statement in sql::DELETE_CLUSTER_RECORDS {
                     tx.execute(&sql::postgres(statement), &[&cluster]).await?;
                 }
-                let span = tx.query_one(sql::LOG_SPAN, &[]).await?;
+                let span = rows::span(&tx.query_one(sql::LOG_SPAN, &[]).await?)?;
                 tx.commit().await?;
-                Ok((n > 0, (span.get::<_, i64>(0), span.get::<_, i64>(1))))
+                Ok((n > 0, span))
             };
             run.await
                 .map_err(db_err(format!("forget cluster {cluster}")))?
@@ -419,10 +403,9 @@ impl Database for PostgresDb {
             let current = tx
                 .query_opt(&sql::postgres_locked(sql::SELECT_EPISODE), &[&cluster])
                 .await?
-                .map(|row| Episode {
-                    number: to_u64(row.get(0)),
-                    open: row.get::<_, i64>(1) != 0,
-                })
+                .as_ref()
+                .map(rows::episode)
+                .transpose()?
                 .unwrap_or_default();
             let Some((episode, next)) = decide_episode(current, claim) else {
                 return Ok(None);
@@ -467,11 +450,15 @@ impl Database for PostgresDb {
 
     async fn open_episodes(&self) -> Result<Vec<String>> {
         let client = self.client(&self.reader).await?;
-        let rows = client
+        let found = client
             .query(sql::OPEN_EPISODES, &[])
             .await
             .map_err(db_err("list open alert episodes"))?;
-        Ok(rows.iter().map(|row| row.get(0)).collect())
+        found
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(db_err("list open alert episodes"))
     }
 
     async fn heartbeat_count(&self, cluster: Option<&str>) -> Result<u64> {
@@ -484,15 +471,16 @@ impl Database for PostgresDb {
     }
 
     async fn prune(&self, before: Timestamp) -> Result<u64> {
-        let span = {
+        let (first, end) = {
             let client = self.client(&self.reader).await?;
-            client
+            let row = client
                 .query_one(&sql::postgres(sql::PRUNE_SPAN), &[&before.as_millisecond()])
                 .await
-                .map_err(db_err("find the heartbeat log rows to prune"))?
+                .map_err(db_err("find the heartbeat log rows to prune"))?;
+            rows::span(&row).map_err(db_err("find the heartbeat log rows to prune"))?
         };
         let mut pruned = 0;
-        for (from, to) in id_ranges(span.get(0), span.get(1), LOG_DELETE_CHUNK) {
+        for (from, to) in id_ranges(first, end, LOG_DELETE_CHUNK) {
             let client = self.client(&self.writer).await?;
             pruned += client
                 .execute(&sql::postgres(sql::DELETE_LOG_RANGE), &[&from, &to])
@@ -517,7 +505,7 @@ impl Database for PostgresDb {
         limit: u32,
     ) -> Result<Vec<QueuedDelivery>> {
         let client = self.client(&self.writer).await?;
-        let rows = client
+        let found = client
             .query(
                 &sql::postgres(sql::TAKE_DUE_DELIVERIES),
                 &[
@@ -528,16 +516,11 @@ impl Database for PostgresDb {
             )
             .await
             .map_err(db_err("take due notification deliveries"))?;
-        Ok(rows
+        found
             .iter()
-            .map(|row| QueuedDelivery {
-                id: row.get(0),
-                notification_id: row.get(1),
-                sink: row.get(2),
-                body: row.get(3),
-                attempts: u32::try_from(row.get::<_, i64>(4)).unwrap_or(u32::MAX),
-            })
-            .collect())
+            .map(rows::delivery)
+            .collect::<std::result::Result<_, _>>()
+            .map_err(db_err("take due notification deliveries"))
     }
 
     async fn settle_delivery(&self, id: i64, settled: Settled, now: Timestamp) -> Result<()> {
@@ -599,10 +582,7 @@ impl Database for PostgresDb {
             )
             .await
             .map_err(db_err("count wrong tokens"))?;
-        Ok(RecentFailures {
-            count: to_u64(row.get(0)),
-            oldest: row.get::<_, Option<i64>>(1).map(from_ms),
-        })
+        rows::token_failures(&row).map_err(db_err("count wrong tokens"))
     }
 
     async fn prune_token_failures(&self, before: Timestamp) -> Result<u64> {

@@ -12,15 +12,13 @@ use std::sync::{Arc, Mutex};
 use jiff::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::sql;
 use super::{
-    Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, Episode,
-    EpisodeClaim, IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, NewDelivery,
-    QueuedDelivery, RecentFailures, RowUpdate, SequenceState, Settled, VerifiedHeartbeat,
-    check_sequence, decide_enroll, decide_episode, episode_key, from_ms, id_ranges,
-    labels_from_json, rekey_deadline, schema, to_i64, to_u64,
+    Binding, ClusterSummary, Database, DriftEntry, EnrollOutcome, Enrollment, EpisodeClaim,
+    IngestOutcome, LOG_DELETE_CHUNK, MIGRATE_HEARTBEAT_LOG, NewDelivery, QueuedDelivery,
+    RecentFailures, RowUpdate, Settled, VerifiedHeartbeat, check_sequence, decide_enroll,
+    decide_episode, episode_key, id_ranges, schema, to_i64, to_u64,
 };
-use crate::fleet::status::parse_sync_state;
+use super::{rows, sql};
 use crate::{Error, Result};
 
 /// The database file's name under `--data`.
@@ -125,28 +123,6 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
         })?
 }
 
-fn summary_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ClusterSummary> {
-    Ok(ClusterSummary {
-        name: row.get(0)?,
-        fleet: row.get(1)?,
-        keyid: row.get(2)?,
-        labels: labels_from_json(&row.get::<_, String>(3)?),
-        enrolled_at: from_ms(row.get(4)?),
-        rekey_allowed_until: rekey_deadline(row.get(5)?),
-        last_sequence: to_u64(row.get(6)?),
-        last_seen: row.get::<_, Option<i64>>(7)?.map(from_ms),
-        interval_seconds: row.get::<_, Option<i64>>(8)?.map(to_u64),
-        state: row
-            .get::<_, Option<String>>(9)?
-            .and_then(|s| parse_sync_state(&s)),
-        channel: row.get(10)?,
-        applied_serial: row.get::<_, Option<i64>>(11)?.map(to_u64),
-        last_error: row.get(12)?,
-        drift_total: to_u64(row.get(13)?),
-        public_key: row.get(14)?,
-    })
-}
-
 fn ingest_batch(
     conn: &mut Connection,
     batch: &[VerifiedHeartbeat],
@@ -160,22 +136,16 @@ fn ingest_batch(
         let mut drift = tx.prepare_cached(sql::INSERT_DRIFT)?;
         for hb in batch {
             let name = &hb.heartbeat.cluster;
-            let current: Option<(String, i64, Option<String>)> = select
-                .query_row([name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-                .optional()?;
-            let sequence_state = current.as_ref().map(|(keyid, last, _)| SequenceState {
-                keyid: keyid.clone(),
-                last_sequence: to_u64(*last),
-            });
-            if let Some(refusal) =
-                check_sequence(sequence_state.as_ref(), &hb.keyid, hb.heartbeat.sequence)
-            {
+            let current = select.query_row([name], |r| rows::sequence(r)).optional()?;
+            if let Some(refusal) = check_sequence(
+                current.as_ref().map(|(state, _)| state),
+                &hb.keyid,
+                hb.heartbeat.sequence,
+            ) {
                 outcomes.push(refusal);
                 continue;
             }
-            let previous = current
-                .and_then(|(_, _, state)| state)
-                .and_then(|s| parse_sync_state(&s));
+            let previous = current.and_then(|(_, state)| state);
             let row = RowUpdate::of(hb);
             update.execute(params![
                 name,
@@ -215,13 +185,7 @@ impl Database for SqliteDb {
             let run = |conn: &mut Connection| -> rusqlite::Result<EnrollOutcome> {
                 let tx = conn.transaction()?;
                 let existing: Option<Binding> = tx
-                    .query_row(sql::SELECT_BINDING, [&e.cluster], |r| {
-                        Ok(Binding {
-                            fleet: r.get(0)?,
-                            keyid: r.get(1)?,
-                            rekey_until: rekey_deadline(r.get(2)?),
-                        })
-                    })
+                    .query_row(sql::SELECT_BINDING, [&e.cluster], |r| rows::binding(r))
                     .optional()?;
                 let outcome = decide_enroll(existing.as_ref(), &e.fleet, &e.keyid, e.at);
                 let labels = serde_json::to_string(&e.labels).unwrap_or_else(|_| "{}".into());
@@ -269,10 +233,7 @@ impl Database for SqliteDb {
         let cluster = cluster.to_owned();
         self.with_reader(move |conn| {
             conn.prepare_cached(sql::SELECT_KEY)
-                .and_then(|mut s| {
-                    s.query_row([&cluster], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-                        .optional()
-                })
+                .and_then(|mut s| s.query_row([&cluster], |r| rows::key(r)).optional())
                 .map_err(db_err(format!("read key of cluster {cluster}")))
         })
         .await
@@ -291,8 +252,8 @@ impl Database for SqliteDb {
         self.with_reader(|conn| {
             let run = || -> rusqlite::Result<Vec<ClusterSummary>> {
                 let mut stmt = conn.prepare_cached(sql::LIST_CLUSTERS)?;
-                let rows = stmt.query_map([], summary_from_row)?;
-                rows.collect()
+                let found = stmt.query_map([], |r| rows::summary(r))?;
+                found.collect()
             };
             run().map_err(db_err("list clusters"))
         })
@@ -303,8 +264,8 @@ impl Database for SqliteDb {
         self.with_reader(|conn| {
             let run = || -> rusqlite::Result<Vec<(String, String)>> {
                 let mut stmt = conn.prepare_cached(sql::LIST_WAITING)?;
-                let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-                rows.collect()
+                let found = stmt.query_map([], |r| rows::waiting(r))?;
+                found.collect()
             };
             run().map_err(db_err("list waiting clusters"))
         })
@@ -316,10 +277,8 @@ impl Database for SqliteDb {
         self.with_reader(move |conn| {
             conn.prepare_cached(sql::GET_CLUSTER)
                 .and_then(|mut s| {
-                    s.query_row([&cluster], |r| {
-                        Ok((summary_from_row(r)?, r.get(sql::SUMMARY_COLUMNS)?))
-                    })
-                    .optional()
+                    s.query_row([&cluster], |r| rows::summary_and_report(r))
+                        .optional()
                 })
                 .map_err(db_err(format!("read cluster {cluster}")))
         })
@@ -339,28 +298,11 @@ impl Database for SqliteDb {
         self.with_reader(move |conn| {
             let run = || -> rusqlite::Result<Vec<DriftEntry>> {
                 let mut stmt = conn.prepare_cached(sql::SELECT_DRIFT)?;
-                let rows =
-                    stmt.query_map(params![cluster, since_ms, i64::from(limit), offset], |r| {
-                        Ok((
-                            r.get::<_, String>(0)?,
-                            r.get::<_, i64>(1)?,
-                            r.get::<_, i64>(2)?,
-                            r.get::<_, String>(3)?,
-                        ))
+                let found = stmt
+                    .query_map(params![cluster, since_ms, i64::from(limit), offset], |r| {
+                        rows::drift(r)
                     })?;
-                let mut out = Vec::new();
-                for row in rows {
-                    let (cluster, sequence, received_ms, record) = row?;
-                    if let Ok(record) = serde_json::from_str(&record) {
-                        out.push(DriftEntry {
-                            cluster,
-                            sequence: to_u64(sequence),
-                            received_at: from_ms(received_ms),
-                            record,
-                        });
-                    }
-                }
-                Ok(out)
+                found.filter_map(Result::transpose).collect()
             };
             run().map_err(db_err("read drift log"))
         })
@@ -387,7 +329,7 @@ impl Database for SqliteDb {
                     for statement in sql::DELETE_CLUSTER_RECORDS {
                         tx.execute(statement, [&name])?;
                     }
-                    let span = tx.query_row(sql::LOG_SPAN, [], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                    let span = tx.query_row(sql::LOG_SPAN, [], |r| rows::span(r))?;
                     tx.commit()?;
                     Ok((n > 0, span))
                 };
@@ -424,12 +366,7 @@ impl Database for SqliteDb {
             let run = |conn: &mut Connection| -> rusqlite::Result<Option<u64>> {
                 let tx = conn.transaction()?;
                 let current = tx
-                    .query_row(sql::SELECT_EPISODE, [&cluster], |r| {
-                        Ok(Episode {
-                            number: to_u64(r.get(0)?),
-                            open: r.get::<_, i64>(1)? != 0,
-                        })
-                    })
+                    .query_row(sql::SELECT_EPISODE, [&cluster], |r| rows::episode(r))
                     .optional()?
                     .unwrap_or_default();
                 let Some((episode, next)) = decide_episode(current, claim) else {
@@ -475,8 +412,8 @@ impl Database for SqliteDb {
         self.with_reader(|conn| {
             let run = || -> rusqlite::Result<Vec<String>> {
                 let mut stmt = conn.prepare_cached(sql::OPEN_EPISODES)?;
-                let rows = stmt.query_map([], |r| r.get(0))?;
-                rows.collect()
+                let found = stmt.query_map([], |r| r.get(0))?;
+                found.collect()
             };
             run().map_err(db_err("list open alert episodes"))
         })
@@ -499,10 +436,8 @@ impl Database for SqliteDb {
         // is older (give or take a batch).
         let (first, end) = self
             .with_reader(move |conn| {
-                conn.query_row(sql::PRUNE_SPAN, [before_ms], |r| {
-                    Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
-                })
-                .map_err(db_err("find the heartbeat log rows to prune"))
+                conn.query_row(sql::PRUNE_SPAN, [before_ms], |r| rows::span(r))
+                    .map_err(db_err("find the heartbeat log rows to prune"))
             })
             .await?;
         let mut pruned = 0;
@@ -537,16 +472,8 @@ impl Database for SqliteDb {
                     lease_until.as_millisecond(),
                     i64::from(limit)
                 ];
-                let rows = statement.query_map(params, |r| {
-                    Ok(QueuedDelivery {
-                        id: r.get(0)?,
-                        notification_id: r.get(1)?,
-                        sink: r.get(2)?,
-                        body: r.get(3)?,
-                        attempts: u32::try_from(r.get::<_, i64>(4)?).unwrap_or(u32::MAX),
-                    })
-                })?;
-                rows.collect()
+                let found = statement.query_map(params, |r| rows::delivery(r))?;
+                found.collect()
             };
             take(conn).map_err(db_err("take due notification deliveries"))
         })
@@ -590,12 +517,7 @@ impl Database for SqliteDb {
             conn.query_row(
                 sql::RECENT_TOKEN_FAILURES,
                 params![address, since.as_millisecond()],
-                |r| {
-                    Ok(RecentFailures {
-                        count: to_u64(r.get(0)?),
-                        oldest: r.get::<_, Option<i64>>(1)?.map(from_ms),
-                    })
-                },
+                |r| rows::token_failures(r),
             )
             .map_err(db_err("count wrong tokens"))
         })
