@@ -6,9 +6,9 @@
 //! Data comes from the enrolment and heartbeat handlers (already verified: this layer checks only what needs
 //! the stored state — key binding and sequence order — with the pure [`decide_enroll`] and
 //! [`check_sequence`]; notification claims per alert episode with [`decide_episode`]) and goes to the page,
-//! the API, `/metrics` and the notifier. Both backends run the same statements, written once in [`sql`]
+//! the API, `/metrics` and the notifier. Both backends run the same statements, written once in `sql`
 //! (SQLite's `?N` placeholders, turned into PostgreSQL's `$N`), and read their rows through the same mapping,
-//! [`rows`]; each backend keeps only its driver's calls, transactions and locks.
+//! `rows`; each backend keeps only its driver's calls, transactions and locks.
 //! Heartbeats are written in batches ([`Database::ingest`]): one transaction per batch, and each heartbeat
 //! is answered only after the transaction that holds it has committed, so every 2xx survives a crash.
 

@@ -1,13 +1,13 @@
 //! Stage 1, HTTP: the server's setup and its front door. [`Server::bind`] opens the database
 //! ([`crate::db`]), binds the listener and starts the background tasks: the ingest writer
 //! ([`crate::ingest::run_writer`], group commit), the notifier ([`crate::notify::run`], when configured) and the
-//! heartbeat-log pruner. [`Server::run`] accepts HTTP/1.1 connections (hyper; at most [`conns`]' limit, the
+//! heartbeat-log pruner. [`Server::run`] accepts HTTP/1.1 connections (hyper; at most `conns`' limit, the
 //! oldest idle one, or held poll, making room) until the shutdown future completes, then lets open requests
 //! finish and drains the ingest queue.
 //!
 //! Data comes in as requests from agents, browsers and scrapers; the client address is taken from the peer
 //! or a trusted proxy's `X-Forwarded-For` ([`forwarded`]), tokens are checked and wrong ones limited
-//! ([`auth`]), the path is routed by the pure [`route::route`], and [`handlers`] hands each request to its
+//! ([`auth`]), the path is routed by the pure [`route::route`], and `handlers` hands each request to its
 //! stage: [`crate::serve`] (the static store), [`crate::ingest`] (enrolments, heartbeats, admin actions) or
 //! [`crate::fleet`] (page, API, metrics). Responses go back from here.
 

@@ -8,7 +8,7 @@
 //!
 //! This folder is stage 3 of the server: data comes from [`crate::http`] (request bodies), is checked here
 //! (signatures in batches by [`verify`]), and goes to [`crate::db`] and, once committed, to
-//! [`crate::notify`] and the audit export. [`enroll`], [`heartbeat`] and [`admin`] (rekey, forget: a
+//! [`crate::notify`] and the audit export. `enroll`, `heartbeat` and `admin` (rekey, forget: a
 //! binding's lifecycle) are the HTTP handlers around these checks.
 
 pub(crate) mod admin;
