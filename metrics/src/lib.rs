@@ -23,7 +23,8 @@ pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CON
 /// 100 on every architecture Linux runs on (the Go client's procfs makes the same assumption).
 const USER_HZ: f64 = 100.0;
 
-/// A registry holding `windvane_build_info` for `binary` at `version` and the process collector.
+/// A registry holding `windvane_build_info` for `binary` at `version` and the process collector. (The
+/// registry ends every help text with a period: help given to it has none.)
 pub fn registry(binary: &str, version: &str) -> Registry {
     let mut registry = Registry::default();
     let build_info = Family::<Vec<(&'static str, String)>, Gauge>::default();
@@ -35,7 +36,7 @@ pub fn registry(binary: &str, version: &str) -> Registry {
         .set(1);
     registry.register(
         "windvane_build_info",
-        "The binary and its version; always 1.",
+        "The binary and its version; always 1",
         build_info,
     );
     registry.register_collector(Box::new(ProcessCollector));

@@ -124,7 +124,7 @@ impl Default for Metrics {
         Metrics {
             heartbeats: counters(
                 &mut r,
-                ("windvane_heartbeats", "Heartbeats received, by outcome."),
+                ("windvane_heartbeats", "Heartbeats received, by outcome"),
                 "result",
                 &results,
             ),
@@ -132,14 +132,14 @@ impl Default for Metrics {
                 &mut r,
                 (
                     "windvane_drift_events",
-                    "Drift records received in accepted heartbeats, by severity.",
+                    "Drift records received in accepted heartbeats, by severity",
                 ),
                 "severity",
                 &["critical", "warning"],
             ),
             enrolments: counters(
                 &mut r,
-                ("windvane_enrolments", "Enrolment requests, by outcome."),
+                ("windvane_enrolments", "Enrolment requests, by outcome"),
                 "result",
                 &["accepted", "refused"],
             ),
@@ -147,7 +147,7 @@ impl Default for Metrics {
                 &mut r,
                 (
                     "windvane_notifications",
-                    "Notifications, by outcome per sink delivery.",
+                    "Notifications, by outcome per sink delivery",
                 ),
                 "result",
                 &["sent", "failed", "dropped"],
@@ -156,20 +156,20 @@ impl Default for Metrics {
                 &mut r,
                 (
                     "windvane_notification_sender_leader",
-                    "1 on the replica that sends the fleet's notifications.",
+                    "1 on the replica that sends the fleet's notifications",
                 ),
                 Gauge::default(),
             ),
             ingest_batches: registered(
                 &mut r,
-                ("windvane_ingest_batches", "Heartbeat batches committed."),
+                ("windvane_ingest_batches", "Heartbeat batches committed"),
                 Counter::default(),
             ),
             ingest_queue_depth: registered(
                 &mut r,
                 (
                     "windvane_ingest_queue_depth",
-                    "Heartbeats waiting for a batch.",
+                    "Heartbeats waiting for a batch",
                 ),
                 Gauge::default(),
             ),
@@ -177,7 +177,7 @@ impl Default for Metrics {
                 &mut r,
                 (
                     "windvane_held_polls",
-                    "Channel pointer polls held until the pointer changes.",
+                    "Channel pointer polls held until the pointer changes",
                 ),
                 Gauge::default(),
             ),
@@ -187,7 +187,7 @@ impl Default for Metrics {
                     "windvane_held_polls_evicted",
                     "Held polls answered early to make room (the agent then polls on its interval): for another \
                      poll of the same client address (per_client), or for a new connection when the connections \
-                     were at their limit (connections).",
+                     were at their limit (connections)",
                 ),
                 "reason",
                 &["per_client", "connections"],
@@ -197,7 +197,7 @@ impl Default for Metrics {
                 (
                     "windvane_rollout_view_builds",
                     "Rollout views built from the database (at most one per channel and second; reads in between \
-                     are served from the cache).",
+                     are served from the cache)",
                 ),
                 Counter::default(),
             ),
@@ -205,7 +205,7 @@ impl Default for Metrics {
                 &mut r,
                 (
                     "windvane_rollout_view_reads",
-                    "Reads of a channel's rollout view (JSON), by answer.",
+                    "Reads of a channel's rollout view (JSON), by answer",
                 ),
                 "answer",
                 &["ok", "not_modified"],
@@ -214,7 +214,7 @@ impl Default for Metrics {
                 &mut r,
                 (
                     "windvane_ingest_commit_duration_seconds",
-                    "Time to store one batch of heartbeats (one transaction, fsync included).",
+                    "Time to store one batch of heartbeats (one transaction, fsync included)",
                 ),
                 Histogram::new([
                     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -224,7 +224,7 @@ impl Default for Metrics {
                 &mut r,
                 (
                     "windvane_signature_batch_size",
-                    "Heartbeat signatures checked together in one batch.",
+                    "Heartbeat signatures checked together in one batch",
                 ),
                 Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
             ),
@@ -314,7 +314,7 @@ fn fleet_registry(fleet: &FleetGauges) -> Registry {
     }
     registry.register(
         "windvane_clusters",
-        "Enrolled clusters by the state the server shows.",
+        "Enrolled clusters by the state the server shows",
         clusters,
     );
     let mut ages: Vec<f64> = fleet.ages.iter().map(Duration::as_secs_f64).collect();
@@ -325,7 +325,7 @@ fn fleet_registry(fleet: &FleetGauges) -> Registry {
             .get_or_create(&[("quantile", q.to_string())])
             .set(quantile(&ages, q));
     }
-    const AGE_HELP: &str = "Time since each cluster's last heartbeat, across the fleet.";
+    const AGE_HELP: &str = "Time since each cluster's last heartbeat, across the fleet";
     registry.register("windvane_heartbeat_age_seconds", AGE_HELP, quantiles);
     let sum = FloatGauge::default();
     sum.set(ages.iter().sum::<f64>());

@@ -308,22 +308,22 @@ fn render_metrics(views: &[RolloutView]) -> String {
     }
     registry.register(
         "windvane_rollout_clusters",
-        "Clusters of each rollout wave of a channel's current release, by phase.",
+        "Clusters of each rollout wave of a channel's current release, by phase",
         clusters,
     );
     registry.register(
         "windvane_rollout_serial",
-        "Serial of the channel's current release.",
+        "Serial of the channel's current release",
         serial,
     );
     registry.register(
         "windvane_rollout_complete",
-        "1 when every cluster of the channel has its current release, Synced.",
+        "1 when every cluster of the channel has its current release, Synced",
         complete,
     );
     registry.register(
         "windvane_rollout_halted",
-        "1 while the publisher has halted the current release's rollout.",
+        "1 while the publisher has halted the current release's rollout",
         halted,
     );
     windvane_metrics::encode(&registry)
