@@ -51,6 +51,24 @@ pub fn encode(registry: &Registry) -> String {
     text
 }
 
+/// A metric written with its HELP and TYPE lines even while it has no sample (the client leaves out an empty
+/// family entirely), so that a scraper or a test sees the family exists before its first sample.
+#[derive(Debug, Clone)]
+pub struct AlwaysDescribed<M>(pub M);
+
+impl<M: EncodeMetric> EncodeMetric for AlwaysDescribed<M> {
+    fn encode(
+        &self,
+        encoder: prometheus_client::encoding::MetricEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        self.0.metric_type()
+    }
+}
+
 /// Reads the process's CPU time and resident memory at each scrape.
 #[derive(Debug)]
 struct ProcessCollector;
@@ -144,6 +162,20 @@ mod tests {
         assert!(value("process_cpu_seconds_total") >= 0.0);
         assert!(
             text.contains("# TYPE process_cpu_seconds_total counter"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_always_described_family_is_written_before_its_first_sample() {
+        let mut registry = Registry::default();
+        let family = Family::<Vec<(String, String)>, Gauge>::default();
+        registry.register("empty", "Nothing yet", family.clone());
+        registry.register("described", "Nothing yet", AlwaysDescribed(family));
+        let text = encode(&registry);
+        assert!(!text.contains("TYPE empty "), "{text}");
+        assert!(
+            text.contains("# HELP described Nothing yet.\n# TYPE described gauge\n"),
             "{text}"
         );
     }

@@ -315,7 +315,7 @@ fn fleet_registry(fleet: &FleetGauges) -> Registry {
     registry.register(
         "windvane_clusters",
         "Enrolled clusters by the state the server shows",
-        clusters,
+        windvane_metrics::AlwaysDescribed(clusters),
     );
     let mut ages: Vec<f64> = fleet.ages.iter().map(Duration::as_secs_f64).collect();
     ages.sort_by(f64::total_cmp);

@@ -309,22 +309,22 @@ fn render_metrics(views: &[RolloutView]) -> String {
     registry.register(
         "windvane_rollout_clusters",
         "Clusters of each rollout wave of a channel's current release, by phase",
-        clusters,
+        windvane_metrics::AlwaysDescribed(clusters),
     );
     registry.register(
         "windvane_rollout_serial",
         "Serial of the channel's current release",
-        serial,
+        windvane_metrics::AlwaysDescribed(serial),
     );
     registry.register(
         "windvane_rollout_complete",
         "1 when every cluster of the channel has its current release, Synced",
-        complete,
+        windvane_metrics::AlwaysDescribed(complete),
     );
     registry.register(
         "windvane_rollout_halted",
         "1 while the publisher has halted the current release's rollout",
-        halted,
+        windvane_metrics::AlwaysDescribed(halted),
     );
     windvane_metrics::encode(&registry)
 }
@@ -441,5 +441,18 @@ mod tests {
             text.contains("windvane_rollout_serial{channel=\"prod\"} 4"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn rollout_families_are_described_before_any_channel_has_a_release() {
+        let text = render_metrics(&[]);
+        for name in [
+            "windvane_rollout_clusters",
+            "windvane_rollout_serial",
+            "windvane_rollout_complete",
+            "windvane_rollout_halted",
+        ] {
+            assert!(text.contains(&format!("# TYPE {name} gauge\n")), "{text}");
+        }
     }
 }
