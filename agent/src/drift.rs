@@ -271,6 +271,36 @@ pub fn hold_annotation(live: &Value) -> Result<Option<Timestamp>, String> {
     Ok(Some(until))
 }
 
+/// Annotation in which the agent writes when it first saw a hold on an object, so that the hold cap is
+/// measured from that moment across agent restarts (the in-memory record dies with the process, and a cap
+/// that restarts with the agent lets a forgotten far-future hold live forever). Its value is
+/// `<RFC 3339 time> <digest of the hold>`: a different hold (a new `hold-until`, another break-glass
+/// request) does not match and is timed afresh, exactly as it would be in memory.
+pub const HOLD_SEEN_ANNOTATION: &str = "windvane.io/hold-seen";
+
+/// The short digest that binds a [`HOLD_SEEN_ANNOTATION`] to the hold it times.
+fn hold_digest(what: &str) -> String {
+    sha256_hex(what.as_bytes())[..16].to_owned()
+}
+
+/// The value of [`HOLD_SEEN_ANNOTATION`] for the hold `what` first seen at `at`.
+pub fn hold_seen_value(what: &str, at: Timestamp) -> String {
+    format!("{at} {}", hold_digest(what))
+}
+
+/// When the hold `what` was first seen, as the object's [`HOLD_SEEN_ANNOTATION`] remembers it; `None` when
+/// the annotation is missing, malformed or about another hold. A time after `now` is read as `now`: whoever
+/// can edit the object could set the hold afresh anyway, but never push its start into the future.
+pub fn hold_seen(live: &Value, what: &str, now: Timestamp) -> Option<Timestamp> {
+    let key = HOLD_SEEN_ANNOTATION.replace('/', "~1");
+    let text = live
+        .pointer(&format!("/metadata/annotations/{key}"))
+        .and_then(Value::as_str)?;
+    let (at, digest) = text.trim().split_once(' ')?;
+    let at: Timestamp = at.parse().ok()?;
+    (digest == hold_digest(what)).then_some(at.min(now))
+}
+
 /// Until when a hold to `until`, first seen at `since`, holds at `now`: at most `cap` after `since` — the
 /// cap is measured from the hold's first detection, not from each look, so a far-future hold ends — and
 /// `None` once that is past.

@@ -280,7 +280,22 @@ impl Healer {
                     });
                 }
                 Action::Revert { key, fields } => queue.extend(self.revert(&key, &fields).await),
-                Action::SpendApproval { key, patch } => self.spend_approval(&key, &patch).await,
+                Action::SpendApproval { key, patch } => {
+                    self.annotate(
+                        &key,
+                        &patch,
+                        "break-glass approval spent: a further change needs the revert first",
+                    )
+                    .await
+                }
+                Action::RememberHold { key, patch } => {
+                    self.annotate(
+                        &key,
+                        &patch,
+                        "hold first seen: its cap runs from now, across restarts",
+                    )
+                    .await
+                }
                 Action::RevertUnlessUndone { key, fields } => {
                     let follow = match self.live.get(&key) {
                         Some(live) if self.matches_release(&key, &live).await => {
@@ -365,7 +380,9 @@ impl Healer {
 
     /// Marks a break-glass approval spent on the object (the agent is exempt from the policy that keeps
     /// everyone else from writing the mark).
-    async fn spend_approval(&self, key: &ObjectKey, patch: &Value) {
+    /// Merge-patches annotations the agent keeps on a managed object (`done` says what the write means, for
+    /// the log); a failure is logged, not retried: the next look writes it again.
+    async fn annotate(&self, key: &ObjectKey, patch: &Value, done: &'static str) {
         let Some(desired) = self.machine.desired(key) else {
             return;
         };
@@ -374,11 +391,9 @@ impl Healer {
             return;
         };
         match self.cluster.merge_patch(id, &resolved, patch).await {
-            Ok(_) => {
-                info!(object = %id, "break-glass approval spent: a further change needs the revert first")
-            }
+            Ok(_) => info!(object = %id, "{done}"),
             Err(failure) => {
-                warn!(object = %id, error = %failure.message, "cannot mark the break-glass approval spent")
+                warn!(object = %id, error = %failure.message, patch = %patch, "cannot write an annotation the agent keeps")
             }
         }
     }
