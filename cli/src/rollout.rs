@@ -180,9 +180,15 @@ pub fn approve(args: ApproveArgs) -> anyhow::Result<()> {
         keys::keyid(&key.verifying_key()),
         windvane_shared::approval::approval_path(&pointer.channel, pointer.serial),
     );
+    // The publisher's threshold is only half of it: an agent started with `--require-approvals N` applies
+    // the release only with N approvals, whatever the rollout says; the CLI cannot see that floor.
+    let floor =
+        "agents started with --require-approvals N wait for N approvals by distinct approver keys";
     match needed {
-        Some(threshold) => println!("the release requires {threshold} approval(s)"),
-        None => println!("note: this release does not require approval (no rollout.approval)"),
+        Some(threshold) => println!("the release requires {threshold} approval(s); {floor}"),
+        None => {
+            println!("note: this release does not require approval (no rollout.approval); {floor}")
+        }
     }
     Ok(())
 }

@@ -252,6 +252,14 @@ async fn a_release_that_requires_approval_waits_for_a_second_persons_key() -> an
         "{}",
         String::from_utf8_lossy(&approved.stderr)
     );
+    // What the approver is told counts both sides: the rollout's threshold and an agent's own floor.
+    let told = String::from_utf8_lossy(&approved.stdout);
+    assert!(
+        told.contains(
+            "the release requires 1 approval(s); agents started with --require-approvals N"
+        ),
+        "{told}"
+    );
     let started = Instant::now();
     wait_for("release 2 applied after approval", WAIT, || async {
         Ok((version(&cluster).await.as_deref() == Some("2")).then_some(()))
