@@ -16,12 +16,15 @@
 use std::cell::Cell;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use windvane_shared::digest::sha256_hex;
+use windvane_shared::duration::parse_duration;
 use windvane_shared::prerender::{Engines, HelmSpec, PulledChart, ValuesLayer};
+
+use crate::error::{Error, Result, report};
 
 /// Most bytes an engine may print: a rendering larger than this could not be published anyway.
 const MAX_OUTPUT_BYTES: u64 = 64 << 20;
@@ -39,7 +42,7 @@ pub struct EngineArgs {
     #[arg(long, value_name = "PATH", env = "WINDVANE_KUSTOMIZE")]
     kustomize: Option<PathBuf>,
     /// How long one run of helm or kustomize may take.
-    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = crate::release::parse_duration_arg, env = "WINDVANE_ENGINE_TIMEOUT")]
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = parse_duration, env = "WINDVANE_ENGINE_TIMEOUT")]
     engine_timeout: Duration,
     /// Let kustomizations fetch remote resources (git or https), each pinned to a commit with
     /// `?ref=<40 hex digits>`; without it a remote resource is refused.
@@ -50,16 +53,16 @@ pub struct EngineArgs {
 impl EngineArgs {
     /// The engines for the fleet tree at `root`, with a scratch directory for values files, pulled charts and
     /// the engines' own home (removed on drop).
-    pub fn engines(&self, root: &Path) -> anyhow::Result<ProcessEngines> {
-        let root = root
-            .canonicalize()
-            .map_err(|e| anyhow::anyhow!("{}: {e}", root.display()))?;
+    pub fn engines(&self, root: &Path) -> Result<ProcessEngines> {
+        let root = root.canonicalize().map_err(|source| Error::FleetTreePath {
+            path: root.to_path_buf(),
+            source,
+        })?;
         Ok(ProcessEngines {
             helm: self.helm.clone(),
             kustomize: self.kustomize.clone(),
             timeout: self.engine_timeout,
-            scratch: tempfile::tempdir()
-                .map_err(|e| anyhow::anyhow!("creating a scratch directory for helm: {e}"))?,
+            scratch: tempfile::tempdir().map_err(|source| Error::Scratch { source })?,
             files: Cell::new(0),
             root,
             kustomize_remote: self.kustomize_remote,
@@ -82,11 +85,11 @@ pub struct ProcessEngines {
 }
 
 impl ProcessEngines {
-    fn helm(&self) -> Result<PathBuf, String> {
+    fn helm(&self) -> Result<PathBuf> {
         find_binary("helm", self.helm.as_deref(), "--helm", "WINDVANE_HELM")
     }
 
-    fn kustomize(&self) -> Result<PathBuf, String> {
+    fn kustomize(&self) -> Result<PathBuf> {
         find_binary(
             "kustomize",
             self.kustomize.as_deref(),
@@ -101,16 +104,17 @@ impl ProcessEngines {
         self.scratch.path().join(format!("{n}-{name}"))
     }
 
-    fn run(&self, program: &Path, args: &[String]) -> Result<String, String> {
+    fn run(&self, program: &Path, args: &[String]) -> Result<String> {
         run(program, args, self.timeout, self.scratch.path())
     }
-}
 
-impl Engines for ProcessEngines {
-    fn helm_pull(&self, repo: &str, chart: &str, version: &str) -> Result<PulledChart, String> {
+    fn pull(&self, repo: &str, chart: &str, version: &str) -> Result<PulledChart> {
         let helm = self.helm()?;
         let destination = self.scratch_path("chart");
-        std::fs::create_dir(&destination).map_err(|e| format!("{}: {e}", destination.display()))?;
+        std::fs::create_dir(&destination).map_err(|source| Error::CreateDir {
+            path: destination.clone(),
+            source,
+        })?;
         let mut args: Vec<String> = vec![
             "pull".into(),
             "--version".into(),
@@ -127,19 +131,17 @@ impl Engines for ProcessEngines {
         args.extend(["--".into(), reference]);
         self.run(&helm, &args)?;
         let archive = single_archive(&destination)?;
-        let bytes = std::fs::read(&archive).map_err(|e| format!("{}: {e}", archive.display()))?;
+        let bytes = std::fs::read(&archive).map_err(|source| Error::ReadFile {
+            path: archive.clone(),
+            source,
+        })?;
         Ok(PulledChart {
             path: archive,
             digest: format!("sha256:{}", sha256_hex(&bytes)),
         })
     }
 
-    fn helm_template(
-        &self,
-        spec: &HelmSpec,
-        chart: &Path,
-        values: &[ValuesLayer],
-    ) -> Result<String, String> {
+    fn template(&self, spec: &HelmSpec, chart: &Path, values: &[ValuesLayer]) -> Result<String> {
         let helm = self.helm()?;
         if chart.is_dir() {
             check_confined(chart, &self.root)?;
@@ -163,7 +165,10 @@ impl Engines for ProcessEngines {
                 ValuesLayer::Inline(map) => {
                     let path = self.scratch_path("values.json");
                     let text = serde_json::to_vec(map).expect("values are JSON");
-                    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+                    std::fs::write(&path, text).map_err(|source| Error::WriteFile {
+                        path: path.clone(),
+                        source,
+                    })?;
                     path
                 }
             };
@@ -177,7 +182,7 @@ impl Engines for ProcessEngines {
         self.run(&helm, &args)
     }
 
-    fn kustomize_build(&self, directory: &Path) -> Result<String, String> {
+    fn build_overlay(&self, directory: &Path) -> Result<String> {
         let kustomize = self.kustomize()?;
         crate::kustomize_check::check_tree(directory, &self.root, self.kustomize_remote)?;
         self.run(
@@ -187,21 +192,43 @@ impl Engines for ProcessEngines {
     }
 }
 
+/// The shared core's interface to the engines takes an engine's failure as text (its own words, which the
+/// core puts in context): the typed errors above become their messages here, and only here.
+impl Engines for ProcessEngines {
+    fn helm_pull(&self, repo: &str, chart: &str, version: &str) -> Result<PulledChart, String> {
+        self.pull(repo, chart, version).map_err(|e| report(&e))
+    }
+
+    fn helm_template(
+        &self,
+        spec: &HelmSpec,
+        chart: &Path,
+        values: &[ValuesLayer],
+    ) -> Result<String, String> {
+        self.template(spec, chart, values).map_err(|e| report(&e))
+    }
+
+    fn kustomize_build(&self, directory: &Path) -> Result<String, String> {
+        self.build_overlay(directory).map_err(|e| report(&e))
+    }
+}
+
 /// The binary to run: the flag's (which must exist), else `name` on PATH; the error says how to get it.
 fn find_binary(
-    name: &str,
+    name: &'static str,
     flag: Option<&Path>,
-    flag_name: &str,
-    env: &str,
-) -> Result<PathBuf, String> {
+    flag_name: &'static str,
+    env: &'static str,
+) -> Result<PathBuf> {
     if let Some(path) = flag {
         return if path.is_file() {
             Ok(path.to_path_buf())
         } else {
-            Err(format!(
-                "{flag_name} {}: no such file; name the {name} binary to use",
-                path.display()
-            ))
+            Err(Error::EngineMissing {
+                name,
+                flag: flag_name,
+                path: path.to_path_buf(),
+            })
         };
     }
     let on_path = std::env::var_os("PATH").and_then(|paths| {
@@ -209,47 +236,87 @@ fn find_binary(
             .map(|dir| dir.join(name))
             .find(|candidate| candidate.is_file())
     });
-    on_path.ok_or_else(|| {
-        format!(
-            "{name} is needed and was not found on PATH; install it, pass {flag_name} PATH (or set {env}), \
-             or build it from source with tests/tools/build.sh (it writes target/tools/{name})"
-        )
+    on_path.ok_or(Error::EngineNotOnPath {
+        name,
+        flag: flag_name,
+        env,
     })
 }
 
 /// The one `.tgz` that `helm pull` wrote into `directory`.
-fn single_archive(directory: &Path) -> Result<PathBuf, String> {
-    let entries =
-        std::fs::read_dir(directory).map_err(|e| format!("{}: {e}", directory.display()))?;
+fn single_archive(directory: &Path) -> Result<PathBuf> {
+    let entries = std::fs::read_dir(directory).map_err(|source| Error::ReadFile {
+        path: directory.to_path_buf(),
+        source,
+    })?;
     let archives: Vec<PathBuf> = entries
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|path| path.extension().is_some_and(|ext| ext == "tgz"))
         .collect();
     match archives.as_slice() {
         [archive] => Ok(archive.clone()),
-        _ => Err(format!(
-            "helm pull wrote {} chart archives, expected one",
-            archives.len()
-        )),
+        _ => Err(Error::ChartArchives {
+            count: archives.len(),
+        }),
     }
 }
 
 /// Refuses a symbolic link under `dir` that resolves outside `root` (or does not resolve).
-fn check_confined(dir: &Path, root: &Path) -> Result<(), String> {
+fn check_confined(dir: &Path, root: &Path) -> Result<()> {
     crate::kustomize_check::check_links(dir, root)
 }
 
 /// Runs `program` with `args` and a cleared environment (HOME, PATH and helm's directories under
 /// `scratch`); its standard output on success, else what went wrong in its own words.
-fn run(
-    program: &Path,
-    args: &[String],
-    timeout: Duration,
-    scratch: &Path,
-) -> Result<String, String> {
+fn run(program: &Path, args: &[String], timeout: Duration, scratch: &Path) -> Result<String> {
     let shown = format!("{} {}", program.display(), args.join(" "));
+    let mut child = confined(program, scratch)?
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| Error::EngineSpawn {
+            program: program.to_path_buf(),
+            source,
+        })?;
+    let stdout = capture(child.stdout.take().expect("piped"), MAX_OUTPUT_BYTES);
+    let stderr = capture(child.stderr.take().expect("piped"), MAX_STDERR_BYTES);
+    let status = wait(&mut child, timeout, &shown)?;
+    let stdout = stdout
+        .join()
+        .expect("reader thread")
+        .map_err(|source| Error::EngineOutput {
+            command: shown.clone(),
+            source,
+        })?;
+    let stderr = stderr.join().expect("reader thread").unwrap_or_default();
+    if !status.success() {
+        return Err(Error::EngineFailed {
+            command: shown,
+            status,
+            stderr: String::from_utf8_lossy(&stderr).trim().to_owned(),
+        });
+    }
+    if stdout.len() as u64 > MAX_OUTPUT_BYTES {
+        return Err(Error::EngineOutputTooLarge {
+            command: shown,
+            cap: MAX_OUTPUT_BYTES,
+        });
+    }
+    String::from_utf8(stdout).map_err(|source| Error::EngineNotUtf8 {
+        command: shown,
+        source,
+    })
+}
+
+/// `program` with a cleared environment: HOME, PATH and helm's directories under `scratch`.
+fn confined(program: &Path, scratch: &Path) -> Result<Command> {
     let home = scratch.join("home");
-    std::fs::create_dir_all(&home).map_err(|e| format!("{}: {e}", home.display()))?;
+    std::fs::create_dir_all(&home).map_err(|source| Error::CreateDir {
+        path: home.clone(),
+        source,
+    })?;
     let mut command = Command::new(program);
     command.env_clear().env("HOME", &home);
     if let Some(path) = std::env::var_os("PATH") {
@@ -265,47 +332,33 @@ fn run(
     ] {
         command.env(name, home.join(dir));
     }
-    let mut child = command
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("running {}: {e}", program.display()))?;
-    let stdout = capture(child.stdout.take().expect("piped"), MAX_OUTPUT_BYTES);
-    let stderr = capture(child.stderr.take().expect("piped"), MAX_STDERR_BYTES);
+    Ok(command)
+}
+
+/// Waits for `child` until `timeout`, killing it then.
+fn wait(child: &mut Child, timeout: Duration, shown: &str) -> Result<ExitStatus> {
     let deadline = Instant::now() + timeout;
-    let status = loop {
+    loop {
         match child.try_wait() {
-            Ok(Some(status)) => break status,
+            Ok(Some(status)) => return Ok(status),
             Ok(None) if Instant::now() >= deadline => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!(
-                    "{shown} did not finish within {timeout:?}; raise --engine-timeout if it needs longer"
-                ));
+                return Err(Error::EngineTimeout {
+                    command: shown.to_owned(),
+                    timeout,
+                });
             }
             // A child process has no async exit notification in std; check again shortly.
             Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-            Err(e) => return Err(format!("waiting for {shown}: {e}")),
+            Err(source) => {
+                return Err(Error::EngineWait {
+                    command: shown.to_owned(),
+                    source,
+                });
+            }
         }
-    };
-    let stdout = stdout
-        .join()
-        .expect("reader thread")
-        .map_err(|e| format!("{shown}: {e}"))?;
-    let stderr = stderr.join().expect("reader thread").unwrap_or_default();
-    if !status.success() {
-        let stderr = String::from_utf8_lossy(&stderr);
-        return Err(format!("{shown} failed ({status}): {}", stderr.trim()));
     }
-    if stdout.len() as u64 > MAX_OUTPUT_BYTES {
-        return Err(format!(
-            "{shown} printed more than {} MiB",
-            MAX_OUTPUT_BYTES >> 20
-        ));
-    }
-    String::from_utf8(stdout).map_err(|e| format!("{shown} printed what is not UTF-8: {e}"))
 }
 
 /// Reads a pipe to its end on a thread (so the child never blocks on a full pipe), keeping one byte more

@@ -27,41 +27,6 @@ fn escape(text: &str, newlines: bool) -> String {
     out
 }
 
-/// Most bytes read of one reply from a source server: a fleet view of tens of thousands of clusters fits.
-pub const MAX_REPLY_BYTES: usize = 32 << 20;
-
-/// Reads a reply's body, refusing it (without reading further) when it is larger than `cap` bytes.
-pub async fn read_capped(
-    mut response: reqwest::Response,
-    cap: usize,
-    what: &str,
-) -> anyhow::Result<Vec<u8>> {
-    if response
-        .content_length()
-        .is_some_and(|len| len > cap as u64)
-    {
-        anyhow::bail!(
-            "{what}: the reply is larger than {} MiB; refused",
-            cap >> 20
-        );
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| anyhow::anyhow!("{what}: {e}"))?
-    {
-        if body.len() + chunk.len() > cap {
-            anyhow::bail!(
-                "{what}: the reply is larger than {} MiB; refused",
-                cap >> 20
-            );
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

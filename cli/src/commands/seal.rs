@@ -1,5 +1,6 @@
-//! `windvane seal` and `windvane age-keygen`: Secrets encrypted to the clusters they are for, as ordinary SOPS
-//! files in the fleet tree (the real `sops` reads them too), and the age identities that open them.
+//! `windvane seal`: Secrets encrypted to the clusters they are for, as ordinary SOPS files in the fleet tree
+//! (the real `sops` reads them too). The age identities that open them come from `windvane age-keygen`
+//! (`keys.rs`) or from each cluster's agent (`--to-cluster`).
 //!
 //! Where the data comes from: a plain manifest file (a Secret, or any YAML whose `data`/`stringData` values
 //! are secret) and the recipients: `--recipient age1…`, or names looked up in a recipients file kept in the
@@ -22,21 +23,21 @@
 //! namespace was edited does not open. A document without a namespace is refused.
 
 use std::collections::BTreeMap;
-use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::Value;
-use windvane_shared::sops::{self, KUBERNETES_ENCRYPTED_REGEX, Keyring};
+use windvane_shared::sops::{self, KUBERNETES_ENCRYPTED_REGEX};
 use windvane_shared::yaml::{YamlLimits, documents_to_json};
 use windvane_shared::yaml_out::to_yaml_string;
 
-use crate::read_text;
+use crate::args::{OptionalServerArgs, ReadTokenArgs, reword};
+use crate::error::{Error, Result};
+use crate::inputs::{read_text, read_token_file};
 
 #[derive(Debug, Args)]
+#[command(mut_args(|a| reword(a, "server", "The source server the clusters of --to-cluster are enrolled at")))]
 pub struct SealArgs {
     /// The plain manifest file to seal (every document of it, with one data key).
     #[arg(value_name = "FILE")]
@@ -56,12 +57,10 @@ pub struct SealArgs {
         requires = "server"
     )]
     to_cluster: Vec<String>,
-    /// The source server the clusters of --to-cluster are enrolled at.
-    #[arg(long, env = "WINDVANE_SERVER", value_name = "URL")]
-    server: Option<String>,
-    /// File with the server's read token, if it requires one.
-    #[arg(long, env = "WINDVANE_READ_TOKEN_FILE", value_name = "FILE")]
-    read_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    server: OptionalServerArgs,
+    #[command(flatten)]
+    token: ReadTokenArgs,
     /// The recipients file (clusters: and groups: mapping names to age recipients).
     #[arg(long = "recipients", value_name = "FILE", env = "WINDVANE_RECIPIENTS")]
     recipients_file: Option<PathBuf>,
@@ -76,34 +75,26 @@ pub struct SealArgs {
     namespace: Option<String>,
 }
 
-pub fn seal(args: SealArgs) -> anyhow::Result<()> {
+pub fn seal(args: SealArgs) -> Result<()> {
     let shown = args.file.display().to_string();
-    let text = read_text(&args.file)?;
-    let mut documents: Vec<Value> = documents_to_json(&text, &shown, YamlLimits::default())?
-        .into_iter()
-        .map(|(_, value)| value)
-        .collect();
-    if documents.is_empty() {
-        bail!("{shown}: no document to seal");
-    }
-    for (index, document) in documents.iter_mut().enumerate() {
-        bind_namespace(document, args.namespace.as_deref())
-            .with_context(|| format!("{shown}: document {}", index + 1))?;
-    }
+    let documents = read_documents(&args.file, args.namespace.as_deref())?;
     let mut recipients = args.recipients.clone();
     if let Some(file) = &args.recipients_file {
         recipients.extend(named_recipients(file, &args.to)?);
     }
     recipients.extend(enrolled_recipients(&args)?);
     if recipients.is_empty() {
-        bail!(
-            "seal needs at least one --recipient, --to-cluster NAME with --server, or --to NAME with --recipients FILE"
-        );
+        return Err(Error::NoRecipients);
     }
     let parsed = recipients
         .iter()
-        .map(|r| sops::parse_recipient(r, "--recipient"))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|r| {
+            sops::parse_recipient(r, "--recipient").map_err(|source| Error::Recipient {
+                recipient: r.clone(),
+                source,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     let now = jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string();
@@ -113,7 +104,11 @@ pub fn seal(args: SealArgs) -> anyhow::Result<()> {
         KUBERNETES_ENCRYPTED_REGEX,
         &now,
         &shown,
-    )?;
+    )
+    .map_err(|source| Error::Seal {
+        file: shown.clone(),
+        source,
+    })?;
     let mut out = String::new();
     for (index, document) in sealed.iter().enumerate() {
         if index > 0 {
@@ -121,15 +116,7 @@ pub fn seal(args: SealArgs) -> anyhow::Result<()> {
         }
         out.push_str(&to_yaml_string(document));
     }
-    let target = if args.in_place {
-        Some(args.file.clone())
-    } else {
-        args.output.clone().filter(|p| p.as_os_str() != "-")
-    };
-    match target {
-        None => std::io::stdout().write_all(out.as_bytes())?,
-        Some(path) => std::fs::write(&path, out).with_context(|| path.display().to_string())?,
-    }
+    write_sealed(&args, &out)?;
     eprintln!(
         "sealed {shown} ({} document(s)) to {}",
         sealed.len(),
@@ -138,36 +125,79 @@ pub fn seal(args: SealArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The documents of the plain manifest `file`, each bound to its namespace ([`bind_namespace`]).
+fn read_documents(file: &Path, namespace: Option<&str>) -> Result<Vec<Value>> {
+    let shown = file.display().to_string();
+    let text = read_text(file)?;
+    let mut documents: Vec<Value> = documents_to_json(&text, &shown, YamlLimits::default())
+        .map_err(|source| Error::ReadManifest {
+            file: shown.clone(),
+            source,
+        })?
+        .into_iter()
+        .map(|(_, value)| value)
+        .collect();
+    if documents.is_empty() {
+        return Err(Error::NothingToSeal { file: shown });
+    }
+    for (index, document) in documents.iter_mut().enumerate() {
+        bind_namespace(document, namespace).map_err(|source| Error::SealDocument {
+            file: shown.clone(),
+            document: index + 1,
+            source: Box::new(source),
+        })?;
+    }
+    Ok(documents)
+}
+
+/// Writes the sealed text over FILE (`--in-place`), to `-o FILE`, or to standard output (`-o -`).
+fn write_sealed(args: &SealArgs, text: &str) -> Result<()> {
+    let target = if args.in_place {
+        Some(args.file.clone())
+    } else {
+        args.output.clone().filter(|p| p.as_os_str() != "-")
+    };
+    match target {
+        None => std::io::stdout()
+            .write_all(text.as_bytes())
+            .map_err(|source| Error::Stdout {
+                what: "the sealed file",
+                source,
+            }),
+        Some(path) => {
+            std::fs::write(&path, text).map_err(|source| Error::WriteFile { path, source })
+        }
+    }
+}
+
 /// Puts the namespace into `document` before it is sealed (so the MAC binds it): its own, or `namespace`
 /// where it names none; refused when it names none and none is given, or names another.
-fn bind_namespace(document: &mut Value, namespace: Option<&str>) -> anyhow::Result<()> {
+fn bind_namespace(document: &mut Value, namespace: Option<&str>) -> Result<()> {
     let own = document
         .pointer("/metadata/namespace")
         .and_then(Value::as_str)
         .map(str::to_owned);
     match (own, namespace) {
-        (Some(own), Some(given)) if own != given => bail!(
-            "names namespace {own:?}, not --namespace {given:?}: a sealed value is bound to one namespace"
-        ),
+        (Some(own), Some(given)) if own != given => Err(Error::NamespaceMismatch {
+            own,
+            given: given.to_owned(),
+        }),
         (Some(_), _) => Ok(()),
         (None, Some(given)) => {
             if !is_dns_label(given) {
-                bail!(
-                    "--namespace {given:?} is not a namespace name (a DNS label: up to 63 of a-z, 0-9 and -)"
-                );
+                return Err(Error::BadNamespace {
+                    given: given.to_owned(),
+                });
             }
             match document.get_mut("metadata").and_then(Value::as_object_mut) {
                 Some(metadata) => {
                     metadata.insert("namespace".to_owned(), Value::String(given.to_owned()));
                     Ok(())
                 }
-                None => bail!("has no metadata"),
+                None => Err(Error::NoMetadata),
             }
         }
-        (None, None) => bail!(
-            "names no namespace: set metadata.namespace or pass --namespace NS (a sealed value is bound to its \
-             namespace, so that a copy of the file in another app cannot land in that app's namespace)"
-        ),
+        (None, None) => Err(Error::NoNamespace),
     }
 }
 
@@ -183,15 +213,11 @@ fn is_dns_label(text: &str) -> bool {
 }
 
 /// The age recipients of the enrolled identity keys of `--to-cluster` clusters, as the server shows them.
-fn enrolled_recipients(args: &SealArgs) -> anyhow::Result<Vec<String>> {
-    let Some(server) = &args.server else {
+fn enrolled_recipients(args: &SealArgs) -> Result<Vec<String>> {
+    let Some(server) = &args.server.server else {
         return Ok(Vec::new());
     };
-    let token = args
-        .read_token_file
-        .as_ref()
-        .map(|p| read_text(p).map(|t| t.trim().to_owned()))
-        .transpose()?;
+    let token = read_token_file(args.token.read_token_file.as_ref())?;
     let mut recipients = Vec::new();
     for named in &args.to_cluster {
         let (name, pin) = cluster_pin(named)?;
@@ -201,138 +227,144 @@ fn enrolled_recipients(args: &SealArgs) -> anyhow::Result<Vec<String>> {
             form_urlencoded::byte_serialize(name.as_bytes()).collect::<String>()
         );
         let detail: windvane_shared::fleet_api::ClusterDetail =
-            crate::fleet::get_json(&url, token.as_deref())
-                .with_context(|| format!("cluster {name:?} at {server}"))?;
-        let recipient = detail.cluster.age_recipient.with_context(|| {
-            format!(
-                "{url}: no age recipient for cluster {name:?} (a server older than this windvane?)"
-            )
-        })?;
+            crate::http::get_json(&url, token.as_deref()).map_err(|source| {
+                Error::EnrolledCluster {
+                    cluster: name.to_owned(),
+                    server: server.clone(),
+                    source: Box::new(source),
+                }
+            })?;
+        let recipient = detail
+            .cluster
+            .age_recipient
+            .ok_or_else(|| Error::NoAgeRecipient {
+                url: url.clone(),
+                cluster: name.to_owned(),
+            })?;
         let keyid = &detail.cluster.keyid;
-        check_enrolled(name, &recipient, keyid, pin).with_context(|| url.clone())?;
+        check_enrolled(&url, name, &recipient, keyid, pin)?;
         // The server is not trusted with secrets, but here it vouches for a key: say which one, so that it can
         // be compared with what the agent logs at start ("cluster identity", age_recipient).
-        eprintln!(
-            "cluster {name}: enrolled key {} at {server}, age recipient {recipient}",
-            detail.cluster.keyid
-        );
+        eprintln!("cluster {name}: enrolled key {keyid} at {server}, age recipient {recipient}");
         recipients.push(recipient);
     }
     Ok(recipients)
 }
 
 /// `CLUSTER` or `CLUSTER=KEYID` of `--to-cluster`: the name, and the pinned key id (prefix) if any.
-fn cluster_pin(named: &str) -> anyhow::Result<(&str, Option<&str>)> {
+fn cluster_pin(named: &str) -> Result<(&str, Option<&str>)> {
     match named.split_once('=') {
         None => Ok((named, None)),
         Some((name, pin)) => {
             let hex = pin.bytes().all(|b| b.is_ascii_hexdigit());
             if name.is_empty() || !hex || !(16..=64).contains(&pin.len()) {
-                bail!(
-                    "--to-cluster {named:?}: expected CLUSTER=KEYID, the key id (at least 16 hex digits) the cluster's agent logs at start"
-                );
+                return Err(Error::BadClusterPin {
+                    given: named.to_owned(),
+                });
             }
             Ok((name, Some(pin)))
         }
     }
 }
 
-/// Refuses a server's recipient for `name` that is not the recipient of the key id it shows, or whose key id
-/// is not the one pinned: a server that swapped in its own key would otherwise receive the secret.
+/// Refuses a server's recipient for `name` (read from `url`) that is not the recipient of the key id it
+/// shows, or whose key id is not the one pinned: a server that swapped in its own key would otherwise
+/// receive the secret.
 fn check_enrolled(
+    url: &str,
     name: &str,
     recipient: &str,
     keyid: &str,
     pin: Option<&str>,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     if !sops::recipient_of_keyid(recipient, keyid) {
-        bail!(
-            "the age recipient shown for cluster {name:?} ({recipient}) is not that of the key it says the cluster enrolled ({keyid}): not sealing to it"
-        );
+        return Err(Error::RecipientNotOfKey {
+            url: url.to_owned(),
+            cluster: name.to_owned(),
+            recipient: recipient.to_owned(),
+            keyid: keyid.to_owned(),
+        });
     }
     if let Some(pin) = pin
         && !keyid
             .to_ascii_lowercase()
             .starts_with(&pin.to_ascii_lowercase())
     {
-        bail!(
-            "cluster {name:?} is enrolled with key {keyid} at the server, not the pinned {pin}: not sealing to it (re-keyed? compare with the key id its agent logs)"
-        );
+        return Err(Error::KeyNotPinned {
+            url: url.to_owned(),
+            cluster: name.to_owned(),
+            keyid: keyid.to_owned(),
+            pin: pin.to_owned(),
+        });
     }
     Ok(())
 }
 
 /// The recipients file: names of clusters and groups to their recipients.
-fn named_recipients(file: &Path, names: &[String]) -> anyhow::Result<Vec<String>> {
+fn named_recipients(file: &Path, names: &[String]) -> Result<Vec<String>> {
     let shown = file.display().to_string();
-    let text = read_text(&file.to_path_buf())?;
-    let value = documents_to_json(&text, &shown, YamlLimits::default())?
+    let text = read_text(file)?;
+    let value = documents_to_json(&text, &shown, YamlLimits::default())
+        .map_err(|source| Error::RecipientsFile {
+            file: shown.clone(),
+            source,
+        })?
         .into_iter()
         .next()
         .map(|(_, value)| value)
         .unwrap_or(Value::Null);
+    let known = recipients_by_name(&shown, &value)?;
+    names
+        .iter()
+        .map(|name| {
+            known
+                .get(name)
+                .cloned()
+                .ok_or_else(|| Error::UnknownRecipient {
+                    file: shown.clone(),
+                    name: name.clone(),
+                    known: known.keys().cloned().collect::<Vec<_>>().join(", "),
+                })
+        })
+        .collect()
+}
+
+/// The `clusters:` and `groups:` of a recipients file, one map of names to recipients (each checked).
+fn recipients_by_name(shown: &str, value: &Value) -> Result<BTreeMap<String, String>> {
     let mut known: BTreeMap<String, String> = BTreeMap::new();
     for section in ["clusters", "groups"] {
         let Some(entries) = value.get(section) else {
             continue;
         };
         let Some(entries) = entries.as_object() else {
-            bail!("{shown}: {section} must be a mapping of names to age recipients");
+            return Err(Error::RecipientsNotMapping {
+                file: shown.to_owned(),
+                section,
+            });
         };
         for (name, recipient) in entries {
             let Some(recipient) = recipient.as_str() else {
-                bail!("{shown}: {section}.{name} must be an age recipient (age1…)");
+                return Err(Error::RecipientNotText {
+                    file: shown.to_owned(),
+                    section,
+                    name: name.clone(),
+                });
             };
-            sops::parse_recipient(recipient, &format!("{shown}: {section}.{name}"))?;
+            sops::parse_recipient(recipient, &format!("{shown}: {section}.{name}")).map_err(
+                |source| Error::Recipient {
+                    recipient: recipient.to_owned(),
+                    source,
+                },
+            )?;
             if known.insert(name.clone(), recipient.to_owned()).is_some() {
-                bail!("{shown}: {name} is both a cluster and a group");
+                return Err(Error::RecipientTwice {
+                    file: shown.to_owned(),
+                    name: name.clone(),
+                });
             }
         }
     }
-    names
-        .iter()
-        .map(|name| {
-            known.get(name).cloned().with_context(|| {
-                format!(
-                    "{shown}: no cluster or group {name:?} (known: {})",
-                    known.keys().cloned().collect::<Vec<_>>().join(", ")
-                )
-            })
-        })
-        .collect()
-}
-
-#[derive(Debug, Args)]
-pub struct AgeKeygenArgs {
-    /// The identity file to write (mode 0600, never over an existing file), as `age-keygen` writes it.
-    #[arg(short, long, value_name = "FILE")]
-    output: PathBuf,
-}
-
-/// Writes a new age identity and prints its recipient (what `seal` and the recipients file name).
-pub fn age_keygen(args: AgeKeygenArgs) -> anyhow::Result<()> {
-    let (secret, recipient) = Keyring::generate();
-    let created = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ");
-    let text = format!("# created: {created}\n# public key: {recipient}\n{secret}\n");
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&args.output)
-        .with_context(|| format!("{} (never overwritten)", args.output.display()))?;
-    file.write_all(text.as_bytes())?;
-    println!("{recipient}");
-    Ok(())
-}
-
-/// The identities of an age identity file (`--age-key-file`).
-pub fn keyring_file(path: &PathBuf) -> anyhow::Result<Keyring> {
-    let mut keyring = Keyring::default();
-    keyring.add_text(&read_text(path)?, &path.display().to_string())?;
-    if keyring.is_empty() {
-        bail!("{}: no age identity in it", path.display());
-    }
-    Ok(keyring)
+    Ok(known)
 }
 
 #[cfg(test)]
@@ -347,18 +379,18 @@ mod tests {
         let other = windvane_shared::keys::signing_key_from_seed([6; 32]).verifying_key();
         let keyid = windvane_shared::keys::keyid(&key);
         let recipient = sops::cluster_recipient(&key);
-        assert!(check_enrolled("eu-1", &recipient, &keyid, None).is_ok());
-        assert!(check_enrolled("eu-1", &recipient, &keyid, Some(&keyid[..16])).is_ok());
+        assert!(check_enrolled("u", "eu-1", &recipient, &keyid, None).is_ok());
+        assert!(check_enrolled("u", "eu-1", &recipient, &keyid, Some(&keyid[..16])).is_ok());
         // A server that shows its own recipient beside the cluster's key id.
         let swapped = sops::cluster_recipient(&other);
-        let err = check_enrolled("eu-1", &swapped, &keyid, None)
+        let err = check_enrolled("u", "eu-1", &swapped, &keyid, None)
             .unwrap_err()
             .to_string();
         assert!(err.contains("not that of the key"), "{err}");
         // Or its own key, consistently: only the pin catches it.
         let other_id = windvane_shared::keys::keyid(&other);
-        assert!(check_enrolled("eu-1", &swapped, &other_id, None).is_ok());
-        let err = check_enrolled("eu-1", &swapped, &other_id, Some(&keyid[..16]))
+        assert!(check_enrolled("u", "eu-1", &swapped, &other_id, None).is_ok());
+        let err = check_enrolled("u", "eu-1", &swapped, &other_id, Some(&keyid[..16]))
             .unwrap_err()
             .to_string();
         assert!(err.contains("not the pinned"), "{err}");

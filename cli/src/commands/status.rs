@@ -1,25 +1,22 @@
-//! `windvane status` and `windvane cluster rekey|forget`: the SRE's view of the fleet from a terminal or a
-//! pipeline. `status` reads the source server's `/api/v1/fleet` (with an optional label selector and state
-//! filter), prints the table, and exits 0 only when every selected cluster is Synced — Unknown and
-//! NeverSeen are not. `cluster rekey|forget` call the server's admin endpoints with the admin token (the
-//! server's `--admin-token-file`; the registration token every cluster holds never authorises them).
+//! `windvane status`: the SRE's view of the fleet from a terminal or a pipeline. Reads the source server's
+//! `/api/v1/fleet` (with an optional label selector and state filter), prints the table (or the JSON), and
+//! exits 0 only when every selected cluster is Synced — Unknown and NeverSeen are not.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
-use crate::terminal::{MAX_REPLY_BYTES, clean, clean_line, read_capped};
-use anyhow::{Context as _, bail};
-use clap::{Args, Subcommand};
-use serde_json::Value;
+use clap::Args;
 use windvane_shared::fleet_api::{ClusterRow, ClusterState, FleetView};
+
+use crate::args::{OutputArgs, ReadTokenArgs, ServerArgs};
+use crate::error::{Error, Result};
+use crate::terminal::{clean, clean_line};
+use crate::{http, inputs};
 
 /// `windvane status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// The source server, e.g. https://windvane.example.com.
-    #[arg(long, env = "WINDVANE_SERVER", value_name = "URL")]
-    server: String,
+    #[command(flatten)]
+    server: ServerArgs,
     /// Only clusters whose labels match this selector, e.g. "env=prod,region in (eu,us)".
     #[arg(long, env = "WINDVANE_SELECTOR", value_name = "SEL")]
     selector: Option<String>,
@@ -32,101 +29,37 @@ pub struct StatusArgs {
         value_delimiter = ','
     )]
     states: Vec<String>,
-    /// File with the server's read token, if it requires one.
-    #[arg(long, env = "WINDVANE_READ_TOKEN_FILE", value_name = "FILE")]
-    read_token_file: Option<PathBuf>,
-    /// Output format.
-    #[arg(long, env = "WINDVANE_OUTPUT", default_value = "table", value_parser = ["table", "json"])]
-    output: String,
-}
-
-/// `windvane cluster …`.
-#[derive(Debug, Args)]
-pub struct ClusterArgs {
-    #[command(subcommand)]
-    action: ClusterAction,
-}
-
-#[derive(Debug, Subcommand)]
-enum ClusterAction {
-    /// Allow the cluster's next enrolment to bind a new identity key (after a reinstall or key loss); until
-    /// then the old key keeps reporting, and once a new key is bound the old one is refused.
-    Rekey(AdminArgs),
-    /// Remove the cluster and everything stored about it; its agent, if still running, enrols again afresh
-    /// at its next heartbeat (so it reappears), and a stopped one stays gone.
-    Forget(AdminArgs),
-}
-
-#[derive(Debug, Args)]
-struct AdminArgs {
-    /// The cluster's name.
-    name: String,
-    /// The source server, e.g. https://windvane.example.com.
-    #[arg(long, env = "WINDVANE_SERVER", value_name = "URL")]
-    server: String,
-    /// File with the server's admin token (what `windvane-server serve --admin-token-file` reads); the
-    /// registration token does not authorise admin actions.
-    #[arg(long, env = "WINDVANE_ADMIN_TOKEN_FILE", value_name = "FILE")]
-    admin_token_file: PathBuf,
-}
-
-fn http_client() -> anyhow::Result<reqwest::Client> {
-    // reqwest is built without a bundled crypto provider; ring is the one provider in the whole workspace.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .timeout(Duration::from_secs(60))
-        .build()
-        .context("build the HTTP client")
-}
-
-fn read_token(path: &PathBuf) -> anyhow::Result<String> {
-    let token = super::read_text(path)?;
-    let token = token.trim();
-    if token.is_empty() {
-        bail!("{}: empty token", path.display());
-    }
-    Ok(token.to_owned())
-}
-
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("start the runtime")
+    #[command(flatten)]
+    token: ReadTokenArgs,
+    #[command(flatten)]
+    output: OutputArgs,
 }
 
 /// Prints the fleet table; exit 0 only when at least one cluster is selected and all are Synced.
-pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let base = args.server.trim_end_matches('/');
-    let mut query: Vec<(&str, String)> = Vec::new();
+pub fn status(args: StatusArgs) -> Result<ExitCode> {
+    let mut query: Vec<(&str, &str)> = Vec::new();
     if let Some(selector) = &args.selector {
-        query.push(("selector", selector.clone()));
+        query.push(("selector", selector));
     }
     for state in &args.states {
-        query.push(("state", state.clone()));
+        query.push(("state", state));
     }
     let query: String = form_urlencoded::Serializer::new(String::new())
         .extend_pairs(query)
         .finish();
-    let url = format!("{base}/api/v1/fleet?{query}");
-    let token = args.read_token_file.as_ref().map(read_token).transpose()?;
-    let fleet: FleetView = runtime()?.block_on(async {
-        let mut request = http_client()?.get(&url);
-        if let Some(token) = &token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await.with_context(|| format!("GET {url}"))?;
-        let status = response.status();
-        let body = read_capped(response, MAX_REPLY_BYTES, &format!("GET {url}")).await?;
-        if !status.is_success() {
-            bail!("GET {url}: {status}: {}", error_message(&body));
-        }
-        parse_fleet(&url, &body)
-    })?;
-    if args.output == "json" {
+    let url = format!(
+        "{}/api/v1/fleet?{query}",
+        args.server.server.trim_end_matches('/')
+    );
+    let token = inputs::read_token_file(args.token.read_token_file.as_ref())?;
+    let fleet = parse_fleet(&url, &http::get(&url, token.as_deref())?)?;
+    if args.output.json() {
         // JSON strings escape control characters themselves.
-        println!("{}", serde_json::to_string_pretty(&fleet)?);
+        let text = serde_json::to_string_pretty(&fleet).map_err(|source| Error::PrintJson {
+            what: "the fleet",
+            source,
+        })?;
+        println!("{text}");
     } else {
         print!("{}", clean(&render_table(&fleet)));
     }
@@ -141,31 +74,11 @@ pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// `GET url` (with a bearer token when given) read as JSON of type `T`; a non-success status is an error
-/// carrying the server's message.
-pub(crate) fn get_json<T: serde::de::DeserializeOwned>(
-    url: &str,
-    token: Option<&str>,
-) -> anyhow::Result<T> {
-    runtime()?.block_on(async {
-        let mut request = http_client()?.get(url);
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await.with_context(|| format!("GET {url}"))?;
-        let status = response.status();
-        let body = read_capped(response, MAX_REPLY_BYTES, &format!("GET {url}")).await?;
-        if !status.is_success() {
-            bail!("GET {url}: {status}: {}", error_message(&body));
-        }
-        serde_json::from_slice(&body).with_context(|| format!("GET {url}: not the expected JSON"))
-    })
-}
-
 /// Reads the body of `GET /api/v1/fleet` as the typed fleet view.
-fn parse_fleet(url: &str, body: &[u8]) -> anyhow::Result<FleetView> {
-    serde_json::from_slice(body).with_context(|| {
-        format!("GET {url}: the body is not the fleet JSON of /api/v1/fleet (is the URL a Windvane source server of this version?)")
+fn parse_fleet(url: &str, body: &[u8]) -> Result<FleetView> {
+    serde_json::from_slice(body).map_err(|source| Error::NotFleetJson {
+        url: url.to_owned(),
+        source,
     })
 }
 
@@ -189,15 +102,6 @@ fn verdict(fleet: &FleetView) -> Option<String> {
             n - 5
         )),
     }
-}
-
-/// The server's error message (its JSON `error`, else the start of the body), made safe for a terminal.
-fn error_message(body: &[u8]) -> String {
-    let text = serde_json::from_slice::<Value>(body)
-        .ok()
-        .and_then(|v| v["error"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned());
-    clean_line(&text)
 }
 
 fn age(seconds: Option<u64>) -> String {
@@ -297,78 +201,10 @@ fn table_row(row: &ClusterRow) -> [String; 7] {
     ]
 }
 
-/// `windvane cluster rekey|forget NAME`.
-pub fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
-    let (action, admin) = match args.action {
-        ClusterAction::Rekey(admin) => ("rekey", admin),
-        ClusterAction::Forget(admin) => ("forget", admin),
-    };
-    let token = read_token(&admin.admin_token_file)?;
-    let url = format!(
-        "{}/api/v1/clusters/{}/{action}",
-        admin.server.trim_end_matches('/'),
-        admin.name
-    );
-    let body = runtime()?.block_on(async {
-        let response = http_client()?
-            .post(&url)
-            .bearer_auth(&token)
-            .send()
-            .await
-            .with_context(|| format!("POST {url}"))?;
-        let status = response.status();
-        let body = read_capped(response, MAX_REPLY_BYTES, &format!("POST {url}")).await?;
-        if !status.is_success() {
-            bail!(
-                "{action} {}: {status}: {}",
-                admin.name,
-                error_message(&body)
-            );
-        }
-        anyhow::Ok(body)
-    })?;
-    match action {
-        "rekey" => println!("{}", rekey_allowed(&admin.name, &body)),
-        _ => println!("cluster {}: forgotten", admin.name),
-    }
-    Ok(())
-}
-
-/// What a rekey allows, from the server's reply: until when (the server's `--rekey-ttl`), and that the
-/// cluster's current key withdraws it by reporting.
-fn rekey_allowed(cluster: &str, reply: &[u8]) -> String {
-    let until = serde_json::from_slice::<Value>(reply)
-        .ok()
-        .and_then(|v| v["until"].as_str().map(str::to_owned));
-    match until {
-        Some(until) => format!(
-            "cluster {cluster}: an enrolment with a new key is allowed until {until} (a heartbeat of its \
-             current key withdraws it)"
-        ),
-        None => format!("cluster {cluster}: its next enrolment may bind a new key"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use windvane_shared::status::SyncState;
-
-    #[test]
-    fn a_rekey_says_until_when() {
-        assert_eq!(
-            rekey_allowed(
-                "edge-7",
-                br#"{"cluster":"edge-7","result":"rekey_allowed","until":"2026-12-07T13:00:00Z"}"#
-            ),
-            "cluster edge-7: an enrolment with a new key is allowed until 2026-12-07T13:00:00Z (a heartbeat \
-             of its current key withdraws it)"
-        );
-        assert_eq!(
-            rekey_allowed("edge-7", b"{}"),
-            "cluster edge-7: its next enrolment may bind a new key"
-        );
-    }
 
     fn row(name: &str, state: ClusterState) -> ClusterRow {
         ClusterRow {
