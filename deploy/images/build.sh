@@ -8,6 +8,9 @@
 #                                              ...); no entrypoint, `sh` as the command
 #     docker.io/windvane-test/pause:local     the pod sandbox ("pause") image localkube --real-node configures in
 #                                              containerd: the same layer, a shell that sleeps until SIGTERM
+#     registry.example.com/acme/api:1.4.2 and quay.io/prometheus/prometheus:v2.55.1
+#                                              stand-ins for the example fleet's images (./demo --real-node):
+#                                              the same layer, busybox httpd on the example's ports
 #   target/images/busybox.tar    that layout as one archive, what `ctr images import` reads
 #   target/images/windvane-agent/ and windvane-agent.tar (only with the argument `agent`):
 #     docker.io/library/windvane-agent:local  the agent from the release binary (`cargo build --release
@@ -93,6 +96,18 @@ build_busybox() {
 	umoci config --image "$layout:$busybox_ref" --tag "$pause_ref" --history.created "$created" --created "$created" \
 		--config.entrypoint /bin/sh --config.entrypoint -c \
 		--config.entrypoint 'trap "exit 0" TERM INT; while :; do sleep 3600 & wait $!; done' \
+		--clear config.cmd
+	# Stand-ins for the example fleet's two images (deploy/examples/fleet), for `./demo --real-node`: the same
+	# layer, serving HTTP with busybox's httpd on the port the example's manifests name, and ignoring the
+	# arguments those manifests pass (they become the shell's $0, $1, ...). Tagged with the example's names so
+	# that its manifests run unchanged on a real node, which never pulls.
+	umoci config --image "$layout:$busybox_ref" --tag "registry.example.com/acme/api:1.4.2" \
+		--history.created "$created" --created "$created" \
+		--config.entrypoint /bin/sh --config.entrypoint -c --config.entrypoint 'exec httpd -f -p 8080 -h /tmp' \
+		--clear config.cmd
+	umoci config --image "$layout:$busybox_ref" --tag "quay.io/prometheus/prometheus:v2.55.1" \
+		--history.created "$created" --created "$created" \
+		--config.entrypoint /bin/sh --config.entrypoint -c --config.entrypoint 'exec httpd -f -p 9090 -h /tmp' \
 		--clear config.cmd
 	umoci gc --layout "$layout"
 
