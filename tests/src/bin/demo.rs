@@ -184,12 +184,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "Windvane demo: a source server, a fleet of real Kubernetes control planes with their agents, and the \
          example fleet `acme`.\nCtrl-C stops everything at any time."
     );
+    // One listener for Ctrl-C from the start to the end: it records a SIGINT from the moment it exists. A
+    // fresh `ctrl_c()` after the story would miss one sent between the story's end and its first poll — the
+    // signal would be swallowed (the handler is installed) and the demo would wait forever; a loaded machine
+    // showed it after "Press Ctrl-C".
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("listening for Ctrl-C")?;
     // The story runs until it ends or Ctrl-C; either way everything is stopped below.
     let told = tokio::select! {
         told = story::tell(&mut demo) => told,
-        _ = tokio::signal::ctrl_c() => Err(Interrupted.into()),
+        _ = interrupt.recv() => Err(Interrupted.into()),
     };
-    let waited = match &told {
+    let waited: anyhow::Result<()> = match &told {
         Ok(()) => {
             let url = demo.server().map(|s| s.url.clone()).unwrap_or_default();
             demo.say.step("The story is told");
@@ -217,7 +223,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 demo.say.say(
                     "Press Ctrl-C to stop everything (the clusters, their agents, the server).",
                 );
-                tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")
+                interrupt.recv().await;
+                Ok(())
             }
         }
         Err(_) => Ok(()),
