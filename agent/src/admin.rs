@@ -1,5 +1,6 @@
-//! The admin server: `/livez` (the process runs), `/readyz` (a release — the first one or the last known
-//! good — is enforced), `/status` (the agent's status as JSON) and `/metrics` (Prometheus). Plain HTTP on the
+//! The admin server: `/livez` (the process runs), `/readyz` (this replica works: its election loop reaches
+//! the API server, whether it leads or stands by — [`crate::replica`]), `/status` (the agent's status as JSON,
+//! with the replica's role) and `/metrics` (Prometheus, with `windvane_agent_leader`). Plain HTTP on the
 //! admin address; it serves nothing else, and needs no token, so it is kept small and close:
 //!
 //! - It listens on `127.0.0.1:8481` unless told otherwise (`--admin-listen`): `/status` names the cluster's
@@ -28,6 +29,7 @@ use tokio::sync::{oneshot, watch};
 use tracing::{debug, info};
 
 use crate::metrics::Metrics;
+use crate::replica::{Replica, Role};
 use crate::report::StatusRx;
 use crate::{Error, Result};
 
@@ -39,12 +41,22 @@ pub const MAX_CONNECTIONS: usize = 32;
 /// How long a client may take to send a request's headers, or to start the next one on a kept-alive
 /// connection. Probes time out after seconds, and send their request at once.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// A replica is NotReady once it has not reached the API server for this long: the Lease's duration, after
+/// which a leader that could not renew stops on its own (standbys try every 2 s, the leader renews every 5 s).
+pub const READY_STALE_AFTER: Duration = Duration::from_secs(15);
+
+/// What the admin server reads: the agent's status, its metrics and the replica's election state.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    pub status: StatusRx,
+    pub metrics: Arc<Metrics>,
+    pub replica: watch::Receiver<Replica>,
+}
 
 /// Binds the admin address; returns the bound address (useful with port 0) and the serving future.
 pub async fn serve(
     addr: SocketAddr,
-    status: StatusRx,
-    metrics: Arc<Metrics>,
+    sources: Sources,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(SocketAddr, impl Future<Output = ()>)> {
     let listener = TcpListener::bind(addr).await.map_err(|e| Error::Admin {
@@ -71,12 +83,11 @@ pub async fn serve(
                 continue;
             };
             let (slot, closed) = slots.admit();
-            let status = status.clone();
-            let metrics = metrics.clone();
+            let sources = sources.clone();
             let slots = Arc::clone(&slots);
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |request| {
-                    let response = respond(&request, &status, &metrics);
+                    let response = respond(&request, &sources);
                     async move { Ok::<_, Infallible>(response) }
                 });
                 // One request per connection: probes and scrapers open a connection each time anyway, and a
@@ -153,11 +164,7 @@ impl Slots {
     }
 }
 
-fn respond(
-    request: &Request<Incoming>,
-    status: &StatusRx,
-    metrics: &Metrics,
-) -> Response<Full<Bytes>> {
+fn respond(request: &Request<Incoming>, sources: &Sources) -> Response<Full<Bytes>> {
     let text = |code: StatusCode, body: String| {
         Response::builder()
             .status(code)
@@ -170,33 +177,32 @@ fn respond(
     }
     match request.uri().path() {
         "/livez" => text(StatusCode::OK, "ok\n".to_owned()),
-        "/readyz" => {
-            let status = status.borrow();
-            if status.enforced {
-                text(
-                    StatusCode::OK,
-                    format!(
-                        "ok: enforcing serial {}\n",
-                        status.source.applied_serial.unwrap_or_default()
-                    ),
-                )
-            } else {
-                text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "not ready: no release enforced yet\n".to_owned(),
-                )
-            }
+        "/readyz" => match readiness(sources) {
+            Ok(body) => text(StatusCode::OK, body),
+            Err(body) => text(StatusCode::SERVICE_UNAVAILABLE, body),
+        },
+        "/status" => {
+            let mut json = sources.status.borrow().to_json();
+            let role = sources.replica.borrow().role;
+            json["replica"] =
+                serde_json::json!({"role": role.as_str(), "leader": role == Role::Leader});
+            Response::builder()
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(json.to_string())))
+                .expect("a static response is valid")
         }
-        "/status" => Response::builder()
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(
-                status.borrow().to_json().to_string(),
-            )))
-            .expect("a static response is valid"),
-        "/metrics" => Response::builder()
-            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
-            .body(Full::new(Bytes::from(metrics.render())))
-            .expect("a static response is valid"),
+        "/metrics" => {
+            let leader = u8::from(sources.replica.borrow().role == Role::Leader);
+            let mut body = sources.metrics.render();
+            body.push_str(&format!(
+                "# HELP windvane_agent_leader 1 while this replica holds the Lease (polls, applies and heals), 0 while it stands by.\n\
+                 # TYPE windvane_agent_leader gauge\nwindvane_agent_leader {leader}\n"
+            ));
+            Response::builder()
+                .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+                .body(Full::new(Bytes::from(body)))
+                .expect("a static response is valid")
+        }
         _ => text(
             StatusCode::NOT_FOUND,
             "not found: try /livez, /readyz, /status or /metrics\n".to_owned(),
@@ -204,6 +210,27 @@ fn respond(
     }
 }
 
+/// `/readyz`'s answer: the replica's readiness ([`Replica::readiness`]), and on the leader what it enforces.
+fn readiness(sources: &Sources) -> Result<String, String> {
+    let ready = sources
+        .replica
+        .borrow()
+        .readiness(tokio::time::Instant::now(), READY_STALE_AFTER);
+    let ready = match ready {
+        Ok(ready) => ready,
+        Err(why) => return Err(format!("{why}\n")),
+    };
+    if sources.replica.borrow().role != Role::Leader {
+        return Ok(format!("{ready}\n"));
+    }
+    let status = sources.status.borrow();
+    Ok(
+        match status.source.applied_serial.filter(|_| status.enforced) {
+            Some(serial) => format!("{ready}, enforcing serial {serial}\n"),
+            None => format!("{ready}, no release enforced yet\n"),
+        },
+    )
+}
 #[cfg(test)]
 mod tests {
     use super::*;

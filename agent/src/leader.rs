@@ -2,17 +2,21 @@
 //! (a DaemonSet on every control-plane node, say) exactly one writes. A candidate takes the Lease when it is
 //! free or its holder stopped renewing for a whole lease duration; every write is conditional on the Lease's
 //! resourceVersion, so two candidates can never both win. The leader renews it; a leader that cannot renew in
-//! time stops (the process exits and restarts as a candidate) rather than risk two writers.
+//! time stops (the process exits and restarts as a candidate) rather than risk two writers. Every round is
+//! recorded in the replica's state ([`crate::replica`]), which the admin server reads for readiness.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ObjectMeta, PostParams};
+use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::cluster::api_message;
+use crate::replica::Replica;
 use crate::{Error, Result};
 
 /// Timing of the election.
@@ -65,6 +69,8 @@ pub struct Elector {
     name: String,
     identity: String,
     timing: LeaseTiming,
+    /// Every round's outcome, for `/readyz` and `/status`.
+    replica: Arc<watch::Sender<Replica>>,
 }
 
 impl Elector {
@@ -81,7 +87,26 @@ impl Elector {
             name: name.to_owned(),
             identity: identity.to_owned(),
             timing,
+            replica: Arc::new(watch::Sender::new(Replica::default())),
         }
+    }
+
+    /// This replica's election state, updated after every round.
+    pub fn replica(&self) -> watch::Receiver<Replica> {
+        self.replica.subscribe()
+    }
+
+    /// One round of the election, recorded in the replica's state.
+    async fn round(&self) -> Result<bool> {
+        let outcome = self.try_acquire_or_renew().await;
+        let recorded = outcome
+            .as_ref()
+            .map(|leads| *leads)
+            .map_err(|e| e.to_string());
+        let now = tokio::time::Instant::now();
+        self.replica
+            .send_modify(|replica| replica.record(recorded, now));
+        outcome
     }
 
     fn lease_error(&self, detail: String) -> Error {
@@ -96,7 +121,7 @@ impl Elector {
     pub async fn acquire(&self) {
         let mut announced = false;
         loop {
-            match self.try_acquire_or_renew().await {
+            match self.round().await {
                 Ok(true) => {
                     info!(lease = %self.name, identity = %self.identity, "became the leader");
                     return;
@@ -118,7 +143,7 @@ impl Elector {
         let mut last_renewed = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(self.timing.renew_every).await;
-            match self.try_acquire_or_renew().await {
+            match self.round().await {
                 Ok(true) => last_renewed = tokio::time::Instant::now(),
                 Ok(false) => return self.lease_error("another replica took the Lease".to_owned()),
                 Err(error) => {

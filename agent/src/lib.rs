@@ -1,8 +1,9 @@
 //! The Windvane agent: one per cluster, autonomous. It polls a signed release from a static store, verifies
 //! it, renders this cluster's share, applies it with server-side apply and keeps it applied, reporting what it
-//! does. Pure decisions live in [`plan`], [`allowlist`], [`inventory`], [`health`], [`report`] and
-//! [`backoff`]; I/O lives in [`source`] (HTTP), [`cluster`], [`apply`], [`watch`], [`state`] and [`leader`]
-//! (Kubernetes) and [`admin`] (the admin server); [`engine`] runs the loop and [`config`] resolves settings.
+//! does. Pure decisions live in [`plan`], [`allowlist`], [`inventory`], [`health`], [`report`], [`replica`]
+//! (readiness) and [`backoff`]; I/O lives in [`source`] (HTTP), [`cluster`], [`apply`], [`watch`], [`state`]
+//! and [`leader`] (Kubernetes) and [`admin`] (the admin server); [`engine`] runs the loop and [`config`]
+//! resolves settings.
 
 pub mod admin;
 pub mod allowlist;
@@ -33,6 +34,7 @@ pub mod packed;
 pub mod plan;
 pub mod prevent;
 pub mod preview;
+pub mod replica;
 pub mod report;
 pub mod reporter;
 pub mod retry;

@@ -185,15 +185,6 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
 
     let (status_tx, status) = watch::channel(AgentStatus::default());
     let metrics = Arc::new(Metrics::default());
-    let (_, admin) = windvane_agent::admin::serve(
-        config.admin_listen,
-        status.clone(),
-        metrics.clone(),
-        shutdown.clone(),
-    )
-    .await?;
-    tokio::spawn(admin);
-
     let elector = Elector::new(
         client.clone(),
         &config.engine.namespace,
@@ -201,6 +192,15 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
         &config.identity,
         LeaseTiming::default(),
     );
+    let sources = windvane_agent::admin::Sources {
+        status: status.clone(),
+        metrics: metrics.clone(),
+        replica: elector.replica(),
+    };
+    let (_, admin) =
+        windvane_agent::admin::serve(config.admin_listen, sources, shutdown.clone()).await?;
+    tokio::spawn(admin);
+
     // Built on another thread while the lease is acquired: it is CPU work, and the lease requests are not.
     let source_config = config.engine.clone();
     let source = tokio::task::spawn_blocking(move || Engine::source_client(&source_config));

@@ -48,7 +48,7 @@ pub type StatusRx = tokio::sync::watch::Receiver<AgentStatus>;
 #[derive(Debug, Clone, Default)]
 pub struct AgentStatus {
     pub source: SourceReport,
-    /// True once the first release (or the last known good) has been enforced: `/readyz` turns 200.
+    /// True once the first release (or the last known good) has been enforced (`/readyz` names its serial).
     pub enforced: bool,
     pub objects: BTreeMap<ObjectKey, ObjectStatus>,
     /// Orphaned objects (left the release, not pruned), reported but not counted against the state.

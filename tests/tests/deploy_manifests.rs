@@ -247,7 +247,8 @@ fn kustomization(dir: &Path) -> anyhow::Result<(String, BTreeSet<PathBuf>)> {
     Ok((kind, used))
 }
 
-/// Under `dir` (the example fleet apart): into `out` every directory that holds a `kustomization.yaml`, into
+/// Under `dir` (the example fleet and the Helm charts apart: `deploy_charts.rs` holds the charts to what the
+/// kustomizations here install): into `out` every directory that holds a `kustomization.yaml`, into
 /// `yaml` every other YAML file.
 fn walk(dir: &Path, out: &mut Vec<PathBuf>, yaml: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
@@ -255,7 +256,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>, yaml: &mut Vec<PathBuf>) -> anyhow::
     for entry in entries {
         let path = entry.path();
         if path.is_dir() {
-            if path.ends_with("examples/fleet") {
+            if path.ends_with("examples/fleet") || path.ends_with("charts") {
                 continue;
             }
             walk(&path, out, yaml)?;

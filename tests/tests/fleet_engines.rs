@@ -9,7 +9,7 @@
 
 mod fault_support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -253,19 +253,7 @@ spec:
 /// The real engine `name` (`helm`, `kustomize`): `WINDVANE_HELM`/`WINDVANE_KUSTOMIZE` (set by tests/run),
 /// else the one tests/tools/build.sh writes into the workspace's target directory.
 fn engine(name: &str) -> anyhow::Result<PathBuf> {
-    let env = format!("WINDVANE_{}", name.to_ascii_uppercase());
-    let path = match std::env::var_os(&env) {
-        Some(path) => PathBuf::from(path),
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../target/tools")
-            .join(name),
-    };
-    ensure!(
-        path.is_file(),
-        "{} is missing: run tests/tools/build.sh (or set {env})",
-        path.display()
-    );
-    Ok(path)
+    windvane_tests::install::tool(name)
 }
 
 fn tree() -> anyhow::Result<FleetTree> {

@@ -408,26 +408,6 @@ fn progress(message: &str) {
     );
 }
 
-/// Set by `tests/loopback-only` inside the namespace it makes.
-const LOOPBACK_ONLY_ENV: &str = "WINDVANE_LOOPBACK_ONLY";
-
-/// Runs this same command again inside a network namespace that holds only loopback (`tests/loopback-only`),
-/// so that nothing the bench starts (servers, agents, control planes, load generators) can send traffic off
-/// the machine. Returns only if that could not be started.
-fn run_in_loopback_namespace() -> ExitCode {
-    use std::os::unix::process::CommandExt;
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("loopback-only");
-    let error = std::process::Command::new(&script)
-        .arg(std::env::current_exe().unwrap_or_else(|_| "bench".into()))
-        .args(std::env::args_os().skip(1))
-        .exec();
-    eprintln!(
-        "error: running the bench in a loopback-only network namespace through {}: {error}",
-        script.display()
-    );
-    ExitCode::from(2)
-}
-
 fn main() -> ExitCode {
     started();
     let args = Args::parse();
@@ -450,8 +430,8 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    if std::env::var_os(LOOPBACK_ONLY_ENV).is_none_or(|v| v != "1") {
-        return run_in_loopback_namespace();
+    if !windvane_tests::process::in_loopback_namespace() {
+        return windvane_tests::process::reexec_in_loopback_namespace("bench");
     }
     let settings = match Settings::from_args(&args) {
         Ok(settings) => settings,
