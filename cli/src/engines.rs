@@ -1,7 +1,7 @@
 //! The real rendering engines behind `windvane build`, `publish` and `render`: the `helm` and `kustomize`
 //! binaries, run as child processes with a deadline and a cap on what they print. Which binary: the
 //! `--helm`/`--kustomize` flag (or `WINDVANE_HELM`/`WINDVANE_KUSTOMIZE`), else the one on `PATH`. The
-//! decisions (what to render, how to read the output) are `windvane_shared::prerender`'s; this only runs
+//! decisions (what to render, how to read the output) are `windvane_publisher::prerender`'s; this only runs
 //! programs and hands back what they printed.
 //!
 //! The fleet tree is untrusted input (any pull request changes it), so the engines run confined: every
@@ -20,8 +20,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use windvane_shared::digest::sha256_hex;
-use windvane_shared::prerender::{Engines, HelmSpec, PulledChart, ValuesLayer};
+use windvane_publisher::prerender::{Engines, HelmSpec, PulledChart, ValuesLayer};
+use windvane_shared::crypto::digest::sha256_hex;
 
 /// Most bytes an engine may print: a rendering larger than this could not be published anyway.
 const MAX_OUTPUT_BYTES: u64 = 64 << 20;

@@ -12,7 +12,7 @@ use crate::terminal::{MAX_REPLY_BYTES, clean, clean_line, read_capped};
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
 use serde_json::Value;
-use windvane_shared::fleet_api::{ClusterRow, ClusterState, FleetView};
+use windvane_shared::wire::fleet_api::{ClusterRow, ClusterState, FleetView};
 
 /// `windvane status`.
 #[derive(Debug, Args)]
@@ -352,7 +352,7 @@ fn rekey_allowed(cluster: &str, reply: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use windvane_shared::status::SyncState;
+    use windvane_shared::wire::status::SyncState;
 
     #[test]
     fn a_rekey_says_until_when() {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use windvane_shared::keys;
+use windvane_shared::crypto::keys;
 
 #[derive(Debug, Args)]
 pub struct KeygenArgs {

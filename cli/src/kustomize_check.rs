@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use windvane_shared::yaml::{YamlLimits, documents_to_json};
+use windvane_shared::text::yaml::{YamlLimits, documents_to_json};
 
 /// The file names kustomize reads as a kustomization, in its order.
 const KUSTOMIZATION_FILES: [&str; 3] = ["kustomization.yaml", "kustomization.yml", "Kustomization"];

@@ -9,16 +9,17 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use jiff::Timestamp;
-use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::desired::{all_or_first_error, cluster_share};
-use windvane_shared::digest::sha256_hex;
-use windvane_shared::duration::{format_duration, parse_duration};
-use windvane_shared::keys::{self, TrustedKeys};
-use windvane_shared::release::{self, AcceptedRelease, PointerExpectations};
-use windvane_shared::render::ClusterIdentity;
-use windvane_shared::selector::{Labels, parse_label_assignment};
-use windvane_shared::source::{LoadOptions, Loaded};
-use windvane_shared::{source, yaml_out};
+use windvane_publisher::source;
+use windvane_publisher::source::{LoadOptions, Loaded};
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::crypto::keys::{self, TrustedKeys};
+use windvane_shared::decide::desired::{all_or_first_error, cluster_share};
+use windvane_shared::decide::render::ClusterIdentity;
+use windvane_shared::format::bundle::{Bundle, BundleLimits};
+use windvane_shared::format::release::{self, AcceptedRelease, PointerExpectations};
+use windvane_shared::spec::selector::{Labels, parse_label_assignment};
+use windvane_shared::text::duration::{format_duration, parse_duration};
+use windvane_shared::text::yaml_out;
 use windvane_store::{self as store, PublishRequest, StoreLocation};
 
 use crate::engines::EngineArgs;
@@ -259,7 +260,7 @@ pub fn render(args: RenderArgs) -> anyhow::Result<()> {
             .iter_mut()
             .filter(|app| app.selector.matches(&cluster.labels))
         {
-            if let Some(sealed) = windvane_shared::sops::open_app(app, &keyring)
+            if let Some(sealed) = windvane_shared::format::sops::open_app(app, &keyring)
                 .into_iter()
                 .next()
             {

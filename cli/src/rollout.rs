@@ -12,9 +12,9 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use jiff::Timestamp;
-use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::keys;
-use windvane_shared::rollout::RolloutView;
+use windvane_shared::crypto::keys;
+use windvane_shared::decide::rollout::RolloutView;
+use windvane_shared::format::bundle::{Bundle, BundleLimits};
 use windvane_store::{self as store, PublishRequest};
 
 /// `windvane rollout …`.
@@ -178,7 +178,7 @@ pub fn approve(args: ApproveArgs) -> anyhow::Result<()> {
         pointer.serial,
         pointer.bundle.sha256,
         keys::keyid(&key.verifying_key()),
-        windvane_shared::approval::approval_path(&pointer.channel, pointer.serial),
+        windvane_shared::decide::approval::approval_path(&pointer.channel, pointer.serial),
     );
     match needed {
         Some(threshold) => println!("the release requires {threshold} approval(s)"),
@@ -373,15 +373,15 @@ pub fn render(view: &RolloutView) -> String {
 fn stored_bundle(root: &store::Store, sha256: &str, fleet: &str) -> anyhow::Result<Bundle> {
     let path = store::bundle_path(sha256);
     let described = root.describe(&path);
-    let cap = windvane_shared::release::DEFAULT_MAX_BUNDLE_BYTES;
+    let cap = windvane_shared::format::release::DEFAULT_MAX_BUNDLE_BYTES;
     let bytes = crate::block_on(root.read(&path, cap, "bundle"))??
         .with_context(|| format!("{}: not in the store", described.display()))?;
-    if windvane_shared::digest::sha256_hex(&bytes) != sha256 {
+    if windvane_shared::crypto::digest::sha256_hex(&bytes) != sha256 {
         bail!("{}: the file does not have its digest", described.display());
     }
     let bundle = Bundle::from_json_slice(&bytes, BundleLimits::default())
         .with_context(|| described.display().to_string())?;
-    if windvane_shared::digest::sha256_hex(&bundle.to_json_bytes()) != sha256 {
+    if windvane_shared::crypto::digest::sha256_hex(&bundle.to_json_bytes()) != sha256 {
         bail!(
             "{}: the bundle does not serialize back to the same bytes, so it cannot be signed again with the same digest",
             described.display()
@@ -400,7 +400,7 @@ fn stored_bundle(root: &store::Store, sha256: &str, fleet: &str) -> anyhow::Resu
 /// `None` when every cluster of `fleet` (at least one) follows `channel` and is Synced on `serial`;
 /// otherwise why not. Pure.
 pub fn synced_on(
-    fleet: &windvane_shared::fleet_api::FleetView,
+    fleet: &windvane_shared::wire::fleet_api::FleetView,
     channel: &str,
     serial: u64,
 ) -> Option<String> {
@@ -411,7 +411,7 @@ pub fn synced_on(
         .clusters
         .iter()
         .filter(|c| {
-            c.state != windvane_shared::fleet_api::ClusterState::Synced
+            c.state != windvane_shared::wire::fleet_api::ClusterState::Synced
                 || c.channel.as_deref() != Some(channel)
                 || c.applied_serial != Some(serial)
         })
@@ -454,7 +454,7 @@ pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
             .as_ref()
             .map(|p| super::read_text(p).map(|t| t.trim().to_owned()))
             .transpose()?;
-        let fleet: windvane_shared::fleet_api::FleetView =
+        let fleet: windvane_shared::wire::fleet_api::FleetView =
             crate::fleet::get_json(&url, token.as_deref())?;
         if let Some(why) = synced_on(&fleet, &args.from, source.serial) {
             bail!(
@@ -489,7 +489,7 @@ pub fn promote(args: PromoteArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use windvane_shared::fleet_api::FleetView;
+    use windvane_shared::wire::fleet_api::FleetView;
 
     fn fleet(rows: &[(&str, &str, &str, u64)]) -> FleetView {
         let clusters: Vec<serde_json::Value> = rows

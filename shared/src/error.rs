@@ -81,7 +81,7 @@ pub enum Error {
         detail: String,
     },
 
-    // ---- SOPS-encrypted manifests (crate::sops); no message ever holds a decrypted value ----
+    // ---- SOPS-encrypted manifests (crate::format::sops); no message ever holds a decrypted value ----
     /// An age identity (`AGE-SECRET-KEY-1…`) or a recipient (`age1…`) could not be read.
     #[error("{source_name}: {detail}")]
     AgeKey { source_name: String, detail: String },
@@ -295,7 +295,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    /// A failed read of `path`: what the publisher's fleet-tree reader reports for a file or directory.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
             source,

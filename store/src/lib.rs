@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use ed25519_dalek::SigningKey;
 use jiff::Timestamp;
-use windvane_shared::bundle::Bundle;
-use windvane_shared::digest::sha256_hex;
-use windvane_shared::keys::TrustedKeys;
-use windvane_shared::release::{self, BundleRef, ReleasePointer};
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::crypto::keys::TrustedKeys;
+use windvane_shared::format::bundle::Bundle;
+use windvane_shared::format::release::{self, BundleRef, ReleasePointer};
 
 mod approval;
 mod aws_profile;
@@ -529,7 +529,7 @@ mod tests {
 
     #[test]
     fn a_pointer_read_back_must_be_the_one_written_or_a_later_one() {
-        let key = windvane_shared::keys::signing_key_from_seed([5; 32]);
+        let key = windvane_shared::crypto::keys::signing_key_from_seed([5; 32]);
         let mut trusted = TrustedKeys::new();
         trusted.insert(key.verifying_key()).expect("key");
         let now = Timestamp::now();
@@ -565,7 +565,7 @@ mod tests {
             "{lost}"
         );
         assert!(lost.contains(&"b".repeat(64)), "{lost}");
-        let other_key = windvane_shared::keys::signing_key_from_seed([6; 32]);
+        let other_key = windvane_shared::crypto::keys::signing_key_from_seed([6; 32]);
         let forged = pointer(9, 'd').sign(&other_key).to_json_bytes();
         let error = read_back_verdict(&ours, &bytes, Some(&forged), &trusted).expect_err("forged");
         assert!(
