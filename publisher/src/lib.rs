@@ -10,3 +10,6 @@
 pub mod manifests;
 pub mod prerender;
 pub mod source;
+
+/// The layer table (module → rank): a module uses only modules of a lower rank; `tests/layers.rs` checks it.
+pub const LAYERS: &[(&str, u8)] = &[("manifests", 0), ("prerender", 1), ("source", 2)];

@@ -58,7 +58,7 @@
 //!
 //! ```no_run
 //! use windvane_shared::format::bundle::BundleLimits;
-//! use windvane_shared::source::load_fleet_dir;
+//! use windvane_publisher::source::load_fleet_dir;
 //!
 //! let bundle = load_fleet_dir(std::path::Path::new("fleet"), BundleLimits::default())?;
 //! println!("{} apps", bundle.apps.len());
