@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use windvane_publisher::prerender::{Engines, HelmSpec, PulledChart, ValuesLayer};
+use windvane_publisher::prerender::{EngineError, Engines, HelmSpec, PulledChart, ValuesLayer};
 use windvane_shared::crypto::digest::sha256_hex;
 
 /// Most bytes an engine may print: a rendering larger than this could not be published anyway.
@@ -107,7 +107,12 @@ impl ProcessEngines {
 }
 
 impl Engines for ProcessEngines {
-    fn helm_pull(&self, repo: &str, chart: &str, version: &str) -> Result<PulledChart, String> {
+    fn helm_pull(
+        &self,
+        repo: &str,
+        chart: &str,
+        version: &str,
+    ) -> Result<PulledChart, EngineError> {
         let helm = self.helm()?;
         let destination = self.scratch_path("chart");
         std::fs::create_dir(&destination).map_err(|e| format!("{}: {e}", destination.display()))?;
@@ -139,7 +144,7 @@ impl Engines for ProcessEngines {
         spec: &HelmSpec,
         chart: &Path,
         values: &[ValuesLayer],
-    ) -> Result<String, String> {
+    ) -> Result<String, EngineError> {
         let helm = self.helm()?;
         if chart.is_dir() {
             check_confined(chart, &self.root)?;
@@ -174,16 +179,16 @@ impl Engines for ProcessEngines {
             spec.release_name.clone(),
             chart.display().to_string(),
         ]);
-        self.run(&helm, &args)
+        Ok(self.run(&helm, &args)?)
     }
 
-    fn kustomize_build(&self, directory: &Path) -> Result<String, String> {
+    fn kustomize_build(&self, directory: &Path) -> Result<String, EngineError> {
         let kustomize = self.kustomize()?;
         crate::kustomize_check::check_tree(directory, &self.root, self.kustomize_remote)?;
-        self.run(
+        Ok(self.run(
             &kustomize,
             &["build".into(), "--".into(), directory.display().to_string()],
-        )
+        )?)
     }
 }
 

@@ -117,8 +117,11 @@ pub struct PulledChart {
     pub digest: String,
 }
 
-/// Runs the rendering engines; the `windvane` command line runs the real binaries. Errors are the engine's
-/// own words (its stderr), which the caller puts in context.
+/// What an engine run failed with: the runner's own error (a missing binary, the engine's stderr, a deadline),
+/// which [`render`] puts in context (the app and the step) as `Error::Engine`.
+pub type EngineError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Runs the rendering engines; the `windvane` command line runs the real binaries.
 pub trait Engines {
     /// Pulls a chart from a repository (`https://…`) or registry (`oci://…`).
     fn helm_pull(
@@ -126,16 +129,19 @@ pub trait Engines {
         repo: &str,
         chart: &str,
         version: &str,
-    ) -> std::result::Result<PulledChart, String>;
+    ) -> std::result::Result<PulledChart, EngineError>;
     /// `helm template` of `chart` with the values layers in order; the YAML stream it prints.
     fn helm_template(
         &self,
         spec: &HelmSpec,
         chart: &std::path::Path,
         values: &[ValuesLayer],
-    ) -> std::result::Result<String, String>;
+    ) -> std::result::Result<String, EngineError>;
     /// `kustomize build DIRECTORY`; the YAML stream it prints.
-    fn kustomize_build(&self, directory: &std::path::Path) -> std::result::Result<String, String>;
+    fn kustomize_build(
+        &self,
+        directory: &std::path::Path,
+    ) -> std::result::Result<String, EngineError>;
 }
 
 /// Refuses every engine: for callers that only read plain folders of manifests (the fuzzer, tests), so that a
@@ -143,23 +149,33 @@ pub trait Engines {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoEngines;
 
-const NO_ENGINES: &str = "this program does not run Helm or kustomize; build the fleet with the windvane command \
-                          line (windvane build/publish/render)";
+/// What [`NoEngines`] answers every run with.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error(
+    "this program does not run Helm or kustomize; build the fleet with the windvane command line (windvane \
+     build/publish/render)"
+)]
+pub struct NoEnginesHere;
 
 impl Engines for NoEngines {
-    fn helm_pull(&self, _: &str, _: &str, _: &str) -> std::result::Result<PulledChart, String> {
-        Err(NO_ENGINES.to_owned())
+    fn helm_pull(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+    ) -> std::result::Result<PulledChart, EngineError> {
+        Err(NoEnginesHere.into())
     }
     fn helm_template(
         &self,
         _: &HelmSpec,
         _: &std::path::Path,
         _: &[ValuesLayer],
-    ) -> std::result::Result<String, String> {
-        Err(NO_ENGINES.to_owned())
+    ) -> std::result::Result<String, EngineError> {
+        Err(NoEnginesHere.into())
     }
-    fn kustomize_build(&self, _: &std::path::Path) -> std::result::Result<String, String> {
-        Err(NO_ENGINES.to_owned())
+    fn kustomize_build(&self, _: &std::path::Path) -> std::result::Result<String, EngineError> {
+        Err(NoEnginesHere.into())
     }
 }
 
@@ -199,7 +215,10 @@ pub fn render(
             (EngineInput::Helm { values }, Some((helm, chart))) => {
                 let template = |spec: &HelmSpec, warnings: &mut Vec<YamlWarning>| {
                     let output = engines.helm_template(spec, chart, values).map_err(|e| {
-                        engine_error(format!("helm template {}", chart_shown(spec)), e)
+                        engine_error(
+                            format!("helm template {}", chart_shown(spec)),
+                            e.to_string(),
+                        )
                     })?;
                     helm_manifests(app, &chart_shown(spec), &output, warnings)
                 };
@@ -224,7 +243,7 @@ pub fn render(
             (EngineInput::Kustomize { directory, shown }, _) => {
                 let output = engines
                     .kustomize_build(directory)
-                    .map_err(|e| engine_error(format!("kustomize build {shown}"), e))?;
+                    .map_err(|e| engine_error(format!("kustomize build {shown}"), e.to_string()))?;
                 kustomize_manifests(shown, &output, warnings)?
             }
             (EngineInput::Helm { .. }, None) => {
@@ -432,10 +451,10 @@ fn chart_of(
             let pulled =
                 engines
                     .helm_pull(repo, chart, version)
-                    .map_err(|detail| Error::Engine {
+                    .map_err(|error| Error::Engine {
                         app: app.to_owned(),
                         step: format!("helm pull {chart} {version} from {repo}"),
-                        detail,
+                        detail: error.to_string(),
                     })?;
             if let Some(expected) = digest
                 && *expected != pulled.digest

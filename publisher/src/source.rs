@@ -712,7 +712,7 @@ fn read_fleet_config(value: &Value, limits: BundleLimits) -> Result<FleetConfig>
     let top = Object::new(value, "")?;
     top.only(&["fleet", "apps", "rollout"])?;
     let fleet = top.required_str("fleet")?;
-    check_name(&fleet).map_err(|detail| config_error("fleet", detail))?;
+    check_name(&fleet).map_err(|error| config_error("fleet", error.to_string()))?;
     let mut apps = Vec::new();
     let mut names: HashMap<String, usize> = HashMap::new();
     let items = top.optional_list("apps")?;
@@ -760,7 +760,7 @@ fn read_windows(fields: &Object<'_>) -> Result<Vec<windvane_shared::spec::window
             )
         })?;
     windvane_shared::spec::window::validate_all(&windows)
-        .map_err(|detail| config_error(&at, detail))?;
+        .map_err(|error| config_error(&at, error.to_string()))?;
     Ok(windows)
 }
 
@@ -947,7 +947,7 @@ fn read_app(value: &Value, at: &str) -> Result<AppConfig> {
         "windows",
     ])?;
     let name = fields.required_str("name")?;
-    check_name(&name).map_err(|detail| config_error(&fields.path("name"), detail))?;
+    check_name(&name).map_err(|error| config_error(&fields.path("name"), error.to_string()))?;
     let helm = fields
         .get("helm")
         .map(|v| read_helm(v, &fields.path("helm")))

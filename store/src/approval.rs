@@ -87,7 +87,7 @@ pub async fn approve(
         None => None,
     };
     let envelope = approval::add_signature(envelope, &ApprovalStatement::of(&pointer), key)
-        .map_err(file_error)?;
+        .map_err(|e| file_error(e.to_string()))?;
     // Two approvers at once: in a bucket the later write finds the file changed and is refused, so no
     // signature is silently lost (the approver runs the command again).
     let put = Put::IfUnchanged(existing.as_ref().map(|stored| &stored.version));

@@ -21,6 +21,7 @@ use crate::format::release::ReleasePointer;
 use crate::spec::rollout::ApprovalPolicy;
 use crate::spec::rollout::Rollout;
 use crate::wire::heartbeat::{ApprovalProgress, PendingReport};
+use crate::{Error, Result};
 
 /// The DSSE payload type of an approval.
 pub const APPROVAL_PAYLOAD_TYPE: &str = "application/vnd.windvane.approval.v1+json";
@@ -65,17 +66,17 @@ pub fn add_signature(
     existing: Option<Envelope>,
     statement: &ApprovalStatement,
     key: &SigningKey,
-) -> Result<Envelope, String> {
+) -> Result<Envelope> {
     let payload = statement.payload();
     let mut fresh = dsse::sign(APPROVAL_PAYLOAD_TYPE, &payload, key);
     let Some(mut envelope) = existing else {
         return Ok(fresh);
     };
     if envelope.payload_type != APPROVAL_PAYLOAD_TYPE || envelope.payload != fresh.payload {
-        return Err(
-            "the approval file in the store signs something else; remove it or check the store"
-                .into(),
-        );
+        return Err(Error::ApprovalSignsOther {
+            channel: statement.channel.clone(),
+            serial: statement.serial,
+        });
     }
     let signature = fresh.signatures.remove(0);
     envelope.signatures.retain(|s| s.keyid != signature.keyid);

@@ -164,8 +164,10 @@ pub fn desired_object_from(
         detail,
     };
     let ignored_pointers = strip_ignored(&mut body, policy, &id);
-    let settings = object_settings(&body, policy, &id).map_err(manifest_error)?;
-    add_windvane_labels(&mut body, fleet, app, &id).map_err(manifest_error)?;
+    let settings =
+        object_settings(&body, policy, &id).map_err(|error| manifest_error(error.to_string()))?;
+    add_windvane_labels(&mut body, fleet, app, &id)
+        .map_err(|error| manifest_error(error.to_string()))?;
     Ok(DesiredObject {
         app: app.to_owned(),
         id,
@@ -212,28 +214,29 @@ struct ObjectSettings {
 }
 
 /// The object's wave, self-heal, prevention and prune settings: its annotations, else its app's policy.
-fn object_settings(
-    body: &Value,
-    policy: &Policy,
-    id: &ObjectRef,
-) -> std::result::Result<ObjectSettings, String> {
+fn object_settings(body: &Value, policy: &Policy, id: &ObjectRef) -> Result<ObjectSettings> {
     let annotations = body
         .pointer("/metadata/annotations")
         .and_then(Value::as_object);
     let annotation = |key: &str| annotations.and_then(|a| a.get(key)).and_then(Value::as_str);
+    let bad = |annotation: &str, rule: &'static str, found: &str| Error::BadAnnotation {
+        object: id.to_string(),
+        annotation: annotation.to_owned(),
+        rule,
+        found: found.to_owned(),
+    };
     let wave = match annotation(WAVE_ANNOTATION) {
-        Some(text) => text.trim().parse::<i64>().map_err(|_| {
-            format!("{id}: annotation {WAVE_ANNOTATION} must be an integer, got {text:?}")
-        })?,
+        Some(text) => text
+            .trim()
+            .parse::<i64>()
+            .map_err(|_| bad(WAVE_ANNOTATION, "must be an integer", text))?,
         None => 0,
     };
     let switch = |key: &str, default: bool| match annotation(key) {
         None => Ok(default),
         Some("false") => Ok(false),
         Some("true") => Ok(true),
-        Some(other) => Err(format!(
-            "{id}: annotation {key} must be \"true\" or \"false\", got {other:?}"
-        )),
+        Some(other) => Err(bad(key, "must be \"true\" or \"false\"", other)),
     };
     let self_heal = switch(SELF_HEAL_ANNOTATION, policy.self_heal)?;
     let prevent = switch(PREVENT_ANNOTATION, policy.prevent)?;
@@ -241,9 +244,7 @@ fn object_settings(
         None => policy.prune,
         Some("disabled") => false,
         Some(other) => {
-            return Err(format!(
-                "{id}: annotation {PRUNE_ANNOTATION} can only be \"disabled\", got {other:?}"
-            ));
+            return Err(bad(PRUNE_ANNOTATION, "can only be \"disabled\"", other));
         }
     };
     Ok(ObjectSettings {
@@ -255,22 +256,21 @@ fn object_settings(
 }
 
 /// Puts Windvane's three labels (managed by, app, fleet) on the object.
-fn add_windvane_labels(
-    body: &mut Value,
-    fleet: &str,
-    app: &str,
-    id: &ObjectRef,
-) -> std::result::Result<(), String> {
+fn add_windvane_labels(body: &mut Value, fleet: &str, app: &str, id: &ObjectRef) -> Result<()> {
+    let not_a_mapping = |field: &'static str| Error::NotAMapping {
+        object: id.to_string(),
+        field,
+    };
     let metadata = body
         .get_mut("metadata")
         .and_then(Value::as_object_mut)
-        .ok_or_else(|| "metadata must be a mapping".to_owned())?;
+        .ok_or_else(|| not_a_mapping("metadata"))?;
     let labels = metadata
         .entry("labels")
         .or_insert_with(|| Value::Object(Map::new()));
     let labels = labels
         .as_object_mut()
-        .ok_or_else(|| format!("{id}: metadata.labels must be a mapping"))?;
+        .ok_or_else(|| not_a_mapping("metadata.labels"))?;
     labels.insert(
         MANAGED_BY_LABEL.to_owned(),
         Value::String(MANAGED_BY_VALUE.to_owned()),

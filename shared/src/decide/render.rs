@@ -355,9 +355,9 @@ struct Variables<'a> {
 }
 
 impl Variables<'_> {
-    /// `Ok(None)` for an undefined variable; `Err` with a message for a near miss of a defined one
-    /// (`${values.replcas}` where `replicas` is defined).
-    fn lookup(&self, variable: Variable<'_>) -> std::result::Result<Option<Value>, String> {
+    /// `Ok(None)` for an undefined variable; an error for a near miss of a defined one (`${values.replcas}`
+    /// where `replicas` is defined).
+    fn lookup(&self, variable: Variable<'_>) -> Result<Option<Value>> {
         match variable {
             Variable::ClusterName => Ok(Some(Value::String(self.cluster.name.clone()))),
             Variable::ClusterLabel(key) if self.any_label => {
@@ -373,7 +373,7 @@ impl Variables<'_> {
     }
 
     /// The value at a dotted path of the values; a missing name with a defined one close to it is a near miss.
-    fn value_at(&self, path: &str) -> std::result::Result<Option<Value>, String> {
+    fn value_at(&self, path: &str) -> Result<Option<Value>> {
         let mut current = self.values;
         let mut walked = String::from("values");
         let mut names = path.split('.').peekable();
@@ -389,9 +389,10 @@ impl Variables<'_> {
                     .chain(rest)
                     .collect::<Vec<_>>()
                     .join(".");
-                return Err(format!(
-                    "${{values.{path}}} is not defined; did you mean ${{{suggestion}}}?"
-                ));
+                return Err(Error::UndefinedValue {
+                    path: path.to_owned(),
+                    meant: suggestion,
+                });
             };
             if names.peek().is_none() {
                 return Ok(Some(value.clone()));
@@ -515,12 +516,13 @@ fn render_string(
     if !text.contains('$') {
         return Ok(Value::String(text.to_owned()));
     }
-    let pieces = variables::split(text).map_err(|detail| site.template_error(pointer, detail))?;
+    let pieces =
+        variables::split(text).map_err(|error| site.template_error(pointer, error.to_string()))?;
     let resolve = |variable: Variable<'_>| -> Result<Value> {
         match context.lookup(variable) {
             Ok(Some(value)) => Ok(value),
             Ok(None) => Err(site.undefined(pointer, &variable.to_string())),
-            Err(detail) => Err(site.template_error(pointer, detail)),
+            Err(error) => Err(site.template_error(pointer, error.to_string())),
         }
     };
     // Exactly one `${...}` and nothing else: the value keeps its type.

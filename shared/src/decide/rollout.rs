@@ -129,8 +129,10 @@ pub fn decide(
             reason: format!("cannot read the rollout status from the server ({why}); waiting"),
         },
         GateInput::View(view) => match gate_ready(rollout, serial, wave, view) {
-            Ok(()) => WaveDecision::Open,
-            Err(reason) => WaveDecision::Gated { reason },
+            GateVerdict::Ready => WaveDecision::Open,
+            held => WaveDecision::Gated {
+                reason: held.to_string(),
+            },
         },
     }
 }
@@ -144,19 +146,38 @@ pub fn needs_gate(rollout: &Rollout, wave: usize) -> bool {
         .any(|w| w.gate == Gate::Healthy)
 }
 
-/// `Ok` when every cluster of every gated wave before `wave` is done on `serial` in `view`; otherwise which
-/// clusters hold it, and why.
-pub fn gate_ready(
-    rollout: &Rollout,
-    serial: u64,
-    wave: usize,
-    view: &RolloutView,
-) -> Result<(), String> {
+/// What the gate says of a wave, from the server's rollout view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateVerdict {
+    /// Every cluster of every gated wave before it is done.
+    Ready,
+    /// The view is of another serial than the release waiting.
+    OtherSerial { reported: u64, waiting: u64 },
+    /// These clusters (`name (wave) is …`, or `N more of wave`) are not done.
+    Held { holding: Vec<String> },
+}
+
+impl std::fmt::Display for GateVerdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GateVerdict::Ready => f.write_str("ready"),
+            GateVerdict::OtherSerial { reported, waiting } => write!(
+                f,
+                "the server reports serial {reported} for the channel, not {waiting}; waiting"
+            ),
+            GateVerdict::Held { holding } => write!(f, "held by the gate: {}", holding.join(", ")),
+        }
+    }
+}
+
+/// [`GateVerdict::Ready`] when every cluster of every gated wave before `wave` is done on `serial` in `view`;
+/// otherwise which clusters hold it, and why.
+pub fn gate_ready(rollout: &Rollout, serial: u64, wave: usize, view: &RolloutView) -> GateVerdict {
     if view.serial != serial {
-        return Err(format!(
-            "the server reports serial {} for the channel, not {serial}; waiting",
-            view.serial
-        ));
+        return GateVerdict::OtherSerial {
+            reported: view.serial,
+            waiting: serial,
+        };
     }
     let mut holding = Vec::new();
     for (index, spec) in rollout.waves.iter().enumerate().take(wave) {
@@ -183,9 +204,9 @@ pub fn gate_ready(
         }
     }
     if holding.is_empty() {
-        Ok(())
+        GateVerdict::Ready
     } else {
-        Err(format!("held by the gate: {}", holding.join(", ")))
+        GateVerdict::Held { holding }
     }
 }
 

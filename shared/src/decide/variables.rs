@@ -19,6 +19,8 @@
 //! scripts, a `${` that is never closed. `$${` is a literal `${` (for the rare text that must read like a
 //! variable).
 
+use crate::{Error, Result};
+
 /// A well-formed variable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variable<'t> {
@@ -47,8 +49,8 @@ pub enum Piece<'t> {
     Variable(Variable<'t>),
 }
 
-/// What a string holds: `Ok` pieces, or a message for a near miss or an unterminated variable.
-pub fn split(text: &str) -> Result<Vec<Piece<'_>>, String> {
+/// What a string holds: `Ok` pieces, or the error for a near miss or an unterminated variable.
+pub fn split(text: &str) -> Result<Vec<Piece<'_>>> {
     let mut pieces = Vec::new();
     let mut literal = String::new();
     let mut rest = text;
@@ -62,9 +64,9 @@ pub fn split(text: &str) -> Result<Vec<Piece<'_>>, String> {
             literal.push_str(&rest[..at]);
             let Some(end) = inner.find('}') else {
                 if is_ours(inner.trim_start()) {
-                    return Err(format!(
-                        "unterminated ${{ in {text:?}; close it with }} or write $${{ for a literal ${{"
-                    ));
+                    return Err(Error::UnterminatedVariable {
+                        text: text.to_owned(),
+                    });
                 }
                 literal.push_str(after);
                 rest = "";
@@ -111,25 +113,28 @@ fn is_ours(expression: &str) -> bool {
 
 /// A trimmed `${…}` expression: `Ok(Some)` for a variable, `Ok(None)` for someone else's text, `Err` for a near
 /// miss, with a suggestion.
-pub fn parse(expression: &str) -> Result<Option<Variable<'_>>, String> {
+pub fn parse(expression: &str) -> Result<Option<Variable<'_>>> {
     if expression == "cluster.name" {
         return Ok(Some(Variable::ClusterName));
     }
     if let Some(key) = expression.strip_prefix("cluster.labels.") {
         if key.is_empty() {
-            return Err(
-                "${cluster.labels.} names no label; write ${cluster.labels.KEY}".to_owned(),
-            );
+            return Err(Error::NoLabelKey {
+                expression: expression.to_owned(),
+            });
         }
         if let Some(bad) = key.chars().find(|c| !is_label_char(*c)) {
-            return Err(format!(
-                "${{{expression}}}: a label key has letters, digits, '.', '_', '-' and '/' only, not {bad:?}"
-            ));
+            return Err(Error::BadLabelKeyChar {
+                expression: expression.to_owned(),
+                found: bad,
+            });
         }
         return Ok(Some(Variable::ClusterLabel(key)));
     }
     if expression == "cluster.labels" {
-        return Err("${cluster.labels} names no label; write ${cluster.labels.KEY}".to_owned());
+        return Err(Error::NoLabelKey {
+            expression: expression.to_owned(),
+        });
     }
     if let Some(rest) = expression.strip_prefix("cluster.") {
         return Err(cluster_near_miss(expression, rest));
@@ -137,13 +142,15 @@ pub fn parse(expression: &str) -> Result<Option<Variable<'_>>, String> {
     if let Some(path) = expression.strip_prefix("values.") {
         for name in path.split('.') {
             if name.is_empty() {
-                return Err(format!("${{{expression}}} has an empty name between dots"));
+                return Err(Error::EmptyValuesName {
+                    expression: expression.to_owned(),
+                });
             }
             if let Some(bad) = name.chars().find(|c| !is_name_char(*c)) {
-                return Err(format!(
-                    "${{{expression}}}: a name in ${{values.…}} has letters, digits, '_' and '-' only, not \
-                     {bad:?}; write $${{ for a literal ${{"
-                ));
+                return Err(Error::BadValuesNameChar {
+                    expression: expression.to_owned(),
+                    found: bad,
+                });
             }
         }
         return Ok(Some(Variable::Values(path)));
@@ -151,20 +158,21 @@ pub fn parse(expression: &str) -> Result<Option<Variable<'_>>, String> {
     Ok(None)
 }
 
-/// The message for `${cluster.REST}` that is neither `cluster.name` nor `cluster.labels.KEY`.
-fn cluster_near_miss(expression: &str, rest: &str) -> String {
+/// The error for `${cluster.REST}` that is neither `cluster.name` nor `cluster.labels.KEY`, with the variable
+/// it was probably meant to be.
+fn cluster_near_miss(expression: &str, rest: &str) -> Error {
     let (first, tail) = rest.split_once('.').unwrap_or((rest, ""));
-    let hint = if tail.is_empty() && closest(first, ["name"]).is_some() {
-        "did you mean ${cluster.name}? ".to_owned()
+    let meant = if tail.is_empty() && closest(first, ["name"]).is_some() {
+        Some("cluster.name".to_owned())
     } else if !tail.is_empty() && closest(first, ["labels"]).is_some() {
-        format!("did you mean ${{cluster.labels.{tail}}}? ")
+        Some(format!("cluster.labels.{tail}"))
     } else {
-        String::new()
+        None
     };
-    format!(
-        "unknown variable ${{{expression}}}: {hint}the variables are ${{cluster.name}}, ${{cluster.labels.KEY}} \
-         and ${{values.NAME}}; write $${{ for a literal ${{"
-    )
+    Error::UnknownVariable {
+        expression: expression.to_owned(),
+        meant,
+    }
 }
 
 fn is_label_char(c: char) -> bool {
@@ -266,29 +274,29 @@ mod tests {
             "${cluster",
         ] {
             assert_eq!(
-                split(text),
-                Ok(vec![Piece::Text(text.to_owned())]),
+                split(text).unwrap(),
+                vec![Piece::Text(text.to_owned())],
                 "{text}"
             );
             assert!(!has_variable(text), "{text}");
         }
         assert_eq!(
-            split("$${values.x}"),
-            Ok(vec![Piece::Text("${values.x}".to_owned())])
+            split("$${values.x}").unwrap(),
+            vec![Piece::Text("${values.x}".to_owned())]
         );
         assert!(has_variable("a ${values.x} b"));
     }
 
     #[test]
     fn near_misses_are_errors_with_a_suggestion() {
-        let error = split("${cluster.nmae}").unwrap_err();
+        let error = split("${cluster.nmae}").unwrap_err().to_string();
         assert!(error.contains("did you mean ${cluster.name}?"), "{error}");
-        let error = split("x ${cluster.lables.env}").unwrap_err();
+        let error = split("x ${cluster.lables.env}").unwrap_err().to_string();
         assert!(
             error.contains("did you mean ${cluster.labels.env}?"),
             "{error}"
         );
-        let error = split("${cluster.region}").unwrap_err();
+        let error = split("${cluster.region}").unwrap_err().to_string();
         assert!(
             error.contains("unknown variable ${cluster.region}"),
             "{error}"
@@ -296,20 +304,33 @@ mod tests {
         assert!(
             split("${cluster.labels.}")
                 .unwrap_err()
+                .to_string()
                 .contains("names no label")
         );
         assert!(
             split("${cluster.labels}")
                 .unwrap_err()
+                .to_string()
                 .contains("names no label")
         );
-        assert!(split("${values..a}").unwrap_err().contains("empty name"));
+        assert!(
+            split("${values..a}")
+                .unwrap_err()
+                .to_string()
+                .contains("empty name")
+        );
         assert!(
             split("${values.a b}")
                 .unwrap_err()
+                .to_string()
                 .contains("letters, digits")
         );
-        assert!(split("${values.x").unwrap_err().contains("unterminated"));
+        assert!(
+            split("${values.x")
+                .unwrap_err()
+                .to_string()
+                .contains("unterminated")
+        );
         assert!(has_variable("${cluster.nmae}"));
     }
 

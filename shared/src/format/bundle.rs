@@ -301,21 +301,28 @@ pub fn check_manifest_object(file: &str, document: usize, object: &Value) -> Res
         .ok_or_else(|| fail("apiVersion, kind and metadata.name must be non-empty strings"))
 }
 
-/// Checks that `pointer` is an RFC 6901 JSON pointer: empty, or `/`-separated tokens where `~` is only
-/// followed by `0` or `1`.
-pub fn check_json_pointer(pointer: &str) -> std::result::Result<(), String> {
+/// Checks that `pointer`, in `app`'s `ignoreDifferences`, is an RFC 6901 JSON pointer: `/`-separated tokens
+/// where `~` is only followed by `0` or `1` (and not empty: the whole object cannot be ignored).
+pub fn check_json_pointer(app: &str, pointer: &str) -> Result<()> {
+    let invalid = |detail: &'static str| Error::InvalidPointer {
+        app: app.to_owned(),
+        pointer: pointer.to_owned(),
+        detail: detail.to_owned(),
+    };
     if pointer.is_empty() {
-        return Err(
-            "the whole object cannot be ignored; name a field such as /spec/replicas".to_owned(),
-        );
+        return Err(invalid(
+            "the whole object cannot be ignored; name a field such as /spec/replicas",
+        ));
     }
     if !pointer.starts_with('/') {
-        return Err("must start with '/'".to_owned());
+        return Err(invalid("must start with '/'"));
     }
     let mut chars = pointer.chars();
     while let Some(c) = chars.next() {
         if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
-            return Err("'~' must be followed by 0 or 1 (~0 is '~', ~1 is '/')".to_owned());
+            return Err(invalid(
+                "'~' must be followed by 0 or 1 (~0 is '~', ~1 is '/')",
+            ));
         }
     }
     Ok(())
@@ -464,7 +471,9 @@ impl App {
             detail,
         };
         match &self.namespace {
-            Some(namespace) => check_name(namespace).map_err(invalid_namespace)?,
+            Some(namespace) => {
+                check_name(namespace).map_err(|error| invalid_namespace(error.to_string()))?
+            }
             None if self.create_namespace => Err(invalid_namespace(
                 "createNamespace: true needs a namespace: to create".to_owned(),
             ))?,
@@ -477,11 +486,7 @@ impl App {
         }
         for ignore in &self.policy.ignore_differences {
             for pointer in &ignore.json_pointers {
-                check_json_pointer(pointer).map_err(|detail| Error::InvalidPointer {
-                    app: self.name.clone(),
-                    pointer: pointer.clone(),
-                    detail,
-                })?;
+                check_json_pointer(&self.name, pointer)?;
             }
         }
         if let Some(rendered) = &self.rendered {
@@ -563,7 +568,7 @@ impl App {
 
 /// The fleet and app names: a DNS label (lower-case letters, digits and '-', at most 63 characters, starting
 /// and ending with a letter or digit), since they end up in object names, labels and URLs.
-pub fn check_name(name: &str) -> std::result::Result<(), String> {
+pub fn check_name(name: &str) -> Result<()> {
     let valid = !name.is_empty()
         && name.len() <= 63
         && name
@@ -574,10 +579,9 @@ pub fn check_name(name: &str) -> std::result::Result<(), String> {
     if valid {
         Ok(())
     } else {
-        Err(format!(
-            "{name:?} is not a valid name: use at most 63 lower-case letters, digits and '-', starting and ending \
-             with a letter or digit"
-        ))
+        Err(Error::InvalidName {
+            name: name.to_owned(),
+        })
     }
 }
 

@@ -664,7 +664,7 @@ pub fn seal(
     for recipient in recipients {
         age_keys.push(serde_json::json!({
             "recipient": recipient.to_string(),
-            "enc": wrap_key(&key, recipient).map_err(seal_error)?,
+            "enc": wrap_key(&key, recipient, file)?,
         }));
     }
     let metadata = serde_json::json!({
@@ -682,27 +682,28 @@ pub fn seal(
     Ok(sealed)
 }
 
-/// The data key as an armored age file for one recipient.
-fn wrap_key(
-    key: &[u8; 32],
-    recipient: &age::x25519::Recipient,
-) -> std::result::Result<String, String> {
+/// The data key as an armored age file for one recipient, sealing `file`.
+fn wrap_key(key: &[u8; 32], recipient: &age::x25519::Recipient, file: &str) -> Result<String> {
+    let failed = |error: &dyn std::fmt::Display| Error::Seal {
+        file: file.to_owned(),
+        detail: format!("wrapping the data key for {recipient}: {error}"),
+    };
     let encryptor =
         age::Encryptor::with_recipients(std::iter::once(recipient as &dyn age::Recipient))
-            .map_err(|error| error.to_string())?;
+            .map_err(|error| failed(&error))?;
     let mut armored = Vec::new();
     let writer =
         age::armor::ArmoredWriter::wrap_output(&mut armored, age::armor::Format::AsciiArmor)
-            .map_err(|error| error.to_string())?;
+            .map_err(|error| failed(&error))?;
     let mut writer = encryptor
         .wrap_output(writer)
-        .map_err(|error| error.to_string())?;
-    writer.write_all(key).map_err(|error| error.to_string())?;
+        .map_err(|error| failed(&error))?;
+    writer.write_all(key).map_err(|error| failed(&error))?;
     writer
         .finish()
         .and_then(|armor| armor.finish())
-        .map_err(|error| error.to_string())?;
-    let mut text = String::from_utf8(armored).map_err(|error| error.to_string())?;
+        .map_err(|error| failed(&error))?;
+    let mut text = String::from_utf8(armored).map_err(|error| failed(&error))?;
     if !text.ends_with('\n') {
         text.push('\n');
     }

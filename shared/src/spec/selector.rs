@@ -220,25 +220,70 @@ pub fn parse_label_assignment(text: &str) -> Result<(String, String)> {
     Ok((key.to_owned(), value.to_owned()))
 }
 
+/// Why a label key, label value or key prefix is not what the API server takes; put in a selector's error
+/// after what it is about (`key "a/-b": …`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LabelProblem {
+    /// A name or value longer than 63 characters (its length).
+    TooLong(usize),
+    /// A character other than letters, digits, `-`, `_` and `.`.
+    BadChar(char),
+    /// A name or value that does not start and end with a letter or digit.
+    Edges,
+    /// A key whose name part (after the `/`) is empty.
+    EmptyName,
+    /// An empty prefix (`/name`).
+    EmptyPrefix,
+    /// A prefix longer than 253 characters (its length).
+    PrefixTooLong(usize),
+    /// A prefix that is not a DNS subdomain.
+    PrefixNotDns,
+    /// A key whose prefix has a problem.
+    Prefix(String, Box<LabelProblem>),
+}
+
+impl fmt::Display for LabelProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LabelProblem::TooLong(length) => write!(f, "{length} characters, more than 63"),
+            LabelProblem::BadChar(bad) => {
+                write!(
+                    f,
+                    "{bad:?} is not allowed: use letters, digits, '-', '_' and '.'"
+                )
+            }
+            LabelProblem::Edges => f.write_str("must start and end with a letter or digit"),
+            LabelProblem::EmptyName => f.write_str("the name part is empty"),
+            LabelProblem::EmptyPrefix => f.write_str("empty"),
+            LabelProblem::PrefixTooLong(length) => write!(f, "{length} characters, more than 253"),
+            LabelProblem::PrefixNotDns => {
+                f.write_str("must be a DNS subdomain: lower-case letters, digits, '-' and '.'")
+            }
+            LabelProblem::Prefix(prefix, problem) => write!(f, "prefix {prefix:?}: {problem}"),
+        }
+    }
+}
+
 /// A label key: an optional DNS-subdomain prefix (at most 253 characters) and `/`, then a name of at most 63
 /// characters of `[A-Za-z0-9-_.]` that starts and ends with a letter or digit.
-fn check_label_key(key: &str) -> std::result::Result<(), String> {
+fn check_label_key(key: &str) -> std::result::Result<(), LabelProblem> {
     let name = match key.split_once('/') {
         Some((prefix, name)) => {
-            check_dns_subdomain(prefix).map_err(|d| format!("prefix {prefix:?}: {d}"))?;
+            check_dns_subdomain(prefix)
+                .map_err(|problem| LabelProblem::Prefix(prefix.to_owned(), Box::new(problem)))?;
             name
         }
         None => key,
     };
     if name.is_empty() {
-        return Err("the name part is empty".to_owned());
+        return Err(LabelProblem::EmptyName);
     }
     check_label_name(name)
 }
 
 /// A label value: empty, or at most 63 characters of `[A-Za-z0-9-_.]` that start and end with a letter or
 /// digit.
-fn check_label_value(value: &str) -> std::result::Result<(), String> {
+fn check_label_value(value: &str) -> std::result::Result<(), LabelProblem> {
     if value.is_empty() {
         Ok(())
     } else {
@@ -246,34 +291,32 @@ fn check_label_value(value: &str) -> std::result::Result<(), String> {
     }
 }
 
-fn check_label_name(name: &str) -> std::result::Result<(), String> {
+fn check_label_name(name: &str) -> std::result::Result<(), LabelProblem> {
     if name.len() > 63 {
-        return Err(format!("{} characters, more than 63", name.len()));
+        return Err(LabelProblem::TooLong(name.len()));
     }
     if let Some(bad) = name
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
     {
-        return Err(format!(
-            "{bad:?} is not allowed: use letters, digits, '-', '_' and '.'"
-        ));
+        return Err(LabelProblem::BadChar(bad));
     }
     if !name.starts_with(|c: char| c.is_ascii_alphanumeric())
         || !name.ends_with(|c: char| c.is_ascii_alphanumeric())
     {
-        return Err("must start and end with a letter or digit".to_owned());
+        return Err(LabelProblem::Edges);
     }
     Ok(())
 }
 
 /// RFC 1123 subdomain: at most 253 characters, dot-separated labels of lower-case letters, digits and '-',
 /// each starting and ending with a letter or digit.
-fn check_dns_subdomain(text: &str) -> std::result::Result<(), String> {
+fn check_dns_subdomain(text: &str) -> std::result::Result<(), LabelProblem> {
     if text.is_empty() {
-        return Err("empty".to_owned());
+        return Err(LabelProblem::EmptyPrefix);
     }
     if text.len() > 253 {
-        return Err(format!("{} characters, more than 253", text.len()));
+        return Err(LabelProblem::PrefixTooLong(text.len()));
     }
     for label in text.split('.') {
         let ok = !label.is_empty()
@@ -283,9 +326,7 @@ fn check_dns_subdomain(text: &str) -> std::result::Result<(), String> {
             && !label.starts_with('-')
             && !label.ends_with('-');
         if !ok {
-            return Err(
-                "must be a DNS subdomain: lower-case letters, digits, '-' and '.'".to_owned(),
-            );
+            return Err(LabelProblem::PrefixNotDns);
         }
     }
     Ok(())
@@ -498,7 +539,7 @@ impl SelectorParser<'_> {
                             kind: TokenKind::Word(word.clone()),
                             at,
                         },
-                        &d,
+                        &d.to_string(),
                     )
                 })?;
                 Ok(word)
@@ -522,7 +563,7 @@ impl SelectorParser<'_> {
         let mut values = Vec::new();
         loop {
             let (value, token) = self.word("a value")?;
-            check_label_value(&value).map_err(|d| self.error(&token, &d))?;
+            check_label_value(&value).map_err(|d| self.error(&token, &d.to_string()))?;
             values.push(value);
             match self.take() {
                 Some(Token {

@@ -29,6 +29,7 @@ use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use crate::text::duration::format_duration;
+use crate::{Error, Result};
 
 #[cfg(test)]
 mod tests;
@@ -95,28 +96,38 @@ pub enum HealInWindow {
 impl Window {
     /// Checks what deserialization cannot: the time zone resolves, `0 < duration <= 31d`, and `heal: report`
     /// is only on a deny window. Messages name the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |field: &'static str, value: String, detail: String| Error::InvalidWindow {
+            index: None,
+            field,
+            value,
+            detail,
+        };
         if TimeZone::get(&self.time_zone).is_err() {
-            return Err(format!(
-                "timeZone {:?}: not a known IANA time zone name (like Europe/Berlin or UTC)",
-                self.time_zone
+            return Err(invalid(
+                "timeZone",
+                format!("{:?}", self.time_zone),
+                "not a known IANA time zone name (like Europe/Berlin or UTC)".to_owned(),
             ));
         }
+        let duration = format_duration(self.duration);
         if self.duration.is_zero() {
-            return Err("duration 0s: must be more than 0".to_owned());
+            return Err(invalid(
+                "duration",
+                duration,
+                "must be more than 0".to_owned(),
+            ));
         }
         if self.duration > MAX_DURATION {
-            return Err(format!(
-                "duration {}: must be at most {}",
-                format_duration(self.duration),
-                format_duration(MAX_DURATION)
-            ));
+            let detail = format!("must be at most {}", format_duration(MAX_DURATION));
+            return Err(invalid("duration", duration, detail));
         }
         if self.kind == WindowKind::Allow && self.heal == HealInWindow::Report {
-            return Err(
-                "heal \"report\": only a deny window can set heal (drift is healed outside deny windows)"
-                    .to_owned(),
-            );
+            return Err(invalid(
+                "heal",
+                "\"report\"".to_owned(),
+                "only a deny window can set heal (drift is healed outside deny windows)".to_owned(),
+            ));
         }
         Ok(())
     }
@@ -142,12 +153,23 @@ impl Window {
     }
 }
 
-/// [`Window::validate`] for each window, the error prefixed with `windows[i].`.
-pub fn validate_all(windows: &[Window]) -> Result<(), String> {
-    for (index, window) in windows.iter().enumerate() {
-        window
-            .validate()
-            .map_err(|e| format!("windows[{index}].{e}"))?;
+/// [`Window::validate`] for each window, the error naming the window's index (`windows[i].`).
+pub fn validate_all(windows: &[Window]) -> Result<()> {
+    for (at, window) in windows.iter().enumerate() {
+        window.validate().map_err(|error| match error {
+            Error::InvalidWindow {
+                field,
+                value,
+                detail,
+                ..
+            } => Error::InvalidWindow {
+                index: Some(at),
+                field,
+                value,
+                detail,
+            },
+            other => other,
+        })?;
     }
     Ok(())
 }
@@ -217,6 +239,14 @@ const FIELDS: [Field; 5] = [
 ];
 
 impl Field {
+    /// This field's part of a schedule is not what cron takes.
+    fn invalid(&self, detail: String) -> Error {
+        Error::CronField {
+            field: self.name,
+            detail,
+        }
+    }
+
     const fn numeric(name: &'static str, min: u32, max: u32) -> Field {
         Field {
             name,
@@ -229,11 +259,11 @@ impl Field {
     }
 
     /// The bits of a whole field: a comma-separated list of items.
-    fn parse(&self, text: &str) -> Result<u64, String> {
+    fn parse(&self, text: &str) -> Result<u64> {
         let mut mask = 0;
         for item in text.split(',') {
             if item.is_empty() {
-                return Err(format!("{} {text:?}: empty list item", self.name));
+                return Err(self.invalid(format!("{text:?}: empty list item")));
             }
             mask |= self.parse_item(item)?;
         }
@@ -241,7 +271,7 @@ impl Field {
     }
 
     /// The bits of one item: `*`, `v`, `a-b`, each optionally with `/step`.
-    fn parse_item(&self, item: &str) -> Result<u64, String> {
+    fn parse_item(&self, item: &str) -> Result<u64> {
         let (range, step) = match item.split_once('/') {
             Some((range, step)) => (range, Some(self.parse_step(item, step)?)),
             None => (item, None),
@@ -251,10 +281,9 @@ impl Field {
         } else if let Some((low, high)) = range.split_once('-') {
             let (low, high) = (self.parse_value(item, low)?, self.parse_value(item, high)?);
             if low > high {
-                return Err(format!(
-                    "{} {item:?}: range {low}-{high} is reversed (write the lower value first)",
-                    self.name
-                ));
+                return Err(self.invalid(format!(
+                    "{item:?}: range {low}-{high} is reversed (write the lower value first)"
+                )));
             }
             (low, high)
         } else {
@@ -284,24 +313,21 @@ impl Field {
         Ok(mask)
     }
 
-    fn parse_step(&self, item: &str, step: &str) -> Result<u32, String> {
+    fn parse_step(&self, item: &str, step: &str) -> Result<u32> {
         if step.is_empty() || !step.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(format!(
-                "{} {item:?}: step {step:?} is not a number",
-                self.name
-            ));
+            return Err(self.invalid(format!("{item:?}: step {step:?} is not a number")));
         }
         match step.parse::<u32>() {
-            Ok(0) => Err(format!("{} {item:?}: step must be at least 1", self.name)),
+            Ok(0) => Err(self.invalid(format!("{item:?}: step must be at least 1"))),
             Ok(step) => Ok(step),
-            Err(_) => Err(format!("{} {item:?}: step {step} is too large", self.name)),
+            Err(_) => Err(self.invalid(format!("{item:?}: step {step} is too large"))),
         }
     }
 
     /// A number in range, or (month, day-of-week) a name.
-    fn parse_value(&self, item: &str, token: &str) -> Result<u32, String> {
+    fn parse_value(&self, item: &str, token: &str) -> Result<u32> {
         if token.is_empty() {
-            return Err(format!("{} {item:?}: empty value", self.name));
+            return Err(self.invalid(format!("{item:?}: empty value")));
         }
         if let Some(index) = self
             .names
@@ -311,21 +337,15 @@ impl Field {
             return Ok(self.min + index as u32);
         }
         if !token.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(if self.names.is_empty() {
-                format!("{} {token:?} is not a number", self.name)
+            return Err(self.invalid(if self.names.is_empty() {
+                format!("{token:?} is not a number")
             } else {
-                format!(
-                    "{} {token:?} is not a number or {}",
-                    self.name, self.names_label
-                )
-            });
+                format!("{token:?} is not a number or {}", self.names_label)
+            }));
         }
         match token.parse::<u32>() {
             Ok(value) if (self.min..=self.max).contains(&value) => Ok(value),
-            _ => Err(format!(
-                "{} {token} is out of range {}-{}",
-                self.name, self.min, self.max
-            )),
+            _ => Err(self.invalid(format!("{token} is out of range {}-{}", self.min, self.max))),
         }
     }
 }
@@ -347,8 +367,11 @@ fn macro_equivalent(text: &str) -> String {
 impl Schedule {
     /// Reads a 5-field cron expression. The error names the expression, the field and the problem:
     /// `schedule "0 25 * * *": hour 25 is out of range 0-23`.
-    pub fn parse(text: &str) -> Result<Schedule, String> {
-        let fail = |detail: String| format!("schedule {text:?}: {detail}");
+    pub fn parse(text: &str) -> Result<Schedule> {
+        let fail = |detail: String| Error::InvalidSchedule {
+            schedule: text.to_owned(),
+            detail,
+        };
         let trimmed = text.trim();
         if trimmed.starts_with('@') {
             return Err(fail(format!(
@@ -365,7 +388,7 @@ impl Schedule {
         }
         let mut masks = [0u64; 5];
         for ((mask, field), part) in masks.iter_mut().zip(&FIELDS).zip(&parts) {
-            *mask = field.parse(part).map_err(fail)?;
+            *mask = field.parse(part).map_err(|error| fail(error.to_string()))?;
         }
         let [minutes, hours, days, months, weekdays] = masks;
         Ok(Schedule {
@@ -420,9 +443,9 @@ fn descending(mask: u64) -> impl Iterator<Item = i8> {
 }
 
 impl TryFrom<String> for Schedule {
-    type Error = String;
+    type Error = Error;
 
-    fn try_from(text: String) -> Result<Self, Self::Error> {
+    fn try_from(text: String) -> Result<Self> {
         Schedule::parse(&text)
     }
 }
@@ -434,9 +457,9 @@ impl From<Schedule> for String {
 }
 
 impl FromStr for Schedule {
-    type Err = String;
+    type Err = Error;
 
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
+    fn from_str(text: &str) -> Result<Self> {
         Schedule::parse(text)
     }
 }

@@ -455,7 +455,7 @@ impl<'a> Builder<'a> {
     /// Records a mapping key (a resolved scalar, quoted, tagged or from an alias) after turning it into a string
     /// as `sigs.k8s.io/yaml` does.
     fn set_key(&mut self, key: Value, mark: &Marker) -> Result<()> {
-        let key = key_string(&key).map_err(|detail| self.parse_error(mark, detail))?;
+        let key = key_string(&key).map_err(|bad| self.parse_error(mark, bad))?;
         self.set_key_name(key, mark)
     }
 
@@ -634,7 +634,7 @@ impl<'a> Builder<'a> {
     fn plain_key(&mut self, text: &str, mark: &Marker) -> Result<String> {
         let kubectl = match resolve11(text) {
             Resolution::Value(value) => {
-                key_string(&value).map_err(|detail| self.parse_error(mark, detail))?
+                key_string(&value).map_err(|bad| self.parse_error(mark, bad))?
             }
             Resolution::Float(f) => float_key(f),
         };
@@ -653,20 +653,41 @@ impl<'a> Builder<'a> {
     }
 }
 
+/// A mapping key `sigs.k8s.io/yaml` refuses, and why.
+#[derive(Debug)]
+enum BadKey {
+    /// A number beyond a signed 64-bit integer.
+    TooLarge(Number),
+    Null,
+    /// A sequence or a mapping.
+    Collection,
+}
+
+impl std::fmt::Display for BadKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadKey::TooLarge(n) => write!(
+                f,
+                "the mapping key {n} does not fit a signed 64-bit integer; quote it"
+            ),
+            BadKey::Null => f.write_str("a mapping key is null; quote it if it is meant as text"),
+            BadKey::Collection => {
+                f.write_str("a mapping key must be a scalar, not a sequence or mapping")
+            }
+        }
+    }
+}
+
 /// A mapping key as `sigs.k8s.io/yaml` writes it; an error for the keys it refuses.
-fn key_string(key: &Value) -> std::result::Result<String, String> {
+fn key_string(key: &Value) -> std::result::Result<String, BadKey> {
     match key {
         Value::String(s) => Ok(s.clone()),
         Value::Bool(b) => Ok(b.to_string()),
         Value::Number(n) if n.is_i64() => Ok(n.to_string()),
         Value::Number(n) if n.is_f64() => Ok(float_key(n.as_f64().unwrap_or_default())),
-        Value::Number(n) => Err(format!(
-            "the mapping key {n} does not fit a signed 64-bit integer; quote it"
-        )),
-        Value::Null => Err("a mapping key is null; quote it if it is meant as text".to_owned()),
-        Value::Array(_) | Value::Object(_) => {
-            Err("a mapping key must be a scalar, not a sequence or mapping".to_owned())
-        }
+        Value::Number(n) => Err(BadKey::TooLarge(n.clone())),
+        Value::Null => Err(BadKey::Null),
+        Value::Array(_) | Value::Object(_) => Err(BadKey::Collection),
     }
 }
 
