@@ -6,7 +6,7 @@ mod layering;
 
 use std::path::Path;
 
-use layering::{IO_AND_CLOCK, Module, crate_paths, read_modules, violations};
+use layering::{IO_AND_CLOCK, Module, crate_paths, read_modules, string_errors, violations};
 
 const REEXPORTS: &[(&str, &str)] = &[("Error", "error"), ("Result", "error")];
 
@@ -119,4 +119,32 @@ fn the_check_reports_cycles_upward_imports_unknown_modules_and_clock_reads() {
             "{expected}: {problems:#?}"
         );
     }
+}
+
+/// No production function of the core returns `Result<_, String>`: errors are `Error` variants naming the step
+/// and the object.
+#[test]
+fn the_core_has_no_string_errors() {
+    let modules = read_modules(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    let found = string_errors(&modules);
+    assert!(
+        found.is_empty(),
+        "Result<_, String> in production code:\n{}",
+        found.join("\n")
+    );
+    let sample = [module(
+        Some("spec"),
+        "window",
+        "fn f() -> std::result::Result<Vec<(u8, u8)>, String> {}",
+    )];
+    assert_eq!(
+        string_errors(&sample),
+        ["spec::window: Result<Vec<(u8, u8)>, String>"]
+    );
+    let fine = [module(
+        Some("text"),
+        "yaml",
+        "fn f() -> Result<String> {} fn g() -> Result<(), ()> {}",
+    )];
+    assert!(string_errors(&fine).is_empty());
 }

@@ -1,10 +1,12 @@
-//! The layering check shared by `shared/tests/layers.rs` and `publisher/tests/layers.rs`: reads a crate's
-//! production sources, extracts the `crate::…` paths each module uses, and reports every import against the
-//! declared layer order, every module outside the table, every import cycle, and every I/O or clock read.
+//! The layering check shared by `shared/tests/layers.rs` and `publisher/tests/layers.rs` (and the string-error
+//! check, also by `store/tests/no_string_errors.rs`): reads a crate's production sources, extracts the
+//! `crate::…` paths each module uses, and reports every import against the declared layer order, every module
+//! outside the table, every import cycle, every I/O or clock read, and every `Result<_, String>`.
 //!
-//! A module is a file under `src/` (`tests.rs` files and the inline `#[cfg(test)] mod tests { … }` at the end of
-//! a file are tests and not checked). Its layer is its folder for a file in a folder, or its own name for a file
-//! at the root (so a folder's `<folder>.rs`, which declares its modules, is in the folder's layer).
+//! A module is a file under `src/`: `tests.rs` files and the inline `#[cfg(test)] mod tests { … }` at the end of
+//! a file are tests and not checked, and `lib.rs`, which declares the layers, is in none of them. A module's
+//! layer is its folder for a file in a folder, or its own name for a file at the root (so a folder's
+//! `<folder>.rs`, which declares its modules, is in the folder's layer).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -44,7 +46,7 @@ pub fn read_modules(src: &Path) -> Vec<Module> {
             .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_owned())
             .collect();
         let name = parts.last().expect("a file").clone();
-        if name == "tests" || name == "lib" || name == "main" {
+        if name == "tests" {
             continue;
         }
         let text = production_text(&std::fs::read_to_string(&file).expect("readable source"));
@@ -171,7 +173,11 @@ pub fn violations(
     let rank: BTreeMap<&str, u8> = layers.iter().copied().collect();
     let mut problems = Vec::new();
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for module in modules {
+    // The crate root declares the layers; it is in none of them.
+    let layered = modules
+        .iter()
+        .filter(|m| !(m.folder.is_none() && m.name == "lib"));
+    for module in layered {
         let layer = module.folder.clone().unwrap_or_else(|| module.name.clone());
         let id = key(&module.folder, &module.name);
         edges.entry(id.clone()).or_default();
@@ -261,4 +267,42 @@ pub fn cycles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
         visit(node, edges, &mut Vec::new(), &mut done, &mut found);
     }
     found.into_iter().collect()
+}
+
+/// Every production `Result<T, String>` (the standard: a typed error per failed step instead), as `module:
+/// the type`.
+pub fn string_errors(modules: &[Module]) -> Vec<String> {
+    let mut found = Vec::new();
+    for module in modules {
+        let mut rest = module.text.as_str();
+        while let Some(at) = rest.find("Result<") {
+            rest = &rest[at + "Result<".len()..];
+            let mut depth = 0;
+            let end = rest
+                .char_indices()
+                .find(|&(_, c)| {
+                    match c {
+                        '<' | '(' => depth += 1,
+                        '>' | ')' if depth == 0 => return true,
+                        '>' | ')' => depth -= 1,
+                        _ => {}
+                    }
+                    false
+                })
+                .map_or(rest.len(), |(i, _)| i);
+            // Brackets as braces, so that the comma inside `Vec<(u8, u8)>` is not a top-level one.
+            let bracketed = rest[..end]
+                .replace(['<', '('], "{")
+                .replace(['>', ')'], "}");
+            let arguments = split_top_level(&bracketed);
+            if arguments
+                .get(1)
+                .is_some_and(|error| error.trim() == "String")
+            {
+                let id = key(&module.folder, &module.name);
+                found.push(format!("{id}: Result<{}>", &rest[..end]));
+            }
+        }
+    }
+    found
 }
