@@ -9,7 +9,7 @@
 //! reading of "only these namespaces": an operator who wants cluster-wide objects too says which, and the
 //! refusal names the flag to do it with. Namespace objects stay governed by the namespace list.
 
-use windvane_shared::bundle::ObjectRef;
+use windvane_shared::format::bundle::ObjectRef;
 
 /// Kinds and namespaces the agent may apply. `*` allows everything.
 #[derive(Debug, Clone, PartialEq, Eq)]

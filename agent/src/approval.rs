@@ -1,9 +1,9 @@
 //! Two-person approval on the agent: a verified release whose signed rollout requires approval waits in the
 //! wave gate ([`crate::wave::run`]) until the approval file of its serial in the store
 //! (`approvals/<channel>/<serial>.json`) carries enough signatures of the operator's approver keys
-//! (`--approver-key`). Which signatures count is [`windvane_shared::approval::tally`] (pure); this module is
+//! (`--approver-key`). Which signatures count is [`windvane_shared::decide::approval::tally`] (pure); this module is
 //! the thin reader: [`watch_store`] fetches the file every few seconds (at most
-//! [`windvane_shared::approval::MAX_APPROVAL_BYTES`], a missing file is no approval yet), tallies it, and
+//! [`windvane_shared::decide::approval::MAX_APPROVAL_BYTES`], a missing file is no approval yet), tallies it, and
 //! publishes the tally to the gate. Meanwhile the engine keeps enforcing and healing its last known good.
 
 use std::sync::Arc;
@@ -12,11 +12,10 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use tokio::sync::watch;
 use tracing::{info, warn};
-use windvane_shared::approval::{
-    self, ApprovalPolicy, ApprovalStatement, MAX_APPROVAL_BYTES, Tally,
-};
-use windvane_shared::keys::TrustedKeys;
-use windvane_shared::release::AcceptedRelease;
+use windvane_shared::crypto::keys::TrustedKeys;
+use windvane_shared::decide::approval::{self, ApprovalStatement, MAX_APPROVAL_BYTES, Tally};
+use windvane_shared::format::release::AcceptedRelease;
+use windvane_shared::spec::rollout::ApprovalPolicy;
 
 use crate::http::{read_capped, with_deadline};
 use crate::metrics::Metrics;
@@ -163,8 +162,8 @@ async fn fetch(client: &reqwest::Client, url: &str) -> Result<Option<Vec<u8>>, S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use windvane_shared::release::{BundleRef, ReleasePointer};
-    use windvane_shared::rollout::Rollout;
+    use windvane_shared::format::release::{BundleRef, ReleasePointer};
+    use windvane_shared::spec::rollout::Rollout;
 
     fn accepted(signed_threshold: Option<u32>) -> AcceptedRelease {
         let issued_at: jiff::Timestamp = "2026-12-07T10:00:00Z".parse().expect("time");

@@ -18,8 +18,8 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::discovery::{self, Scope as KubeScope};
 use serde_json::Value;
 use tracing::{debug, info, instrument, warn};
-use windvane_shared::bundle::ObjectRef;
-use windvane_shared::desired::FIELD_MANAGER;
+use windvane_shared::decide::desired::FIELD_MANAGER;
+use windvane_shared::format::bundle::ObjectRef;
 
 use crate::plan::Scope;
 use crate::{Error, Result};

@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 
 use serde_json::Value;
-use windvane_shared::digest::sha256_hex;
+use windvane_shared::crypto::digest::sha256_hex;
 
 /// The object without the fields that change on every write and without status.
 pub fn comparable(object: &Value) -> Value {

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use clap::Args;
 use serde::Deserialize;
-use windvane_shared::duration::parse_duration;
-use windvane_shared::keys::TrustedKeys;
-use windvane_shared::render::ClusterIdentity;
-use windvane_shared::selector::parse_label_assignment;
+use windvane_shared::crypto::keys::TrustedKeys;
+use windvane_shared::decide::render::ClusterIdentity;
+use windvane_shared::spec::selector::parse_label_assignment;
+use windvane_shared::text::duration::parse_duration;
 
 use crate::allowlist::Allowlist;
 use crate::apply::ApplyOptions;
@@ -240,7 +240,8 @@ fn read_file_config(path: &Option<PathBuf>) -> Result<FileConfig> {
         path: name.clone(),
         detail: e.to_string(),
     })?;
-    let documents = windvane_shared::yaml::documents_to_json(&text, &name, Default::default())?;
+    let documents =
+        windvane_shared::text::yaml::documents_to_json(&text, &name, Default::default())?;
     let value = documents
         .into_iter()
         .next()
@@ -437,7 +438,7 @@ fn read_token(path: &std::path::Path) -> Result<String> {
             "the registration token file is empty".to_owned(),
         ));
     }
-    if windvane_shared::keys::is_placeholder(&token) {
+    if windvane_shared::crypto::keys::is_placeholder(&token) {
         return Err(file_error(
             "the registration token file still holds the example's REPLACE-ME placeholder; put the fleet's \
              registration token in it"
@@ -668,7 +669,7 @@ mod tests {
 
     #[test]
     fn the_approval_floor_must_be_reachable_with_the_approver_keys() {
-        use windvane_shared::keys::signing_key_from_seed;
+        use windvane_shared::crypto::keys::signing_key_from_seed;
         let mut approvers = TrustedKeys::new();
         assert_eq!(require_approvals(None, &approvers).unwrap(), 0);
         assert_eq!(require_approvals(Some(0), &approvers).unwrap(), 0);

@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use windvane_shared::bundle::ObjectRef;
-use windvane_shared::desired::DesiredObject;
-use windvane_shared::digest::sha256_hex;
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::decide::desired::DesiredObject;
+use windvane_shared::format::bundle::ObjectRef;
 
 /// One desired object with its body kept as compact JSON.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,8 +93,8 @@ fn compact(body: &Value) -> Box<[u8]> {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
-    use windvane_shared::bundle::Policy;
-    use windvane_shared::render::RenderedObject;
+    use windvane_shared::decide::render::RenderedObject;
+    use windvane_shared::format::bundle::Policy;
 
     use super::*;
 
@@ -109,9 +109,13 @@ mod tests {
             id: ObjectRef::of(&object).unwrap(),
             object,
         };
-        let desired_object =
-            windvane_shared::desired::desired_object("fleet", "app", &Policy::default(), &rendered)
-                .unwrap();
+        let desired_object = windvane_shared::decide::desired::desired_object(
+            "fleet",
+            "app",
+            &Policy::default(),
+            &rendered,
+        )
+        .unwrap();
         let body = desired_object.body.clone();
         let mut desired = Desired::of(desired_object);
         assert_eq!(desired.body(), body);

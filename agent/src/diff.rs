@@ -9,9 +9,9 @@ use std::io::Write;
 
 use jiff::Timestamp;
 use similar::TextDiff;
-use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::release::{self, PointerExpectations};
-use windvane_shared::yaml_out::to_yaml_string;
+use windvane_shared::format::bundle::{Bundle, BundleLimits};
+use windvane_shared::format::release::{self, PointerExpectations};
+use windvane_shared::text::yaml_out::to_yaml_string;
 
 use crate::cluster::Cluster;
 use crate::compare::{comparable, mask_secret, would_change};
@@ -43,8 +43,8 @@ pub async fn run(
     let masks = crate::secrets::SealedPaths::of(&bundle, &config.identity);
     let sealed = crate::secrets::open_selected(&mut bundle, &config.identity, &keyring);
     drop(keyring);
-    let shares = windvane_shared::desired::cluster_share(&bundle, &config.identity);
-    let desired: Vec<Desired> = windvane_shared::desired::all_or_first_error(shares)?
+    let shares = windvane_shared::decide::desired::cluster_share(&bundle, &config.identity);
+    let desired: Vec<Desired> = windvane_shared::decide::desired::all_or_first_error(shares)?
         .into_iter()
         .map(Desired::of)
         .collect();

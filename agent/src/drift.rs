@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use serde_json::{Map, Value};
-use windvane_shared::desired::{FIELD_MANAGER, HOLD_UNTIL_ANNOTATION};
-use windvane_shared::digest::sha256_hex;
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::decide::desired::{FIELD_MANAGER, HOLD_UNTIL_ANNOTATION};
 
 use crate::inventory::ObjectKey;
 

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use tokio::sync::{mpsc, oneshot};
-use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::keys::TrustedKeys;
-use windvane_shared::release::{self, AcceptedRelease, PointerExpectations};
+use windvane_shared::crypto::keys::TrustedKeys;
+use windvane_shared::format::bundle::{Bundle, BundleLimits};
+use windvane_shared::format::release::{self, AcceptedRelease, PointerExpectations};
 
 use crate::backoff::{after_busy, full_jitter, jittered, random_unit};
 use crate::source::{Poll, SourceClient};

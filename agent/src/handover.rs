@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 
 use serde_json::{Map, Value};
 use tracing::{info, warn};
-use windvane_shared::desired::FIELD_MANAGER;
+use windvane_shared::decide::desired::FIELD_MANAGER;
 
 use crate::cluster::{Cluster, Resolved};
 use crate::desired::Desired;

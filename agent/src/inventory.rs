@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
-use windvane_shared::bundle::ObjectRef;
+use windvane_shared::format::bundle::ObjectRef;
 
 /// An object's identity across API versions: group, kind, namespace, name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

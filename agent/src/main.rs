@@ -273,8 +273,8 @@ fn spawn_reporter(
         };
         let public = key.verifying_key();
         info!(
-            keyid = %windvane_shared::keys::keyid(&public),
-            age_recipient = %windvane_shared::sops::cluster_recipient(&public),
+            keyid = %windvane_shared::crypto::keys::keyid(&public),
+            age_recipient = %windvane_shared::format::sops::cluster_recipient(&public),
             "cluster identity (windvane seal --to-cluster seals to this recipient)"
         );
         windvane_agent::reporter::run(config, key, status, metrics, shutdown).await;

@@ -7,7 +7,7 @@ use std::fmt::Write;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::status::SyncState;
 
 /// Upper bounds of the sync duration histogram, in seconds.
 const SYNC_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];

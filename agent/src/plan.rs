@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use windvane_shared::bundle::ObjectRef;
+use windvane_shared::format::bundle::ObjectRef;
 
 use crate::allowlist::Allowlist;
 use crate::desired::Desired;
@@ -127,8 +127,8 @@ pub fn waves(objects: Vec<Desired>) -> Vec<(i64, Vec<Desired>)> {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
-    use windvane_shared::bundle::Policy;
-    use windvane_shared::render::RenderedObject;
+    use windvane_shared::decide::render::RenderedObject;
+    use windvane_shared::format::bundle::Policy;
 
     use super::*;
 
@@ -153,8 +153,13 @@ mod tests {
             object,
         };
         Desired::of(
-            windvane_shared::desired::desired_object("fleet", "app", &Policy::default(), &rendered)
-                .unwrap(),
+            windvane_shared::decide::desired::desired_object(
+                "fleet",
+                "app",
+                &Policy::default(),
+                &rendered,
+            )
+            .unwrap(),
         )
     }
 

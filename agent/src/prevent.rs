@@ -27,7 +27,7 @@
 //! owner that does not exist, say) would let the garbage collector, a trusted controller, delete it.
 
 use serde_json::{Value, json};
-use windvane_shared::desired::{FIELD_MANAGER, FLEET_LABEL, MANAGED_BY_LABEL};
+use windvane_shared::decide::desired::{FIELD_MANAGER, FLEET_LABEL, MANAGED_BY_LABEL};
 
 /// Names the break-glass ticket (an incident reference) on a prevented object.
 pub const TICKET_ANNOTATION: &str = "windvane.io/break-glass-ticket";
@@ -436,7 +436,7 @@ pub fn clear_break_glass() -> Value {
         BY_ANNOTATION: null,
         APPROVER_ANNOTATION: null,
         SPENT_ANNOTATION: null,
-        windvane_shared::desired::HOLD_UNTIL_ANNOTATION: null,
+        windvane_shared::decide::desired::HOLD_UNTIL_ANNOTATION: null,
     }}})
 }
 

@@ -11,11 +11,11 @@
 
 use std::collections::BTreeSet;
 
-use windvane_shared::bundle::Bundle;
-use windvane_shared::desired::cluster_share_into;
-use windvane_shared::render::ClusterIdentity;
-use windvane_shared::rollout::ChangeSummary;
-use windvane_shared::sops::Keyring;
+use windvane_shared::decide::desired::cluster_share_into;
+use windvane_shared::decide::render::ClusterIdentity;
+use windvane_shared::format::bundle::Bundle;
+use windvane_shared::format::sops::Keyring;
+use windvane_shared::wire::heartbeat::ChangeSummary;
 
 use crate::desired::Desired;
 use crate::inventory::{Inventory, ObjectKey};

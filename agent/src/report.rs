@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use windvane_shared::heartbeat::{AppReport, ObjectReport, Refusal, SourceReport};
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::heartbeat::{AppReport, ObjectReport, Refusal, SourceReport};
+use windvane_shared::wire::status::SyncState;
 
 use crate::health::Health;
 use crate::inventory::ObjectKey;
@@ -59,7 +59,7 @@ pub struct AgentStatus {
     /// failed to apply"): shown with the app in `/status`.
     pub prune_postponed: BTreeMap<String, String>,
     /// Drift seen, newest last (bounded).
-    pub drift: Vec<windvane_shared::heartbeat::DriftRecord>,
+    pub drift: Vec<windvane_shared::wire::heartbeat::DriftRecord>,
 }
 
 impl AgentStatus {

@@ -19,16 +19,16 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use reqwest::StatusCode;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
-use windvane_shared::dsse;
-use windvane_shared::heartbeat::{
+use windvane_shared::crypto::dsse;
+use windvane_shared::crypto::keys::{
+    signing_key_from_pem, signing_key_from_seed, signing_key_to_pem, verifying_key_to_pem,
+};
+use windvane_shared::decide::render::ClusterIdentity;
+use windvane_shared::wire::heartbeat::{
     EnrollOutcome, EnrollReply, EnrollRequest, HEARTBEAT_PAYLOAD_TYPE, Heartbeat, HeartbeatReply,
     MAX_DRIFT_RECORDS_PER_HEARTBEAT, MAX_PROBLEMS_PER_HEARTBEAT,
 };
-use windvane_shared::keys::{
-    signing_key_from_pem, signing_key_from_seed, signing_key_to_pem, verifying_key_to_pem,
-};
-use windvane_shared::render::ClusterIdentity;
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::status::SyncState;
 
 use crate::backoff::{after_busy, full_jitter, jittered, random_unit};
 use crate::cluster::api_message;
@@ -131,7 +131,7 @@ pub fn build_heartbeat(
     drift_since: Option<Timestamp>,
 ) -> Heartbeat {
     let changed =
-        |r: &windvane_shared::heartbeat::DriftRecord| r.reverted_at.unwrap_or(r.detected_at);
+        |r: &windvane_shared::wire::heartbeat::DriftRecord| r.reverted_at.unwrap_or(r.detected_at);
     let drift: Vec<_> = status
         .drift
         .iter()
@@ -686,23 +686,25 @@ mod tests {
         };
         let at = |s: i64| Timestamp::from_second(1_700_000_000 + s).unwrap();
         for i in 0..3 {
-            status.drift.push(windvane_shared::heartbeat::DriftRecord {
-                app: "a".into(),
-                group: String::new(),
-                kind: "ConfigMap".into(),
-                namespace: None,
-                name: format!("c{i}"),
-                fields: vec![],
-                deleted: false,
-                manager: None,
-                operation: None,
-                changed_at: None,
-                detected_at: at(i),
-                reverted_at: None,
-                action: windvane_shared::heartbeat::DriftAction::Reported,
-                break_glass: None,
-                revert_requested_by: None,
-            });
+            status
+                .drift
+                .push(windvane_shared::wire::heartbeat::DriftRecord {
+                    app: "a".into(),
+                    group: String::new(),
+                    kind: "ConfigMap".into(),
+                    namespace: None,
+                    name: format!("c{i}"),
+                    fields: vec![],
+                    deleted: false,
+                    manager: None,
+                    operation: None,
+                    changed_at: None,
+                    detected_at: at(i),
+                    reverted_at: None,
+                    action: windvane_shared::wire::heartbeat::DriftAction::Reported,
+                    break_glass: None,
+                    revert_requested_by: None,
+                });
         }
         let config = test_config();
         let all = build_heartbeat(&status, &config, 7, at(10), None);

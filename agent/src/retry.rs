@@ -149,8 +149,8 @@ impl ObjectRetries {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
-    use windvane_shared::bundle::ObjectRef;
-    use windvane_shared::desired::DesiredObject;
+    use windvane_shared::decide::desired::DesiredObject;
+    use windvane_shared::format::bundle::ObjectRef;
 
     use super::*;
 

@@ -17,10 +17,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use serde_json::{Value, json};
 use tracing::warn;
-use windvane_shared::bundle::{Bundle, ObjectRef, Policy};
-use windvane_shared::desired::DesiredObject;
-use windvane_shared::render::ClusterIdentity;
-use windvane_shared::sops::{Keyring, Sealed, is_encrypted, open_app};
+use windvane_shared::decide::desired::DesiredObject;
+use windvane_shared::decide::render::ClusterIdentity;
+use windvane_shared::format::bundle::{Bundle, ObjectRef, Policy};
+use windvane_shared::format::sops::{Keyring, Sealed, is_encrypted, open_app};
 
 use crate::apply::{ObjectResult, Outcome};
 use crate::desired::Desired;
@@ -130,7 +130,7 @@ impl SealedPaths {
                 .and_then(Value::as_str);
             let mut found = BTreeSet::new();
             for (key, value) in manifest.object.as_object().into_iter().flatten() {
-                if key != windvane_shared::sops::METADATA_KEY {
+                if key != windvane_shared::format::sops::METADATA_KEY {
                     encrypted_pointers(value, &mut format!("/{}", escape(key)), &mut found);
                 }
             }
@@ -347,11 +347,11 @@ mod tests {
         }
         let plain = json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata,
             "data": {"password": "aHVudGVyMg=="}});
-        let recipient = windvane_shared::sops::parse_recipient(recipient, "test").unwrap();
-        windvane_shared::sops::seal(
+        let recipient = windvane_shared::format::sops::parse_recipient(recipient, "test").unwrap();
+        windvane_shared::format::sops::seal(
             &[plain],
             &[recipient],
-            windvane_shared::sops::KUBERNETES_ENCRYPTED_REGEX,
+            windvane_shared::format::sops::KUBERNETES_ENCRYPTED_REGEX,
             "2026-12-04T20:00:00Z",
             "x",
         )

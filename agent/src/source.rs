@@ -1,6 +1,6 @@
 //! The agent's view of the static store: polls the channel pointer with `If-None-Match` and fetches bundles
 //! by digest, reading no more than a cap, honouring `Retry-After`. It only moves bytes; everything it returns
-//! is verified by `windvane_shared::release` before anything parses it.
+//! is verified by `windvane_shared::format::release` before anything parses it.
 
 use std::time::Duration;
 
@@ -33,8 +33,8 @@ pub struct SourceLimits {
 impl Default for SourceLimits {
     fn default() -> Self {
         Self {
-            max_pointer_bytes: windvane_shared::release::DEFAULT_MAX_POINTER_BYTES,
-            max_bundle_bytes: windvane_shared::release::DEFAULT_MAX_BUNDLE_BYTES,
+            max_pointer_bytes: windvane_shared::format::release::DEFAULT_MAX_POINTER_BYTES,
+            max_bundle_bytes: windvane_shared::format::release::DEFAULT_MAX_BUNDLE_BYTES,
             connect_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(60),
             pointer_deadline: Duration::from_secs(30),

@@ -21,8 +21,8 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use serde::{Deserialize, Serialize};
-use windvane_shared::desired::FIELD_MANAGER;
-use windvane_shared::digest::sha256_hex;
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::decide::desired::FIELD_MANAGER;
 
 use crate::inventory::Inventory;
 use crate::{Error, Result};

@@ -20,8 +20,8 @@ use kube::runtime::watcher::{self, Event};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
-use windvane_shared::bundle::ObjectRef;
-use windvane_shared::desired::FLEET_LABEL;
+use windvane_shared::decide::desired::FLEET_LABEL;
+use windvane_shared::format::bundle::ObjectRef;
 
 use crate::cluster::{Cluster, Resolved};
 use crate::inventory::ObjectKey;

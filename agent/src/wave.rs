@@ -1,6 +1,6 @@
 //! The wave gate: a verified release whose rollout wave has not opened for this cluster waits here, while the
 //! engine keeps enforcing and healing the last known good. The decision is
-//! [`windvane_shared::rollout::decide`] (pure); this module runs it on time. [`run`] is a task per waiting
+//! [`windvane_shared::decide::rollout::decide`] (pure); this module runs it on time. [`run`] is a task per waiting
 //! release: it wakes when the signed schedule opens the wave, when the server's rollout view changes (for a
 //! `gate: healthy`), or when the publisher halts or resumes; it tells the engine what to report while it
 //! waits and when the release may be taken ([`GateEvent`]). [`watch_server`] is the thin HTTP side: from the
@@ -17,12 +17,12 @@ use jiff::Timestamp;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::warn;
-use windvane_shared::rollout::{
-    self, GateInput, PendingReport, Rollout, RolloutView, WaveDecision,
-};
+use windvane_shared::decide::rollout::{self, GateInput, RolloutView, WaveDecision};
+use windvane_shared::spec::rollout::Rollout;
+use windvane_shared::wire::heartbeat::PendingReport;
 
-use windvane_shared::approval;
-use windvane_shared::release::AcceptedRelease;
+use windvane_shared::decide::approval;
+use windvane_shared::format::release::AcceptedRelease;
 
 use crate::approval::{ApprovalNeed, ApprovalObservation};
 use crate::http::{read_capped, with_deadline};
@@ -58,7 +58,7 @@ impl GatePlan {
         issued_at: Timestamp,
         rollout: Option<&Rollout>,
         name: &str,
-        labels: &windvane_shared::selector::Labels,
+        labels: &windvane_shared::spec::selector::Labels,
     ) -> Option<GatePlan> {
         let rollout = rollout?;
         let wave = rollout::wave_of(rollout, name, labels);
@@ -77,7 +77,7 @@ impl GatePlan {
     pub fn for_release(
         accepted: &AcceptedRelease,
         name: &str,
-        labels: &windvane_shared::selector::Labels,
+        labels: &windvane_shared::spec::selector::Labels,
         windows: Vec<AppWindows>,
         require_approvals: u32,
     ) -> Option<GatePlan> {
@@ -393,9 +393,10 @@ async fn fetch_view(
 mod tests {
     use std::time::Duration;
 
-    use windvane_shared::fleet_api::ClusterState;
-    use windvane_shared::rollout::{ClusterFacts, Gate, Wave, rollout_view};
-    use windvane_shared::selector::Labels;
+    use windvane_shared::decide::rollout::{ClusterFacts, rollout_view};
+    use windvane_shared::spec::rollout::{Gate, Wave};
+    use windvane_shared::spec::selector::Labels;
+    use windvane_shared::wire::fleet_api::ClusterState;
 
     use super::*;
 
@@ -472,7 +473,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn awaiting_approval_is_reported_as_a_wait_not_as_a_window() {
-        use windvane_shared::approval::{ApprovalPolicy, ApprovalStatement};
+        use windvane_shared::decide::approval::ApprovalStatement;
+        use windvane_shared::spec::rollout::ApprovalPolicy;
         let mut first_wave = plan(0, Gate::None);
         first_wave.wave = 0;
         first_wave.approval = Some(ApprovalNeed {
@@ -502,7 +504,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_open_wave_still_waits_for_the_windows_of_the_apps_it_changes() {
-        use windvane_shared::window::{HealInWindow, Schedule, Window, WindowKind};
+        use windvane_shared::spec::window::{HealInWindow, Schedule, Window, WindowKind};
         // Issued 10:00Z; the app's deny window runs 09:00–10:30Z every day.
         let mut first_wave = plan(0, Gate::None);
         first_wave.wave = 0;

@@ -1,6 +1,6 @@
 //! Maintenance windows on the agent: which apps of a new release have windows that may hold it, what to
 //! report while they do, and which apps only report drift right now. The windows come from the signed
-//! bundle (`windows:` of each app, [`windvane_shared::window`], which judges them); the gate
+//! bundle (`windows:` of each app, [`windvane_shared::spec::window`], which judges them); the gate
 //! ([`crate::wave::run`]) holds a release until every app it changes is inside its windows, and the sync
 //! ([`crate::engine`]) turns healing off for the apps in a `heal: report` deny window. Pure.
 //!
@@ -10,10 +10,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
-use windvane_shared::bundle::Bundle;
-use windvane_shared::digest::sha256_hex;
-use windvane_shared::selector::Labels;
-use windvane_shared::window::{self, HealInWindow, Window, WindowDecision};
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::format::bundle::Bundle;
+use windvane_shared::spec::selector::Labels;
+use windvane_shared::spec::window::{self, HealInWindow, Window, WindowDecision};
 
 /// The windows of one app that a new release changes.
 #[derive(Debug, Clone, PartialEq)]

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use windvane_shared::duration::parse_duration;
+use windvane_shared::text::duration::parse_duration;
 use windvane_store::Store;
 
 /// The `--root` of commands that write to a store: a directory or `s3://BUCKET[/PREFIX]`.

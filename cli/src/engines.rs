@@ -1,7 +1,7 @@
 //! The real rendering engines behind `windvane build`, `publish` and `render`: the `helm` and `kustomize`
 //! binaries, run as child processes with a deadline and a cap on what they print. Which binary: the
 //! `--helm`/`--kustomize` flag (or `WINDVANE_HELM`/`WINDVANE_KUSTOMIZE`), else the one on `PATH`. The
-//! decisions (what to render, how to read the output) are `windvane_shared::prerender`'s; this only runs
+//! decisions (what to render, how to read the output) are `windvane_publisher::prerender`'s; this only runs
 //! programs and hands back what they printed.
 //!
 //! The fleet tree is untrusted input (any pull request changes it), so the engines run confined: every
@@ -20,9 +20,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use windvane_shared::digest::sha256_hex;
-use windvane_shared::duration::parse_duration;
-use windvane_shared::prerender::{Engines, HelmSpec, PulledChart, ValuesLayer};
+use windvane_publisher::prerender::{EngineError, Engines, HelmSpec, PulledChart, ValuesLayer};
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::text::duration::parse_duration;
 
 use crate::error::{Error, Result, report};
 
@@ -179,24 +179,30 @@ impl ProcessEngines {
             spec.release_name.clone(),
             chart.display().to_string(),
         ]);
-        self.run(&helm, &args)
+        Ok(self.run(&helm, &args)?)
     }
 
     fn build_overlay(&self, directory: &Path) -> Result<String> {
         let kustomize = self.kustomize()?;
         crate::kustomize_check::check_tree(directory, &self.root, self.kustomize_remote)?;
-        self.run(
+        Ok(self.run(
             &kustomize,
             &["build".into(), "--".into(), directory.display().to_string()],
-        )
+        )?)
     }
 }
 
-/// The shared core's interface to the engines takes an engine's failure as text (its own words, which the
-/// core puts in context): the typed errors above become their messages here, and only here.
+/// The publisher's interface to the engines takes a boxed error, which it shows by its message: the typed
+/// errors above go through it with their whole chain of causes (`report`), so none is lost.
 impl Engines for ProcessEngines {
-    fn helm_pull(&self, repo: &str, chart: &str, version: &str) -> Result<PulledChart, String> {
-        self.pull(repo, chart, version).map_err(|e| report(&e))
+    fn helm_pull(
+        &self,
+        repo: &str,
+        chart: &str,
+        version: &str,
+    ) -> std::result::Result<PulledChart, EngineError> {
+        self.pull(repo, chart, version)
+            .map_err(|e| report(&e).into())
     }
 
     fn helm_template(
@@ -204,12 +210,13 @@ impl Engines for ProcessEngines {
         spec: &HelmSpec,
         chart: &Path,
         values: &[ValuesLayer],
-    ) -> Result<String, String> {
-        self.template(spec, chart, values).map_err(|e| report(&e))
+    ) -> std::result::Result<String, EngineError> {
+        self.template(spec, chart, values)
+            .map_err(|e| report(&e).into())
     }
 
-    fn kustomize_build(&self, directory: &Path) -> Result<String, String> {
-        self.build_overlay(directory).map_err(|e| report(&e))
+    fn kustomize_build(&self, directory: &Path) -> std::result::Result<String, EngineError> {
+        self.build_overlay(directory).map_err(|e| report(&e).into())
     }
 }
 

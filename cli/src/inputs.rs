@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use ed25519_dalek::SigningKey;
-use windvane_shared::keys::{self, TrustedKeys};
-use windvane_shared::sops::Keyring;
+use windvane_shared::crypto::keys::{self, TrustedKeys};
+use windvane_shared::format::sops::Keyring;
 
 use crate::error::{Error, Result};
 

@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use windvane_shared::yaml::{YamlLimits, documents_to_json};
+use windvane_shared::text::yaml::{YamlLimits, documents_to_json};
 
 use crate::error::{Error, Result};
 

@@ -2,9 +2,9 @@
 //! `promote`). The digest a signed pointer named is the only thing trusted: the bytes must have it, must
 //! parse as a bundle that serializes back to the same bytes, and must be the expected fleet's.
 
-use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::digest::sha256_hex;
-use windvane_shared::release::DEFAULT_MAX_BUNDLE_BYTES;
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::format::bundle::{Bundle, BundleLimits};
+use windvane_shared::format::release::DEFAULT_MAX_BUNDLE_BYTES;
 use windvane_store::{self as store, Store};
 
 use crate::error::{Error, Result};

@@ -12,12 +12,12 @@ use jiff::Timestamp;
 use windvane_agent::backoff::{jittered, random_unit};
 use windvane_agent::clamp;
 use windvane_agent::reporter::retry_wait;
-use windvane_shared::dsse;
-use windvane_shared::heartbeat::{
+use windvane_shared::crypto::dsse;
+use windvane_shared::crypto::keys::{signing_key_from_seed, verifying_key_to_pem};
+use windvane_shared::wire::heartbeat::{
     AppReport, EnrollRequest, HEARTBEAT_PAYLOAD_TYPE, Heartbeat, ObjectReport, SourceReport,
 };
-use windvane_shared::keys::{signing_key_from_seed, verifying_key_to_pem};
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::status::SyncState;
 
 use crate::server::{CHANNEL, FLEET, TOKEN};
 

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
-use windvane_shared::yaml::{YamlLimits, documents_to_json};
+use windvane_shared::text::yaml::{YamlLimits, documents_to_json};
 use windvane_tests::install::{run, tool, workspace_dir};
 
 /// Objects by (kind, namespace, name), with the agent's configuration file read as data: the chart writes it

@@ -29,7 +29,7 @@ use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tempfile::TempDir;
-use windvane_shared::yaml::{YamlLimits, documents_to_json};
+use windvane_shared::text::yaml::{YamlLimits, documents_to_json};
 use windvane_tests::fleet::{
     AGENT_NAMESPACE, Agent, AgentOptions, FleetTree, Publisher, object_state,
 };

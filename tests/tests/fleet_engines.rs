@@ -18,7 +18,7 @@ use fault_support::{SYNC, config_map, data};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
-use windvane_shared::yaml::{YamlLimits, documents_to_json};
+use windvane_shared::text::yaml::{YamlLimits, documents_to_json};
 use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, metric_sum};
 use windvane_tests::localkube::LocalKube;
 use windvane_tests::poll::wait_for;
@@ -615,7 +615,10 @@ async fn a_chart_from_a_repository_is_pinned_by_digest() -> anyhow::Result<()> {
         url.clone(),
     ])?;
     let archive = std::fs::read(repo_dir.join("web-1.4.0.tgz"))?;
-    let digest = format!("sha256:{}", windvane_shared::digest::sha256_hex(&archive));
+    let digest = format!(
+        "sha256:{}",
+        windvane_shared::crypto::digest::sha256_hex(&archive)
+    );
 
     let fleet = |pin: &str| {
         format!(

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use tempfile::TempDir;
-use windvane_shared::digest::sha256_hex;
-use windvane_shared::dsse::Envelope;
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::crypto::dsse::Envelope;
 use windvane_tests::process::binary;
 
 fn windvane(args: &[&str]) -> Output {

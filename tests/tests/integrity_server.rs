@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use serde_json::Value;
-use windvane_shared::heartbeat::{DriftAction, DriftRecord};
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::heartbeat::{DriftAction, DriftRecord};
+use windvane_shared::wire::status::SyncState;
 use windvane_tests::heartbeat_agent::SimulatedAgent;
 use windvane_tests::http::{assert_refused, client, client_from, json_of};
 use windvane_tests::poll::eventually;

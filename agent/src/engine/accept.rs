@@ -6,8 +6,8 @@
 
 use jiff::Timestamp;
 use tracing::{Instrument, info, info_span, warn};
-use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::release::{self, AcceptedRelease};
+use windvane_shared::format::bundle::{Bundle, BundleLimits};
+use windvane_shared::format::release::{self, AcceptedRelease};
 
 use super::{Enforced, Engine, Fresh};
 use crate::fetcher::{Fetched, FetcherConfig, NewRelease};

@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
-use windvane_shared::bundle::Bundle;
-use windvane_shared::keys::TrustedKeys;
-use windvane_shared::release::AcceptedRelease;
-use windvane_shared::render::ClusterIdentity;
-use windvane_shared::status::SyncState;
+use windvane_shared::crypto::keys::TrustedKeys;
+use windvane_shared::decide::render::ClusterIdentity;
+use windvane_shared::format::bundle::Bundle;
+use windvane_shared::format::release::AcceptedRelease;
+use windvane_shared::wire::status::SyncState;
 
 use crate::allowlist::Allowlist;
 use crate::apply::ApplyOptions;

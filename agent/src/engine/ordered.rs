@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use tracing::info;
-use windvane_shared::bundle::Bundle;
-use windvane_shared::render::ClusterIdentity;
+use windvane_shared::decide::render::ClusterIdentity;
+use windvane_shared::format::bundle::Bundle;
 
 use super::Engine;
 use crate::apply::{ApplyReport, ObjectResult, Outcome, result};

@@ -9,8 +9,8 @@ use std::time::Duration;
 use jiff::Timestamp;
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{info, warn};
-use windvane_shared::release::AcceptedRelease;
-use windvane_shared::rollout::ChangeSummary;
+use windvane_shared::format::release::AcceptedRelease;
+use windvane_shared::wire::heartbeat::ChangeSummary;
 
 use super::{AbortOnDrop, Engine};
 use crate::approval::{self, ApprovalSource};
@@ -75,7 +75,8 @@ impl Engine {
         // The server is asked only from one read before the wave's signed time on (so that its view is
         // there when the time comes): before it, the schedule alone holds the wave.
         let every = self.config.poll_interval.min(GATE_READ_EVERY);
-        let opens_at = windvane_shared::rollout::opens_at(&plan.rollout, plan.issued_at, plan.wave);
+        let opens_at =
+            windvane_shared::decide::rollout::opens_at(&plan.rollout, plan.issued_at, plan.wave);
         let not_before = Duration::try_from(opens_at.duration_since(Timestamp::now()))
             .unwrap_or(Duration::ZERO)
             .saturating_sub(every);
@@ -153,7 +154,7 @@ impl Engine {
     }
 
     /// Publishes why the held release waits, with what taking it would change here (status, heartbeat).
-    fn report_pending(&self, mut report: windvane_shared::rollout::PendingReport) {
+    fn report_pending(&self, mut report: windvane_shared::wire::heartbeat::PendingReport) {
         report.changes = self.pending.as_ref().map(|p| p.changes);
         self.status
             .send_modify(|status| status.source.pending = Some(report));

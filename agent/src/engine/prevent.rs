@@ -21,8 +21,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
-use windvane_shared::bundle::ObjectRef;
-use windvane_shared::desired::FIELD_MANAGER;
+use windvane_shared::decide::desired::FIELD_MANAGER;
+use windvane_shared::format::bundle::ObjectRef;
 
 use super::{AbortOnDrop, Engine};
 use crate::apply::{ObjectResult, Outcome};

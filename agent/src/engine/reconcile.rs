@@ -13,10 +13,10 @@ use std::time::Instant;
 use jiff::Timestamp;
 
 use tracing::{Instrument, debug, error, info, info_span, warn};
-use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::desired::cluster_share_into;
-use windvane_shared::release;
-use windvane_shared::render::ClusterIdentity;
+use windvane_shared::decide::desired::cluster_share_into;
+use windvane_shared::decide::render::ClusterIdentity;
+use windvane_shared::format::bundle::{Bundle, BundleLimits};
+use windvane_shared::format::release;
 
 use super::timers::Next;
 use super::{Enforced, Engine, Fresh};
@@ -30,7 +30,7 @@ use crate::inventory::{
 };
 use crate::report::{ObjectStatus, SyncReport, object_state};
 use crate::watch::LiveCache;
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::status::SyncState;
 
 /// An app that did not render, with why: its objects are missing from this sync, so its prunes wait.
 type RenderError = (String, String);
@@ -194,7 +194,7 @@ impl Engine {
             )
             .await
         } else {
-            windvane_shared::sops::Keyring::default()
+            windvane_shared::format::sops::Keyring::default()
         };
         let order = super::ordered::AppOrder::of(&bundle, &self.config.identity);
         let (report_only, policy_change) = crate::windows::report_only_apps(
@@ -713,7 +713,7 @@ fn log_sync(report: &ApplyReport, prune: &PrunePlan, complete: bool, phases: Pha
 async fn render_aside(
     bundle: Bundle,
     identity: &ClusterIdentity,
-    keyring: windvane_shared::sops::Keyring,
+    keyring: windvane_shared::format::sops::Keyring,
 ) -> (Vec<Desired>, Vec<RenderError>, Vec<(Desired, String)>) {
     let identity = identity.clone();
     match tokio::task::spawn_blocking(move || render(bundle, &identity, &keyring)).await {
@@ -733,7 +733,7 @@ async fn render_aside(
 fn render(
     mut bundle: Bundle,
     identity: &ClusterIdentity,
-    keyring: &windvane_shared::sops::Keyring,
+    keyring: &windvane_shared::format::sops::Keyring,
 ) -> (Vec<Desired>, Vec<RenderError>, Vec<(Desired, String)>) {
     let sealed = crate::secrets::open_selected(&mut bundle, identity, keyring);
     for (object, message) in &sealed {

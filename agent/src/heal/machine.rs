@@ -15,8 +15,8 @@ use kube::runtime::events::EventType;
 use serde_json::Value;
 use tokio::time::Instant;
 use tracing::{info, warn};
-use windvane_shared::heartbeat::{BreakGlassRecord, DriftAction, DriftRecord};
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::heartbeat::{BreakGlassRecord, DriftAction, DriftRecord};
+use windvane_shared::wire::status::SyncState;
 
 use crate::desired::Desired;
 use crate::drift::{self, Attribution, Baseline, ContestTracker, resource_version};

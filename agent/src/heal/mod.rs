@@ -20,7 +20,7 @@ use kube::runtime::events::{Event, Recorder, Reporter};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{Instrument, info, info_span, warn};
-use windvane_shared::heartbeat::DriftRecord;
+use windvane_shared::wire::heartbeat::DriftRecord;
 
 use crate::cluster::Cluster;
 use crate::desired::Desired;
@@ -115,7 +115,7 @@ impl Healer {
             let Some(object) = status.objects.get_mut(key) else {
                 return false;
             };
-            object.state = windvane_shared::status::SyncState::Synced;
+            object.state = windvane_shared::wire::status::SyncState::Synced;
             object.message = how.gone_message();
             true
         });

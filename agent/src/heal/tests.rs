@@ -7,9 +7,9 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 use tokio::time::{Instant, advance};
-use windvane_shared::bundle::ObjectRef;
-use windvane_shared::desired::DesiredObject;
-use windvane_shared::heartbeat::DriftAction;
+use windvane_shared::decide::desired::DesiredObject;
+use windvane_shared::format::bundle::ObjectRef;
+use windvane_shared::wire::heartbeat::DriftAction;
 
 use super::machine::{Action, Cause, DriftMachine, Now};
 use crate::desired::Desired;

@@ -1,8 +1,8 @@
 use serde_json::{Value, json};
-use windvane_shared::bundle::Bundle;
-use windvane_shared::desired::cluster_share_into;
-use windvane_shared::render::ClusterIdentity;
-use windvane_shared::rollout::ChangeSummary;
+use windvane_shared::decide::desired::cluster_share_into;
+use windvane_shared::decide::render::ClusterIdentity;
+use windvane_shared::format::bundle::Bundle;
+use windvane_shared::wire::heartbeat::ChangeSummary;
 
 use super::change_summary;
 use crate::desired::Desired;

@@ -2,8 +2,8 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use serde_json::{Value, json};
-use windvane_shared::bundle::Bundle;
-use windvane_shared::selector::Labels;
+use windvane_shared::format::bundle::Bundle;
+use windvane_shared::spec::selector::Labels;
 
 use super::*;
 

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use windvane_shared::keys;
+use windvane_shared::crypto::keys;
 use windvane_store as store;
 
 use crate::args::{ChannelArgs, FleetArgs, StoreArgs, TrustArgs};
@@ -66,7 +66,7 @@ pub fn approve(args: ApproveArgs) -> Result<()> {
         pointer.serial,
         pointer.bundle.sha256,
         keys::keyid(&signer.key.verifying_key()),
-        windvane_shared::approval::approval_path(&pointer.channel, pointer.serial),
+        windvane_shared::decide::approval::approval_path(&pointer.channel, pointer.serial),
     );
     // The publisher's threshold is only half of it: an agent started with `--require-approvals N` applies
     // the release only with N approvals, whatever the rollout says; the CLI cannot see that floor.

@@ -7,10 +7,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::digest::sha256_hex;
-use windvane_shared::release;
-use windvane_shared::source::{self, LoadOptions, Loaded};
+use windvane_publisher::source::{self, LoadOptions, Loaded};
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::format::bundle::{Bundle, BundleLimits};
+use windvane_shared::format::release;
 use windvane_store as store;
 
 use crate::args::StrictArgs;

@@ -9,8 +9,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use windvane_shared::keys;
-use windvane_shared::sops::Keyring;
+use windvane_shared::crypto::keys;
+use windvane_shared::format::sops::Keyring;
 
 use crate::error::{Error, Result};
 

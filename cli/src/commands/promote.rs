@@ -5,7 +5,7 @@
 
 use clap::Args;
 use jiff::Timestamp;
-use windvane_shared::fleet_api::{ClusterState, FleetView};
+use windvane_shared::wire::fleet_api::{ClusterState, FleetView};
 use windvane_store::{self as store, PublishRequest};
 
 use crate::args::{

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use jiff::Timestamp;
-use windvane_shared::keys;
+use windvane_shared::crypto::keys;
 use windvane_store::{self as store, PublishRequest};
 
 use crate::args::{ChannelArgs, ExpiryArgs, SigningArgs, StoreArgs, StrictArgs, TrustArgs, reword};

@@ -7,11 +7,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
-use windvane_shared::bundle::Bundle;
-use windvane_shared::desired::{DesiredObject, all_or_first_error, cluster_share};
-use windvane_shared::render::ClusterIdentity;
-use windvane_shared::selector::{Labels, parse_label_assignment};
-use windvane_shared::yaml_out;
+use windvane_shared::decide::desired::{DesiredObject, all_or_first_error, cluster_share};
+use windvane_shared::decide::render::ClusterIdentity;
+use windvane_shared::format::bundle::Bundle;
+use windvane_shared::spec::selector::{Labels, parse_label_assignment};
+use windvane_shared::text::yaml_out;
 
 use crate::commands::build::load_bundle_source;
 use crate::commands::verify::{ReleaseArgs, fetch_verified};
@@ -87,7 +87,7 @@ fn reveal(bundle: &mut Bundle, cluster: &ClusterIdentity, path: &std::path::Path
         .iter_mut()
         .filter(|app| app.selector.matches(&cluster.labels));
     for app in selected {
-        if let Some(sealed) = windvane_shared::sops::open_app(app, &keyring)
+        if let Some(sealed) = windvane_shared::format::sops::open_app(app, &keyring)
             .into_iter()
             .next()
         {

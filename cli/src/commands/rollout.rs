@@ -7,7 +7,7 @@
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use windvane_shared::rollout::RolloutView;
+use windvane_shared::decide::rollout::RolloutView;
 use windvane_store as store;
 
 use crate::args::{ChannelArgs, OutputArgs, ReadTokenArgs, ServerArgs, SignArgs};

@@ -28,9 +28,9 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use serde_json::Value;
-use windvane_shared::sops::{self, KUBERNETES_ENCRYPTED_REGEX};
-use windvane_shared::yaml::{YamlLimits, documents_to_json};
-use windvane_shared::yaml_out::to_yaml_string;
+use windvane_shared::format::sops::{self, KUBERNETES_ENCRYPTED_REGEX};
+use windvane_shared::text::yaml::{YamlLimits, documents_to_json};
+use windvane_shared::text::yaml_out::to_yaml_string;
 
 use crate::args::{OptionalServerArgs, ReadTokenArgs, reword};
 use crate::error::{Error, Result};
@@ -226,7 +226,7 @@ fn enrolled_recipients(args: &SealArgs) -> Result<Vec<String>> {
             server.trim_end_matches('/'),
             form_urlencoded::byte_serialize(name.as_bytes()).collect::<String>()
         );
-        let detail: windvane_shared::fleet_api::ClusterDetail =
+        let detail: windvane_shared::wire::fleet_api::ClusterDetail =
             crate::http::get_json(&url, token.as_deref()).map_err(|source| {
                 Error::EnrolledCluster {
                     cluster: name.to_owned(),
@@ -375,9 +375,9 @@ mod tests {
 
     #[test]
     fn a_clusters_recipient_must_be_of_its_enrolled_and_pinned_key() {
-        let key = windvane_shared::keys::signing_key_from_seed([5; 32]).verifying_key();
-        let other = windvane_shared::keys::signing_key_from_seed([6; 32]).verifying_key();
-        let keyid = windvane_shared::keys::keyid(&key);
+        let key = windvane_shared::crypto::keys::signing_key_from_seed([5; 32]).verifying_key();
+        let other = windvane_shared::crypto::keys::signing_key_from_seed([6; 32]).verifying_key();
+        let keyid = windvane_shared::crypto::keys::keyid(&key);
         let recipient = sops::cluster_recipient(&key);
         assert!(check_enrolled("u", "eu-1", &recipient, &keyid, None).is_ok());
         assert!(check_enrolled("u", "eu-1", &recipient, &keyid, Some(&keyid[..16])).is_ok());
@@ -388,7 +388,7 @@ mod tests {
             .to_string();
         assert!(err.contains("not that of the key"), "{err}");
         // Or its own key, consistently: only the pin catches it.
-        let other_id = windvane_shared::keys::keyid(&other);
+        let other_id = windvane_shared::crypto::keys::keyid(&other);
         assert!(check_enrolled("u", "eu-1", &swapped, &other_id, None).is_ok());
         let err = check_enrolled("u", "eu-1", &swapped, &other_id, Some(&keyid[..16]))
             .unwrap_err()

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use windvane_shared::fleet_api::{ClusterRow, ClusterState, FleetView};
+use windvane_shared::wire::fleet_api::{ClusterRow, ClusterState, FleetView};
 
 use crate::args::{OutputArgs, ReadTokenArgs, ServerArgs};
 use crate::error::{Error, Result};
@@ -204,7 +204,7 @@ fn table_row(row: &ClusterRow) -> [String; 7] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use windvane_shared::status::SyncState;
+    use windvane_shared::wire::status::SyncState;
 
     fn row(name: &str, state: ClusterState) -> ClusterRow {
         ClusterRow {

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use clap::Args;
 use jiff::Timestamp;
-use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::duration::format_duration;
-use windvane_shared::keys::TrustedKeys;
-use windvane_shared::release::{self, AcceptedRelease, PointerExpectations};
+use windvane_shared::crypto::keys::TrustedKeys;
+use windvane_shared::format::bundle::{Bundle, BundleLimits};
+use windvane_shared::format::release::{self, AcceptedRelease, PointerExpectations};
+use windvane_shared::text::duration::format_duration;
 use windvane_store::{self as store, StoreLocation};
 
 use crate::args::{FleetArgs, TrustArgs, reword};

@@ -13,12 +13,12 @@ use std::time::Duration;
 use hyper::StatusCode;
 use jiff::Timestamp;
 use tokio::sync::{mpsc, oneshot};
-use windvane_shared::dsse::{self, Envelope};
-use windvane_shared::heartbeat::{
+use windvane_shared::crypto::dsse::{self, Envelope};
+use windvane_shared::crypto::keys::{self, TrustedKeys};
+use windvane_shared::wire::heartbeat::{
     EnrollRequest, HEARTBEAT_PAYLOAD_TYPE, Heartbeat, MAX_DRIFT_RECORDS_PER_HEARTBEAT,
     MAX_PROBLEMS_PER_HEARTBEAT,
 };
-use windvane_shared::keys::{self, TrustedKeys};
 
 use super::db::{Database, Db, IngestOutcome, VerifiedHeartbeat};
 use super::metrics::{HeartbeatResult, Metrics};
@@ -137,7 +137,7 @@ impl Refusal {
                 max_skew,
             } => format!(
                 "sent_at {sent_at} is more than {} away from the server's clock ({now}): check the cluster's clock",
-                windvane_shared::duration::format_duration(*max_skew)
+                windvane_shared::text::duration::format_duration(*max_skew)
             ),
             Refusal::Replay { sequence, last } => {
                 format!(
@@ -515,9 +515,9 @@ pub async fn run_writer(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use windvane_shared::heartbeat::SourceReport;
-    use windvane_shared::keys::{signing_key_from_seed, verifying_key_to_pem};
-    use windvane_shared::status::SyncState;
+    use windvane_shared::crypto::keys::{signing_key_from_seed, verifying_key_to_pem};
+    use windvane_shared::wire::heartbeat::SourceReport;
+    use windvane_shared::wire::status::SyncState;
 
     fn now() -> Timestamp {
         Timestamp::from_second(1_800_000_000).expect("valid")

@@ -13,8 +13,8 @@ use super::break_glass::OpenBreakGlass;
 use super::escape::html as escape;
 use super::status::ClusterState;
 use super::view::{ClusterDetail, ClusterRow, FleetView, human_age};
-use windvane_shared::fleet_api::DriftEntry;
-use windvane_shared::heartbeat::Heartbeat;
+use windvane_shared::wire::fleet_api::DriftEntry;
+use windvane_shared::wire::heartbeat::Heartbeat;
 
 /// Seconds between automatic refreshes.
 pub const REFRESH_SECONDS: u32 = 15;
@@ -546,7 +546,7 @@ fn drift_table(out: &mut String, drift: &[DriftEntry]) {
 
 /// The rollout page of a channel (`/rollouts/{channel}`): each wave with when it opens, its counts, why it is
 /// held, and its clusters.
-pub fn rollout_page(view: &windvane_shared::rollout::RolloutView) -> String {
+pub fn rollout_page(view: &windvane_shared::decide::rollout::RolloutView) -> String {
     let mut out = String::new();
     head(&mut out, &format!("Windvane · rollout of {}", view.channel));
     header(&mut out, Timestamp::now());
@@ -609,7 +609,7 @@ mod tests {
     use crate::server::db::ClusterSummary;
     use crate::server::status::Filter;
     use crate::server::view::fleet_view;
-    use windvane_shared::status::SyncState;
+    use windvane_shared::wire::status::SyncState;
 
     #[test]
     fn the_fleet_page_shows_counts_and_escapes_cluster_data() {

@@ -282,20 +282,20 @@ impl Settings {
         sections.sort();
         sections.dedup();
         let idle_window = match &args.idle_window {
-            Some(text) => windvane_shared::duration::parse_duration(text)
+            Some(text) => windvane_shared::text::duration::parse_duration(text)
                 .with_context(|| format!("--idle-window {text}"))?,
             None if args.quick => Duration::from_secs(60),
             None => Duration::from_secs(300),
         };
         // The simulated agents' poll interval (convergence; long-poll's baseline without it).
         let interval = match &args.poll_interval {
-            Some(text) => windvane_shared::duration::parse_duration(text)
+            Some(text) => windvane_shared::text::duration::parse_duration(text)
                 .with_context(|| format!("--poll-interval {text}"))?,
             None if args.quick => Duration::from_secs(10),
             None => Duration::from_secs(30),
         };
         let wave_soak = match &args.wave_soak {
-            Some(text) => windvane_shared::duration::parse_duration(text)
+            Some(text) => windvane_shared::text::duration::parse_duration(text)
                 .with_context(|| format!("--wave-soak {text}"))?,
             None if args.smoke => Duration::from_secs(2),
             None if args.quick => Duration::from_secs(10),
@@ -1391,7 +1391,7 @@ fn idle_rows(window: &idle::IdleWindow, backstop: &idle::BackstopPass, results: 
              default, measured on a restarted agent with a {} interval — {} requests ({}; {} dry runs) in \
              {:.1} s. The restart itself re-applied {} objects (requests: {})",
             window.agent.describe(),
-            windvane_shared::duration::format_duration(idle::DEFAULT_BACKSTOP_INTERVAL),
+            windvane_shared::text::duration::format_duration(idle::DEFAULT_BACKSTOP_INTERVAL),
             idle::MEASURED_BACKSTOP_INTERVAL,
             backstop.pass.get(RequestClass::Write)
                 + backstop.pass.get(RequestClass::Read)

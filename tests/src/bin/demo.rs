@@ -96,7 +96,7 @@ impl std::fmt::Display for Interrupted {
 impl std::error::Error for Interrupted {}
 
 fn duration(text: &str) -> Result<Duration, String> {
-    windvane_shared::duration::parse_duration(text).map_err(|e| e.to_string())
+    windvane_shared::text::duration::parse_duration(text).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {

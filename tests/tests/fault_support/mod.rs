@@ -15,9 +15,9 @@ use anyhow::Context;
 use ed25519_dalek::SigningKey;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::keys::signing_key_from_seed;
-use windvane_shared::release::{BundleRef, ReleasePointer};
+use windvane_shared::crypto::keys::signing_key_from_seed;
+use windvane_shared::format::bundle::{Bundle, BundleLimits};
+use windvane_shared::format::release::{BundleRef, ReleasePointer};
 use windvane_tests::fleet::{AGENT_NAMESPACE, FleetTree};
 use windvane_tests::localkube::LocalKube;
 
@@ -162,7 +162,7 @@ pub fn release_key(seed: u8) -> SigningKey {
 
 /// The bundle `windvane publish` would build from `tree`.
 pub fn bundle_of(tree: &FleetTree) -> anyhow::Result<Bundle> {
-    Ok(windvane_shared::source::load_fleet_dir(
+    Ok(windvane_publisher::source::load_fleet_dir(
         tree.path(),
         BundleLimits::default(),
     )?)
@@ -181,7 +181,7 @@ pub fn sign_by_hand(
     allow_empty: bool,
 ) -> anyhow::Result<ReleasePointer> {
     let bytes = bundle.to_json_bytes();
-    let sha256 = windvane_shared::digest::sha256_hex(&bytes);
+    let sha256 = windvane_shared::crypto::digest::sha256_hex(&bytes);
     std::fs::write(store.join(windvane_store::bundle_path(&sha256)), &bytes)?;
     let pointer = ReleasePointer {
         fleet: bundle.fleet.clone(),

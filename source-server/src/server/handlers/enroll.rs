@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use jiff::Timestamp;
-use windvane_shared::heartbeat::{EnrollReply, EnrollRequest};
+use windvane_shared::wire::heartbeat::{EnrollReply, EnrollRequest};
 
 use crate::server::App;
 use crate::server::db::{Database, EnrollOutcome, Enrollment};

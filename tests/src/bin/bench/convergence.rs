@@ -34,17 +34,17 @@ use hyper::body::Bytes;
 use jiff::Timestamp;
 use tokio::sync::watch;
 use windvane_agent::wave::{self, GateObservation, GatePlan};
-use windvane_shared::bundle::BundleLimits;
-use windvane_shared::desired::{all_or_first_error, cluster_share};
-use windvane_shared::dsse;
-use windvane_shared::heartbeat::{HEARTBEAT_PAYLOAD_TYPE, Heartbeat, SourceReport};
-use windvane_shared::keys::TrustedKeys;
-use windvane_shared::release::{
+use windvane_shared::crypto::dsse;
+use windvane_shared::crypto::keys::TrustedKeys;
+use windvane_shared::decide::desired::{all_or_first_error, cluster_share};
+use windvane_shared::decide::render::ClusterIdentity;
+use windvane_shared::decide::rollout::{self, RolloutView, WaveDecision};
+use windvane_shared::format::bundle::BundleLimits;
+use windvane_shared::format::release::{
     DEFAULT_MAX_BUNDLE_BYTES, PointerExpectations, ReleasePointer, verify_bundle, verify_pointer,
 };
-use windvane_shared::render::ClusterIdentity;
-use windvane_shared::rollout::{self, RolloutView, WaveDecision};
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::heartbeat::{HEARTBEAT_PAYLOAD_TYPE, Heartbeat, SourceReport};
+use windvane_shared::wire::status::SyncState;
 use windvane_source_server::server::db::Database as _;
 use windvane_source_server::server::db::sqlite::SqliteDb;
 use windvane_tests::fleet::{FleetTree, Publisher};

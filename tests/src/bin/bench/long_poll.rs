@@ -35,9 +35,9 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use tokio::sync::{Semaphore, watch};
-use windvane_shared::bundle::BundleLimits;
-use windvane_shared::keys::TrustedKeys;
-use windvane_shared::release::{
+use windvane_shared::crypto::keys::TrustedKeys;
+use windvane_shared::format::bundle::BundleLimits;
+use windvane_shared::format::release::{
     DEFAULT_MAX_BUNDLE_BYTES, PointerExpectations, ReleasePointer, verify_bundle, verify_pointer,
 };
 use windvane_tests::fleet::Publisher;
@@ -163,7 +163,7 @@ impl Shared {
     /// Whether an answer's (not yet verified) pointer names the measured serial: only to time its arrival;
     /// nothing is trusted from it.
     fn measured_serial_in(&self, envelope: &[u8]) -> bool {
-        let payload = windvane_shared::dsse::Envelope::from_json_slice(envelope)
+        let payload = windvane_shared::crypto::dsse::Envelope::from_json_slice(envelope)
             .ok()
             .and_then(|e| e.payload_bytes().ok());
         payload

@@ -22,7 +22,9 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use windvane_shared::rollout::{self, Rollout};
+use windvane_shared::decide::rollout;
+
+use windvane_shared::spec::rollout::Rollout;
 use windvane_tests::fleet::FleetTree;
 
 use crate::convergence::{self, Convergence, JITTER, Published, format_count};
@@ -54,7 +56,7 @@ fn canary_percent(agents: usize) -> u32 {
 pub fn fleet_tree(version: u32, s: Settings) -> anyhow::Result<FleetTree> {
     let tree = convergence::fleet_tree(version)?;
     let mut fleet = std::fs::read_to_string(tree.path().join("fleet.yaml"))?;
-    let soak = windvane_shared::duration::format_duration(s.soak);
+    let soak = windvane_shared::text::duration::format_duration(s.soak);
     let _ = write!(
         fleet,
         "rollout:\n  waves:\n    - name: canary\n      percent: {}\n      soak: {soak}\n      gate: healthy\n    \
