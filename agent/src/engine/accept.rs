@@ -2,7 +2,7 @@
 //! verified release) becomes the source's status and metrics; a new release is persisted as last known
 //! good before anything of it is applied. Also the re-verification of the release the cluster remembers,
 //! at start. The network side (polls, fetches, verification of what arrives) is the fetcher's
-//! ([`crate::fetcher`]).
+//! ([`crate::fetch::fetcher`]).
 
 use jiff::Timestamp;
 use tracing::{Instrument, info, info_span, warn};
@@ -10,8 +10,8 @@ use windvane_shared::bundle::{Bundle, BundleLimits};
 use windvane_shared::release::{self, AcceptedRelease};
 
 use super::{Enforced, Engine, Fresh};
-use crate::fetcher::{Fetched, FetcherConfig, NewRelease};
-use crate::state::KnownGood;
+use crate::fetch::fetcher::{Fetched, FetcherConfig, NewRelease};
+use crate::kube::state::KnownGood;
 use crate::{Error, Result};
 
 impl Engine {
@@ -97,7 +97,8 @@ impl Engine {
         // Rendered while the write that persists it is out: nothing of it is applied before that write
         // succeeded, but the rendering no longer waits for it. The render is polled first: it hands its work
         // to a blocking thread, so that it runs beside the compression of the write on the agent's own one.
-        let enforced_apps = crate::windows::app_digests(&bundle, &self.config.identity.labels);
+        let enforced_apps =
+            crate::gates::windows::app_digests(&bundle, &self.config.identity.labels);
         let state = self.state.clone();
         let render = self
             .render_bundle(bundle)
@@ -116,7 +117,7 @@ impl Engine {
         self.metrics.set_release_serial(accepted.pointer.serial);
         self.enforced = Some(Enforced {
             accepted,
-            bundle: crate::packed::PackedBundle::new(known_good.bundle),
+            bundle: crate::fetch::packed::PackedBundle::new(known_good.bundle),
         });
         self.enforced_apps = enforced_apps;
         self.fresh = Some(Fresh::Rendered(rendered));

@@ -25,20 +25,20 @@ use windvane_shared::release::AcceptedRelease;
 use windvane_shared::render::ClusterIdentity;
 use windvane_shared::status::SyncState;
 
-use crate::allowlist::Allowlist;
 use crate::apply::ApplyOptions;
+use crate::apply::allowlist::Allowlist;
+use crate::apply::inventory::{Inventory, ObjectKey};
 use crate::backoff::random_unit;
-use crate::cluster::Cluster;
-use crate::drift::ContestTracker;
-use crate::fetcher::Fetcher;
+use crate::fetch::fetcher::Fetcher;
+use crate::fetch::packed::PackedBundle;
+use crate::fetch::source::{SourceClient, SourceLimits};
 use crate::heal::Healer;
-use crate::inventory::{Inventory, ObjectKey};
-use crate::metrics::Metrics;
-use crate::packed::PackedBundle;
-use crate::report::StatusTx;
-use crate::source::{SourceClient, SourceLimits};
-use crate::state::StateStore;
-use crate::watch::{Change, LiveCache};
+use crate::heal::drift::ContestTracker;
+use crate::kube::cluster::Cluster;
+use crate::kube::state::StateStore;
+use crate::live::watch::{Change, LiveCache};
+use crate::report::metrics::Metrics;
+use crate::report::status::StatusTx;
 use crate::{Error, Result};
 use timers::Timers;
 
@@ -71,8 +71,8 @@ pub struct EngineConfig {
     pub backstop_interval: Duration,
     /// Where a `gate: healthy` reads the rollout view (the heartbeat server); without one such a gate
     /// stays closed.
-    pub rollout_server: Option<crate::wave::GateServer>,
-    /// The Secret (in `namespace`) holding the age identities that open SOPS objects ([`crate::secrets`]).
+    pub rollout_server: Option<crate::gates::wave::GateServer>,
+    /// The Secret (in `namespace`) holding the age identities that open SOPS objects ([`crate::apply::secrets`]).
     pub age_key_secret: Option<String>,
     /// The group whose members may make a two-person break-glass change to a prevented object.
     pub break_glass_group: String,
@@ -115,7 +115,7 @@ pub struct Engine {
     healer: Healer,
     /// A verified release waiting for this cluster's rollout wave.
     pending: Option<pending::Pending>,
-    /// The digest of each app with windows of the enforced release ([`crate::windows::app_digests`]): a new
+    /// The digest of each app with windows of the enforced release ([`crate::gates::windows::app_digests`]): a new
     /// release's maintenance windows hold it only for the apps it changes.
     enforced_apps: BTreeMap<String, String>,
     /// The prevention policy kept in the cluster.
@@ -123,7 +123,7 @@ pub struct Engine {
     /// The apps whose drift is only reported now, in a `heal: report` deny window.
     report_only: BTreeSet<String>,
     /// Objects that failed to apply, each retried alone on its own back-off.
-    retries: crate::retry::ObjectRetries,
+    retries: crate::apply::retry::ObjectRetries,
 }
 
 /// What [`Engine::publish_drift`] last published from.
@@ -132,7 +132,7 @@ struct Published {
     /// The healer's drift records' revision then (`None`: not yet published).
     records: Option<u64>,
     /// The status, seen once for every change: the object counts are counted again only after one.
-    status: crate::report::StatusRx,
+    status: crate::report::status::StatusRx,
 }
 
 /// A release just taken in, before the next sync renders it again from its bytes.
@@ -203,7 +203,7 @@ impl Engine {
             enforced_apps: BTreeMap::new(),
             prevention: prevent::Prevention::default(),
             report_only: BTreeSet::new(),
-            retries: crate::retry::ObjectRetries::default(),
+            retries: crate::apply::retry::ObjectRetries::default(),
         };
         match known_good {
             Ok(Some(known_good)) => match engine.verify_known_good(&known_good) {
@@ -217,8 +217,10 @@ impl Engine {
                         "loaded the last known good release from the cluster"
                     );
                     engine.enforced = Some(enforced);
-                    engine.enforced_apps =
-                        crate::windows::app_digests(&bundle.1, &engine.config.identity.labels);
+                    engine.enforced_apps = crate::gates::windows::app_digests(
+                        &bundle.1,
+                        &engine.config.identity.labels,
+                    );
                     engine.fresh = Some(Fresh::Parsed(bundle.1));
                 }
                 Err(error) => {
@@ -372,7 +374,7 @@ impl Engine {
         self.publish_drift();
     }
 
-    /// A run-once object ([`crate::run_once`]) the watches saw finish is done for the body it was applied
+    /// A run-once object ([`crate::apply::run_once`]) the watches saw finish is done for the body it was applied
     /// with: recorded in the inventory (persisted, so that a restart does not run it again) and told to the
     /// healer, for which its disappearance is no longer drift.
     async fn note_finished(&mut self, key: &ObjectKey) {
@@ -385,7 +387,7 @@ impl Engine {
         if entry.done.is_some() {
             return;
         }
-        let Some(done) = crate::run_once::done(shape, true, self.live.finished(key)) else {
+        let Some(done) = crate::apply::run_once::done(shape, true, self.live.finished(key)) else {
             return;
         };
         entry.done = Some(done);

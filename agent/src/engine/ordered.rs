@@ -1,5 +1,5 @@
 //! Applying a sync's objects in the order the apps' `dependsOn` asks for: batch by batch
-//! ([`crate::depends::next_batch`]), each app once the apps it depends on applied and are healthy on the
+//! ([`crate::apply::depends::next_batch`]), each app once the apps it depends on applied and are healthy on the
 //! cluster (their health as the API server returned them, then as the watches see them). The apps that
 //! cannot go are not sent and come back as [`Outcome::Waiting`]; the sync asks to be run again soon
 //! ([`super::timers::Next::Recheck`]), so that they follow once their dependencies are healthy. A release
@@ -12,10 +12,10 @@ use windvane_shared::bundle::Bundle;
 use windvane_shared::render::ClusterIdentity;
 
 use super::Engine;
+use crate::apply::depends::{Dependencies, ObjectReadiness, Readiness, app_readiness, next_batch};
+use crate::apply::desired::Desired;
 use crate::apply::{ApplyReport, ObjectResult, Outcome, result};
-use crate::depends::{Dependencies, ObjectReadiness, Readiness, app_readiness, next_batch};
-use crate::desired::Desired;
-use crate::health::Health;
+use crate::live::health::Health;
 
 /// The apps of this cluster's share and what they depend on, read from the bundle before it is rendered.
 #[derive(Debug, Clone, Default)]

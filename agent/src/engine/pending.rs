@@ -1,7 +1,7 @@
 //! A verified release that waits for this cluster's rollout wave. It is held in memory, not persisted: the
 //! last known good stays what is enforced and healed, and a restart simply verifies it again and recomputes
-//! the same signed schedule. The wave gate task ([`crate::wave::run`]) says when it may be taken; the
-//! server watcher ([`crate::wave::watch_server`]) runs beside it only when an earlier wave has
+//! the same signed schedule. The wave gate task ([`crate::gates::wave::run`]) says when it may be taken; the
+//! server watcher ([`crate::gates::wave::watch_server`]) runs beside it only when an earlier wave has
 //! `gate: healthy`. A newer control of the same serial (halt, resume) reaches the gate through its plan.
 
 use std::time::Duration;
@@ -13,9 +13,9 @@ use windvane_shared::release::AcceptedRelease;
 use windvane_shared::rollout::ChangeSummary;
 
 use super::{AbortOnDrop, Engine};
-use crate::approval::{self, ApprovalSource};
-use crate::fetcher::NewRelease;
-use crate::wave::{self, GateEvent, GatePlan};
+use crate::fetch::fetcher::NewRelease;
+use crate::gates::approval::{self, ApprovalSource};
+use crate::gates::wave::{self, GateEvent, GatePlan};
 
 /// Longest time between two reads of the server's rollout view by a waiting agent.
 const GATE_READ_EVERY: Duration = Duration::from_secs(5);
@@ -35,8 +35,11 @@ impl Engine {
     /// This cluster's gate plan for a verified release: `None` when it takes it at once.
     pub(super) fn gate_plan(&self, release: &NewRelease) -> Option<GatePlan> {
         let labels = &self.config.identity.labels;
-        let windows =
-            crate::windows::changed_app_windows(&self.enforced_apps, &release.bundle, labels);
+        let windows = crate::gates::windows::changed_app_windows(
+            &self.enforced_apps,
+            &release.bundle,
+            labels,
+        );
         GatePlan::for_release(
             &release.accepted,
             &self.config.identity.name,
@@ -59,7 +62,7 @@ impl Engine {
         let taken = std::mem::replace(&mut release.taken, taken_tx);
         let _ = taken.send(true);
         self.metrics.source_fetch("ok");
-        let changes = crate::preview::change_summary(
+        let changes = crate::gates::preview::change_summary(
             &self.inventory,
             release.bundle.clone(),
             &self.config.identity,

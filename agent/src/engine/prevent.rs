@@ -1,5 +1,5 @@
 //! Keeps the prevention policy in the cluster: after each sync, the objects of the release with `prevent`
-//! on become the guarded set, [`crate::prevent::objects`] builds the ValidatingAdmissionPolicy and its
+//! on become the guarded set, [`crate::prevent::policy::objects`] builds the ValidatingAdmissionPolicy and its
 //! binding from it, and this executor applies them (server-side apply, manager `windvane`) — or deletes
 //! them when nothing is guarded any more. It learns once what it needs from the API server: the version
 //! (older than 1.30: a clear refusal, detection only), the agent's own user name (a SelfSubjectReview) and
@@ -25,10 +25,10 @@ use windvane_shared::bundle::ObjectRef;
 use windvane_shared::desired::FIELD_MANAGER;
 
 use super::{AbortOnDrop, Engine};
+use crate::apply::inventory::ObjectKey;
 use crate::apply::{ObjectResult, Outcome};
-use crate::cluster::{Cluster, Deletion, api_message};
-use crate::inventory::ObjectKey;
-use crate::prevent::{self, Guarded, Settings};
+use crate::kube::cluster::{Cluster, Deletion, api_message};
+use crate::prevent::policy::{self, Guarded, Settings};
 
 const API_VERSION: &str = "admissionregistration.k8s.io/v1";
 const POLICY_KIND: &str = "ValidatingAdmissionPolicy";
@@ -85,7 +85,7 @@ impl Engine {
         }
         let settings = self.prevent_settings(serial).await?;
         let list: Vec<Guarded> = guarded.iter().map(|g| g.guarded.clone()).collect();
-        let Some(objects) = prevent::objects(&settings, &list) else {
+        let Some(objects) = policy::objects(&settings, &list) else {
             return Ok(());
         };
         if self.prevention.applied.as_ref() == Some(&objects) {
@@ -95,7 +95,7 @@ impl Engine {
         self.apply_prevention(&objects).await?;
         info!(
             guarded = guarded.len(),
-            policy = %prevent::policy_name(&self.config.fleet),
+            policy = %policy::policy_name(&self.config.fleet),
             "prevention policy applied"
         );
         self.prevention.applied = Some(objects);
@@ -119,14 +119,14 @@ impl Engine {
         };
         let api: Api<DynamicObject> =
             Api::all_with(self.cluster.client().clone(), &resolved.resource);
-        let Ok(Some(live)) = api.get_opt(&prevent::policy_name(&self.config.fleet)).await else {
+        let Ok(Some(live)) = api.get_opt(&policy::policy_name(&self.config.fleet)).await else {
             return BTreeSet::new();
         };
         let live = serde_json::to_value(live).unwrap_or_default();
         guarded
             .iter()
             .map(|g| g.guarded.clone())
-            .filter(|g| prevent::policy_guards(&live, g))
+            .filter(|g| policy::policy_guards(&live, g))
             .collect()
     }
 
@@ -140,7 +140,7 @@ impl Engine {
             let Some(live) = self.live.get(&object.key) else {
                 continue;
             };
-            if !prevent::has_break_glass_annotations(&live) {
+            if !policy::has_break_glass_annotations(&live) {
                 continue;
             }
             let id = &object.id;
@@ -149,7 +149,7 @@ impl Engine {
             };
             match self
                 .cluster
-                .merge_patch(id, &resolved, &prevent::clear_break_glass())
+                .merge_patch(id, &resolved, &policy::clear_break_glass())
                 .await
             {
                 Ok(_) => warn!(
@@ -172,7 +172,7 @@ impl Engine {
         let (tx, rx) = mpsc::channel(1);
         let task = tokio::spawn(watch_prevention(
             self.cluster.clone(),
-            prevent::policy_name(&self.config.fleet),
+            policy::policy_name(&self.config.fleet),
             tx,
         ));
         self.prevention.watch = Some((AbortOnDrop(task), rx));
@@ -208,13 +208,13 @@ impl Engine {
             .map_err(|e| e.to_string())?;
         let api: Api<DynamicObject> =
             Api::all_with(self.cluster.client().clone(), &resolved.resource);
-        let name = prevent::policy_name(&self.config.fleet);
+        let name = policy::policy_name(&self.config.fleet);
         let live = api
             .get_opt(&name)
             .await
             .map_err(|e| api_message(&e))?
             .map(|live| serde_json::to_value(live).unwrap_or_default());
-        match prevent::tampered(live.as_ref(), wanted, FIELD_MANAGER) {
+        match policy::tampered(live.as_ref(), wanted, FIELD_MANAGER) {
             None => Ok(false),
             Some(why) => {
                 warn!(%kind, %name, %why, "the prevention policy was tampered with; restoring it");
@@ -273,14 +273,14 @@ impl Engine {
             let Some(live) = self.live.get(&key) else {
                 continue;
             };
-            if prevent::break_glass(&live).is_none() {
+            if policy::break_glass(&live).is_none() {
                 continue;
             }
             let id = &result.object.id;
             let Ok(resolved) = self.cluster.resolve(&id.api_version, &id.kind).await else {
                 continue;
             };
-            let clear = prevent::clear_break_glass();
+            let clear = policy::clear_break_glass();
             match self.cluster.merge_patch(id, &resolved, &clear).await {
                 Ok(_) => info!(object = %id, "break-glass approval spent: annotations removed"),
                 Err(failure) => {
@@ -320,7 +320,7 @@ impl Engine {
 
     async fn cluster_supports(&self) -> Result<(), String> {
         match self.cluster.client().apiserver_version().await {
-            Ok(info) => prevent::supported(&info.major, &info.minor),
+            Ok(info) => policy::supported(&info.major, &info.minor),
             Err(error) => Err(format!(
                 "cannot read the Kubernetes version: {}",
                 api_message(&error)
@@ -441,7 +441,7 @@ impl Engine {
             api_version: API_VERSION.to_owned(),
             kind: kind.to_owned(),
             namespace: None,
-            name: prevent::policy_name(&self.config.fleet),
+            name: policy::policy_name(&self.config.fleet),
         }
     }
 }

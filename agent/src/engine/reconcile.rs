@@ -5,7 +5,7 @@
 //! should do next ([`Next`]). The steps that decide are pure; the ones here that talk to the cluster are
 //! thin.
 //!
-//! [`AgentStatus::record_sync`]: crate::report::AgentStatus::record_sync
+//! [`AgentStatus::record_sync`]: crate::report::status::AgentStatus::record_sync
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
@@ -20,16 +20,16 @@ use windvane_shared::render::ClusterIdentity;
 
 use super::timers::Next;
 use super::{Enforced, Engine, Fresh};
-use crate::apply::{ApplyReport, Hooks, ObjectResult, Outcome, apply_all};
-use crate::cluster::Deletion;
-use crate::desired::Desired;
-use crate::drift::Baseline;
-use crate::inventory::{
+use crate::apply::desired::Desired;
+use crate::apply::inventory::{
     self, Applied, InventoryEntry, ObjectKey, PrunePlan, Pruned, ReleaseOutcome, incomplete_apps,
     plan_prune,
 };
-use crate::report::{ObjectStatus, SyncReport, object_state};
-use crate::watch::LiveCache;
+use crate::apply::{ApplyReport, Hooks, ObjectResult, Outcome, apply_all};
+use crate::heal::drift::Baseline;
+use crate::kube::cluster::Deletion;
+use crate::live::watch::LiveCache;
+use crate::report::status::{ObjectStatus, SyncReport, object_state};
 use windvane_shared::status::SyncState;
 
 /// An app that did not render, with why: its objects are missing from this sync, so its prunes wait.
@@ -74,7 +74,7 @@ struct SyncVerdict {
 }
 
 impl SyncVerdict {
-    /// Idle when all is done — objects that failed to apply are retried alone ([`crate::retry`]), never by
+    /// Idle when all is done — objects that failed to apply are retried alone ([`crate::apply::retry`]), never by
     /// sending the release again; a recheck (soon, without back-off) when apps only wait for their
     /// dependencies; otherwise a retry of the whole sync with back-off.
     fn next(self) -> Next {
@@ -133,7 +133,7 @@ impl Engine {
             release
                 .sealed
                 .into_iter()
-                .map(|(object, message)| crate::secrets::failed_result(object, message)),
+                .map(|(object, message)| crate::apply::secrets::failed_result(object, message)),
         );
         // Counted before the status says the sync is done, so that whoever reads both sees them agree.
         self.count_outcomes(&report);
@@ -186,8 +186,8 @@ impl Engine {
     pub(super) async fn render_bundle(&self, bundle: Bundle) -> RenderedRelease {
         // Read only for a release that has something sealed for this cluster: a request less on every other
         // sync, and no key material in memory that nothing needs.
-        let keyring = if crate::secrets::any_sealed(&bundle, &self.config.identity) {
-            crate::secrets::load_keyring(
+        let keyring = if crate::apply::secrets::any_sealed(&bundle, &self.config.identity) {
+            crate::apply::secrets::load_keyring(
                 self.cluster.client(),
                 &self.config.namespace,
                 self.config.age_key_secret.as_deref(),
@@ -197,7 +197,7 @@ impl Engine {
             windvane_shared::sops::Keyring::default()
         };
         let order = super::ordered::AppOrder::of(&bundle, &self.config.identity);
-        let (report_only, policy_change) = crate::windows::report_only_apps(
+        let (report_only, policy_change) = crate::gates::windows::report_only_apps(
             &bundle,
             &self.config.identity.labels,
             Timestamp::now(),
@@ -353,7 +353,8 @@ impl Engine {
             })
             .collect();
         for key in keys {
-            self.on_change(crate::watch::Change::Updated(key)).await;
+            self.on_change(crate::live::watch::Change::Updated(key))
+                .await;
         }
     }
 
@@ -396,7 +397,7 @@ impl Engine {
 
     /// True when an object need not be written: its body is as last applied and the live object still owns
     /// what that apply left it owning; or it runs once, finished for this body and is gone
-    /// ([`crate::run_once::skip_apply`]).
+    /// ([`crate::apply::run_once::skip_apply`]).
     fn unchanged(&self, key: &ObjectKey, hash: &str) -> bool {
         let Some(entry) = self
             .inventory
@@ -407,7 +408,7 @@ impl Engine {
             return false;
         };
         let done_hash = entry.done.map(|_| entry.applied_hash.as_str());
-        if crate::run_once::skip_apply(done_hash, hash, self.live.contains(key)) {
+        if crate::apply::run_once::skip_apply(done_hash, hash, self.live.contains(key)) {
             return true;
         }
         if self.healer.has_baseline(key) {
@@ -667,7 +668,7 @@ pub(super) fn inventory_record(result: &ObjectResult, live: &LiveCache) -> Appli
     let done = result
         .object
         .run_once
-        .and_then(|shape| crate::run_once::done(shape, true, live.finished(&result.key())));
+        .and_then(|shape| crate::apply::run_once::done(shape, true, live.finished(&result.key())));
     Applied::Yes(InventoryEntry {
         done,
         app: result.object.app.clone(),
@@ -729,13 +730,13 @@ async fn render_aside(
 /// compact as soon as it renders, while the bundle is consumed: the release exists once as parsed values,
 /// never twice. An app that fails to render is reported and skipped; the others still apply. Render errors
 /// come back with their app's name: that app's prunes wait until it renders again. SOPS objects are opened
-/// with `keyring` first; those that do not open come back apart, with why ([`crate::secrets`]).
+/// with `keyring` first; those that do not open come back apart, with why ([`crate::apply::secrets`]).
 fn render(
     mut bundle: Bundle,
     identity: &ClusterIdentity,
     keyring: &windvane_shared::sops::Keyring,
 ) -> (Vec<Desired>, Vec<RenderError>, Vec<(Desired, String)>) {
-    let sealed = crate::secrets::open_selected(&mut bundle, identity, keyring);
+    let sealed = crate::apply::secrets::open_selected(&mut bundle, identity, keyring);
     for (object, message) in &sealed {
         error!(app = %object.app, object = %object.id, %message, "cannot open SOPS object");
     }

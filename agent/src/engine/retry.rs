@@ -1,4 +1,4 @@
-//! The engine's side of retrying failed objects alone ([`crate::retry`] decides when): after a sync, its
+//! The engine's side of retrying failed objects alone ([`crate::apply::retry`] decides when): after a sync, its
 //! failed objects are queued, each with its own back-off; when one is due it is applied by itself, and the
 //! inventory, the status, the healer and the watches learn of it as a sync would have told them. When the
 //! last one lands, one more sync (which writes nothing unchanged) carries out what waited for it: its app's
@@ -12,9 +12,9 @@ use tracing::{info, warn};
 
 use super::Engine;
 use super::reconcile::{inventory_record, object_status};
+use crate::apply::inventory::{Applied, ObjectKey};
 use crate::apply::{ObjectResult, Outcome};
 use crate::backoff::random_unit;
-use crate::inventory::{Applied, ObjectKey};
 
 impl Engine {
     /// Queues the sync's objects that failed to apply for retries of their own (not those in `sealed`,

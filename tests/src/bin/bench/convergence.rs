@@ -33,7 +33,7 @@ use ed25519_dalek::SigningKey;
 use hyper::body::Bytes;
 use jiff::Timestamp;
 use tokio::sync::watch;
-use windvane_agent::wave::{self, GateObservation, GatePlan};
+use windvane_agent::gates::wave::{self, GateObservation, GatePlan};
 use windvane_shared::bundle::BundleLimits;
 use windvane_shared::desired::{all_or_first_error, cluster_share};
 use windvane_shared::dsse;
