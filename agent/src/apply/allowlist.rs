@@ -9,6 +9,7 @@
 //! reading of "only these namespaces": an operator who wants cluster-wide objects too says which, and the
 //! refusal names the flag to do it with. Namespace objects stay governed by the namespace list.
 
+use crate::{Error, Result};
 use windvane_shared::bundle::ObjectRef;
 
 /// Kinds and namespaces the agent may apply. `*` allows everything.
@@ -80,7 +81,7 @@ impl Allowlist {
 
     /// `Ok` when the object's kind may be applied, otherwise the reason. Known before discovery, so a refused
     /// kind is never looked up.
-    pub fn check_kind(&self, id: &ObjectRef) -> Result<(), String> {
+    pub fn check_kind(&self, id: &ObjectRef) -> Result<()> {
         let group = group_of(id);
         let kind_allowed = self
             .kinds
@@ -89,10 +90,13 @@ impl Allowlist {
         if kind_allowed {
             Ok(())
         } else {
-            Err(format!(
-                "{group}/{} is not in the operator's allowed kinds ({})",
-                id.kind,
-                self.kinds.join(", ")
+            Err(not_allowed(
+                id,
+                format!(
+                    "{group}/{} is not in the operator's allowed kinds ({})",
+                    id.kind,
+                    self.kinds.join(", ")
+                ),
             ))
         }
     }
@@ -100,7 +104,7 @@ impl Allowlist {
     /// `Ok` when the object may be applied, otherwise the reason, for the object's status. `id` must carry
     /// the object's final namespace (see [`crate::apply::plan::place`]): a namespaced object without one would be
     /// defaulted after this check, outside it.
-    pub fn check(&self, id: &ObjectRef) -> Result<(), String> {
+    pub fn check(&self, id: &ObjectRef) -> Result<()> {
         self.check_kind(id)?;
         // A Namespace object is governed by the namespace list too: creating it is touching that namespace.
         let is_namespace = id.kind == "Namespace" && id.group().is_empty();
@@ -118,9 +122,12 @@ impl Allowlist {
                 .iter()
                 .any(|allowed| allowed == "*" || allowed == namespace)
         {
-            return Err(format!(
-                "namespace {namespace} is not in the operator's allowed namespaces ({})",
-                self.namespaces.join(", ")
+            return Err(not_allowed(
+                id,
+                format!(
+                    "namespace {namespace} is not in the operator's allowed namespaces ({})",
+                    self.namespaces.join(", ")
+                ),
             ));
         }
         Ok(())
@@ -129,7 +136,7 @@ impl Allowlist {
 
 impl Allowlist {
     /// With narrowed namespaces, a cluster-scoped object needs its kind named in the kinds list.
-    fn check_cluster_scoped(&self, id: &ObjectRef) -> Result<(), String> {
+    fn check_cluster_scoped(&self, id: &ObjectRef) -> Result<()> {
         let group = group_of(id);
         let named = self
             .kinds
@@ -139,12 +146,23 @@ impl Allowlist {
         if named {
             return Ok(());
         }
-        Err(format!(
-            "{group}/{kind} is cluster-scoped and the operator allows only namespaces {namespaces}: it applies only \
-             when --allow-kinds (allowKinds) names it, e.g. {group}/{kind}",
-            kind = id.kind,
-            namespaces = self.namespaces.join(", ")
+        Err(not_allowed(
+            id,
+            format!(
+                "{group}/{kind} is cluster-scoped and the operator allows only namespaces {namespaces}: it applies \
+                 only when --allow-kinds (allowKinds) names it, e.g. {group}/{kind}",
+                kind = id.kind,
+                namespaces = self.namespaces.join(", ")
+            ),
         ))
+    }
+}
+
+/// The refusal of `id`, with why.
+fn not_allowed(id: &ObjectRef, reason: String) -> Error {
+    Error::NotAllowed {
+        object: id.to_string(),
+        reason,
     }
 }
 
@@ -216,11 +234,13 @@ mod tests {
         assert!(allow.check(&id("v1", "Namespace", None, "team-a")).is_ok());
         let err = allow
             .check(&id("v1", "Namespace", None, "kube-system"))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("kube-system"), "{err}");
         let err = allow
             .check(&id("v1", "ConfigMap", Some("team-b"), "c"))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("team-b"), "{err}");
         let err = allow
             .check(&id(
@@ -229,7 +249,8 @@ mod tests {
                 None,
                 "r",
             ))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("rbac.authorization.k8s.io/ClusterRole"),
             "{err}"
@@ -251,7 +272,7 @@ mod tests {
             "x",
         );
         let only_team_a = Allowlist::new(Vec::new(), vec!["team-a".into()]);
-        let err = only_team_a.check(&binding).unwrap_err();
+        let err = only_team_a.check(&binding).unwrap_err().to_string();
         assert_eq!(
             err,
             "rbac.authorization.k8s.io/ClusterRoleBinding is cluster-scoped and the operator allows only \

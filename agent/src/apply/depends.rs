@@ -9,8 +9,12 @@ use std::collections::{BTreeMap, BTreeSet};
 /// Each app's `dependsOn`, for the apps of this cluster's share that name any.
 pub type Dependencies = BTreeMap<String, Vec<String>>;
 
-/// Whether an applied app is applied and healthy (`Ok`), or why not.
-pub type Readiness = Result<(), String>;
+/// Whether an app (or one of its objects) is applied and healthy, or why not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    Ready,
+    NotReady(String),
+}
 
 /// What to do with the apps not applied yet in this sync.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -92,8 +96,10 @@ fn blocker(
     let mut not_yet = None;
     for dependency in needs {
         match judged.get(dependency) {
-            Some(Ok(())) => {}
-            Some(Err(why)) => return Blocker::Waits(format!("waits for app {dependency}: {why}")),
+            Some(Readiness::Ready) => {}
+            Some(Readiness::NotReady(why)) => {
+                return Blocker::Waits(format!("waits for app {dependency}: {why}"));
+            }
             None if remaining.contains(dependency) => {
                 not_yet.get_or_insert_with(|| dependency.clone());
             }
@@ -108,28 +114,30 @@ fn blocker(
 }
 
 /// One object of an applied app as the readiness judge sees it: its name, whether it applied, and its live
-/// health (`None`: not observed yet; `Some(Err)`: Progressing or Degraded, with why).
+/// health (`None`: not observed yet; `Some(NotReady)`: Progressing or Degraded, with why).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectReadiness {
     pub display: String,
-    pub applied: Result<(), String>,
-    pub health: Option<Result<(), String>>,
+    pub applied: Readiness,
+    pub health: Option<Readiness>,
 }
 
 /// An app is ready when every one of its objects applied and is healthy; otherwise why not, naming the
 /// first object that is not.
 pub fn app_readiness(objects: &[ObjectReadiness]) -> Readiness {
     for object in objects {
-        if let Err(why) = &object.applied {
-            return Err(format!("{} did not apply: {why}", object.display));
+        if let Readiness::NotReady(why) = &object.applied {
+            return Readiness::NotReady(format!("{} did not apply: {why}", object.display));
         }
         match &object.health {
-            None => return Err(format!("{} is not observed yet", object.display)),
-            Some(Err(why)) => return Err(format!("{} is not healthy: {why}", object.display)),
-            Some(Ok(())) => {}
+            None => return Readiness::NotReady(format!("{} is not observed yet", object.display)),
+            Some(Readiness::NotReady(why)) => {
+                return Readiness::NotReady(format!("{} is not healthy: {why}", object.display));
+            }
+            Some(Readiness::Ready) => {}
         }
     }
-    Ok(())
+    Readiness::Ready
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ pub mod plan;
 pub mod retry;
 pub mod run_once;
 pub mod secrets;
+pub mod state;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

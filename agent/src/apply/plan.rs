@@ -68,7 +68,7 @@ pub fn stage_of(id: &ObjectRef, scope: Scope) -> Stage {
 /// Makes an object's namespace agree with its kind's scope: namespaced objects without one get their app's
 /// `namespace:`, or else [`DEFAULT_NAMESPACE`]; a namespace on a cluster-scoped object is an error (the API server would ignore it,
 /// and the object's identity would be ambiguous).
-pub fn normalize_namespace(object: &mut Desired, scope: Scope) -> Result<(), String> {
+pub fn normalize_namespace(object: &mut Desired, scope: Scope) -> crate::Result<()> {
     match (scope, object.id.namespace.is_some()) {
         (Scope::Namespaced, false) => {
             let namespace = object
@@ -78,11 +78,11 @@ pub fn normalize_namespace(object: &mut Desired, scope: Scope) -> Result<(), Str
             object.set_namespace(&namespace);
             Ok(())
         }
-        (Scope::Cluster, true) => Err(format!(
-            "{} is cluster-scoped but names namespace {:?}; remove metadata.namespace",
-            object.id.kind,
-            object.id.namespace.as_deref().unwrap_or_default()
-        )),
+        (Scope::Cluster, true) => Err(crate::Error::NamespaceOnClusterScoped {
+            object: object.id.to_string(),
+            kind: object.id.kind.clone(),
+            namespace: object.id.namespace.clone().unwrap_or_default(),
+        }),
         _ => Ok(()),
     }
 }
@@ -102,7 +102,7 @@ pub enum Unplaced {
 /// as the `default` it lands in). Every path that sends objects (apply, `diff`) places them here.
 pub fn place(object: &mut Desired, scope: Scope, allowlist: &Allowlist) -> Result<Stage, Unplaced> {
     let defaulted = scope == Scope::Namespaced && object.id.namespace.is_none();
-    normalize_namespace(object, scope).map_err(Unplaced::Invalid)?;
+    normalize_namespace(object, scope).map_err(|e| Unplaced::Invalid(e.to_string()))?;
     allowlist.check(&object.id).map_err(|reason| {
         let why = if defaulted {
             let landed = object.id.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE);
@@ -333,6 +333,7 @@ mod tests {
         assert!(
             normalize_namespace(&mut role, Scope::Cluster)
                 .unwrap_err()
+                .to_string()
                 .contains("cluster-scoped")
         );
     }

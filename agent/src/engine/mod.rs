@@ -1,19 +1,24 @@
-//! The agent's sync engine: a level-based loop over four inputs — a new release from the fetcher task, a
-//! change seen by a watch, the healer's timers, and the engine's own (the backstop and the retry of an
-//! incomplete sync, [`timers`]). A new release is persisted as last known good before anything of it is
-//! applied ([`accept`]); a sync renders this cluster's share, applies it in stages and prunes what left the
-//! release ([`reconcile`]); drift goes to the healer ([`crate::heal`]). A refused release never stops
-//! enforcement: the last known good keeps being applied and healed, and the refusal is reported.
+//! The agent's sync engine: a level-based loop over its inputs — a new release from the fetcher task, an
+//! event of the gate holding a release, a change seen by a watch, a change of the prevention policy, the
+//! healer's timers, and the engine's own (the backstop and the retry of an incomplete sync, [`timers`]). A new
+//! release is persisted as last known good before anything of it is applied ([`accept`]); a sync renders this
+//! cluster's share, applies it in stages and prunes what left the release ([`reconcile`]); drift goes to the
+//! healer ([`crate::heal`]). A refused release never stops enforcement: the last known good keeps being
+//! applied and healed, and the refusal is reported.
+//!
+//! Each stage owns its state, and the loop passes values between them, after kube-runtime's reconcilers
+//! (which return what to do next) and linkerd's policy controller (an index that only decides, a loop that
+//! writes): [`Gates`] (a held release, the windows), [`ApplyState`] (the inventory, the retry queue),
+//! [`Healer`] (drift), [`Prevention`] (the admission policy) and [`Reporting`] (status and metrics). The
+//! engine itself keeps only the release it enforces, its timers and the handles of the cluster.
 
 mod accept;
 mod ordered;
-mod pending;
-mod prevent;
 mod reconcile;
 mod retry;
 mod timers;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,9 +30,14 @@ use windvane_shared::release::AcceptedRelease;
 use windvane_shared::render::ClusterIdentity;
 use windvane_shared::status::SyncState;
 
+use crate::apply::state::ApplyState;
+use crate::gates::pending::{GateSettings, Gates};
+use crate::prevent::keeper::{PreventSettings, Prevention, next_prevention_change};
+use crate::report::reporting::Reporting;
+
 use crate::apply::ApplyOptions;
 use crate::apply::allowlist::Allowlist;
-use crate::apply::inventory::{Inventory, ObjectKey};
+use crate::apply::inventory::ObjectKey;
 use crate::backoff::random_unit;
 use crate::fetch::fetcher::Fetcher;
 use crate::fetch::packed::PackedBundle;
@@ -95,44 +105,29 @@ const INITIAL_LIST_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub struct Engine {
     config: EngineConfig,
+    /// The cluster's handles (cheap clones), through which the engine's own steps talk to the API server.
     cluster: Cluster,
     state: StateStore,
+    live: LiveCache,
     /// The store's client, until `run` hands it to the fetcher task.
     source: Option<SourceClient>,
-    live: LiveCache,
     changes: mpsc::UnboundedReceiver<Change>,
+    /// The release being enforced.
     enforced: Option<Enforced>,
     /// The enforced release as last taken in, until the next sync uses it.
     fresh: Option<Fresh>,
-    inventory: Inventory,
     /// The backstop and the retry of an incomplete sync.
     timers: Timers,
-    status: StatusTx,
-    /// What of the status the metrics and the drift records were last published from (see
-    /// [`Engine::publish_drift`]).
-    published: Published,
-    metrics: Arc<Metrics>,
+    /// What holds a new release back: its wave, approvals, windows.
+    gates: Gates,
+    /// The inventory and the objects retried alone.
+    apply: ApplyState,
+    /// Drift, by policy.
     healer: Healer,
-    /// A verified release waiting for this cluster's rollout wave.
-    pending: Option<pending::Pending>,
-    /// The digest of each app with windows of the enforced release ([`crate::gates::windows::app_digests`]): a new
-    /// release's maintenance windows hold it only for the apps it changes.
-    enforced_apps: BTreeMap<String, String>,
     /// The prevention policy kept in the cluster.
-    prevention: prevent::Prevention,
-    /// The apps whose drift is only reported now, in a `heal: report` deny window.
-    report_only: BTreeSet<String>,
-    /// Objects that failed to apply, each retried alone on its own back-off.
-    retries: crate::apply::retry::ObjectRetries,
-}
-
-/// What [`Engine::publish_drift`] last published from.
-#[derive(Debug)]
-struct Published {
-    /// The healer's drift records' revision then (`None`: not yet published).
-    records: Option<u64>,
-    /// The status, seen once for every change: the object counts are counted again only after one.
-    status: crate::report::status::StatusRx,
+    prevention: Prevention,
+    /// The status and the metrics.
+    report: Reporting,
 }
 
 /// A release just taken in, before the next sync renders it again from its bytes.
@@ -180,7 +175,17 @@ impl Engine {
             futures::join!(state.load_inventory(), state.load_known_good());
         let inventory = inventory?;
         let timers = Timers::new(config.backstop_interval, Instant::now(), random_unit());
-        status.send_modify(|status| status.source.channel = config.channel.clone());
+        let gates = Gates::new(gate_settings(&config, &metrics));
+        let prevention = Prevention::new(
+            cluster.clone(),
+            live.clone(),
+            PreventSettings {
+                fleet: config.fleet.clone(),
+                namespace: config.namespace.clone(),
+                break_glass_group: config.break_glass_group.clone(),
+            },
+        );
+        let report = Reporting::new(status, metrics, &config.channel);
         let mut engine = Self {
             config,
             cluster,
@@ -190,20 +195,12 @@ impl Engine {
             changes,
             enforced: None,
             fresh: None,
-            inventory,
             timers,
-            published: Published {
-                records: None,
-                status: status.subscribe(),
-            },
-            status,
-            metrics,
+            gates,
+            apply: ApplyState::new(inventory),
             healer,
-            pending: None,
-            enforced_apps: BTreeMap::new(),
-            prevention: prevent::Prevention::default(),
-            report_only: BTreeSet::new(),
-            retries: crate::apply::retry::ObjectRetries::default(),
+            prevention,
+            report,
         };
         match known_good {
             Ok(Some(known_good)) => match engine.verify_known_good(&known_good) {
@@ -217,10 +214,10 @@ impl Engine {
                         "loaded the last known good release from the cluster"
                     );
                     engine.enforced = Some(enforced);
-                    engine.enforced_apps = crate::gates::windows::app_digests(
+                    engine.gates.enforcing(crate::gates::windows::app_digests(
                         &bundle.1,
                         &engine.config.identity.labels,
-                    );
+                    ));
                     engine.fresh = Some(Fresh::Parsed(bundle.1));
                 }
                 Err(error) => {
@@ -256,7 +253,7 @@ impl Engine {
         let _fetcher = AbortOnDrop(fetcher);
         loop {
             self.run_due_timers().await;
-            let heal = [self.healer.next_timer(), self.retries.next_at()];
+            let heal = [self.healer.next_timer(), self.apply.next_retry()];
             let wake = self.timers.next_wake(heal.into_iter().flatten().min());
             tokio::select! {
                 _ = tokio::time::sleep_until(wake.into()) => self.on_heal_timers().await,
@@ -267,15 +264,15 @@ impl Engine {
                         self.sync().await;
                     }
                 }
-                Some(()) = prevent::next_prevention_change(&mut self.prevention) => {
-                    self.restore_prevention().await;
+                Some(()) = next_prevention_change(&mut self.prevention) => {
+                    self.prevention.restore().await;
                 }
-                event = pending::next_gate_event(&mut self.pending) => {
+                event = self.gates.next_event() => {
                     let opened = match event {
                         Some(event) => self.on_gate(event).await,
                         None => {
                             error!("the rollout wave gate stopped; dropping the held release");
-                            self.pending = None;
+                            self.gates.drop_held();
                             false
                         }
                     };
@@ -309,8 +306,8 @@ impl Engine {
     /// The backstop and the retry of an incomplete sync, when they are due.
     async fn run_due_timers(&mut self) {
         if self.timers.backstop_due(Instant::now()) {
-            self.healer.backstop(&self.status).await;
-            self.reassert_prevention().await;
+            self.healer.backstop(self.report.status()).await;
+            self.prevention.reassert().await;
             self.publish_drift();
             self.timers.backstop_ran(Instant::now(), random_unit());
         }
@@ -325,7 +322,7 @@ impl Engine {
         let started = Instant::now();
         let mut resolved_kinds = HashSet::new();
         let mut listing = HashSet::new();
-        for entry in self.inventory.managed() {
+        for entry in self.apply.inventory().managed() {
             if !resolved_kinds.insert((entry.api_version.as_str(), entry.kind.as_str())) {
                 continue;
             }
@@ -362,7 +359,8 @@ impl Engine {
         };
         self.note_finished(&key).await;
         let failed = self
-            .status
+            .report
+            .status()
             .borrow()
             .objects
             .get(&key)
@@ -370,7 +368,7 @@ impl Engine {
         if failed {
             return;
         }
-        self.healer.on_change(&key, &self.status).await;
+        self.healer.on_change(&key, self.report.status()).await;
         self.publish_drift();
     }
 
@@ -381,16 +379,12 @@ impl Engine {
         let Some(shape) = self.healer.run_once(key) else {
             return;
         };
-        let Some(entry) = self.inventory.entries.get_mut(key) else {
-            return;
-        };
-        if entry.done.is_some() {
-            return;
-        }
         let Some(done) = crate::apply::run_once::done(shape, true, self.live.finished(key)) else {
             return;
         };
-        entry.done = Some(done);
+        if !self.apply.mark_done(key, done) {
+            return;
+        }
         info!(object = ?key, finished = ?done, "run-once object finished; it is not run again for this release");
         self.healer.mark_done(key, done);
         self.persist_inventory().await;
@@ -403,31 +397,34 @@ impl Engine {
             .next_timer()
             .is_some_and(|t| t <= Instant::now())
         {
-            self.healer.on_timers(&self.status).await;
+            self.healer.on_timers(self.report.status()).await;
             self.publish_drift();
         }
     }
 
-    /// Copies the healer's drift records into the status and counts the objects by state for the metrics —
-    /// each only after it changed: this runs after every watch event, and both are as long as the release
-    /// (up to a thousand records, every object).
+    /// The healer's drift records and the object counts, into the status and the metrics when they changed.
     fn publish_drift(&mut self) {
-        let revision = self.healer.records_revision();
-        if self.published.records != Some(revision) {
-            self.published.records = Some(revision);
-            self.status
-                .send_modify(|status| status.drift = self.healer.records());
-        }
-        if self.published.status.has_changed().unwrap_or(false) {
-            let counts = self.published.status.borrow_and_update().counts();
-            self.metrics.set_objects(&counts);
-        }
+        self.report.publish_drift(&self.healer);
     }
 }
 
-/// Stops the fetcher task when the engine stops.
+/// What the gates need of the configuration.
+fn gate_settings(config: &EngineConfig, metrics: &Arc<Metrics>) -> GateSettings {
+    GateSettings {
+        identity: config.identity.clone(),
+        require_approvals: config.require_approvals,
+        source_url: config.source_url.clone(),
+        channel: config.channel.clone(),
+        approvers: config.approvers.clone(),
+        poll_interval: config.poll_interval,
+        rollout_server: config.rollout_server.clone(),
+        metrics: metrics.clone(),
+    }
+}
+
+/// Stops a task (the fetcher, a gate's watchers, the prevention policy's watch) when its owner is dropped.
 #[derive(Debug)]
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

@@ -86,7 +86,7 @@ impl Engine {
             for app in batch.apply {
                 remaining.remove(&app);
                 let readiness = match unready.get(&app) {
-                    Some(why) => Err(why.clone()),
+                    Some(why) => Readiness::NotReady(why.clone()),
                     None => app_readiness(&self.readiness_of(&app, &applied.results)),
                 };
                 judged.insert(app, readiness);
@@ -103,14 +103,14 @@ impl Engine {
             .map(|r| {
                 let id = &r.object.id;
                 let applied = match &r.outcome {
-                    Outcome::Applied { .. } => Ok(()),
+                    Outcome::Applied { .. } => Readiness::Ready,
                     Outcome::Failed(why) | Outcome::Refused(why) | Outcome::Waiting(why) => {
-                        Err(why.clone())
+                        Readiness::NotReady(why.clone())
                     }
                 };
                 let health = self.live.health(&r.key()).map(|health| match health {
-                    Health::Healthy => Ok(()),
-                    Health::Progressing(why) | Health::Degraded(why) => Err(why),
+                    Health::Healthy => Readiness::Ready,
+                    Health::Progressing(why) | Health::Degraded(why) => Readiness::NotReady(why),
                 });
                 ObjectReadiness {
                     display: id.to_string(),

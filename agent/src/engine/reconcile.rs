@@ -111,15 +111,15 @@ impl Engine {
         // earlier agent is deleted while the objects are applied, not after them. The bundle's bytes, read
         // again only to render it once more (a retried sync), are compressed meanwhile too.
         let remove_prevention =
-            self.prevention_may_exist() && !release.desired.iter().any(|object| object.prevent);
+            self.prevention.may_exist() && !release.desired.iter().any(|object| object.prevent);
         let (mut report, removed_early, ()) = futures::join!(
             self.apply_ordered(release.desired, release.order, &release.unready),
-            async { remove_prevention && self.delete_prevention().await.is_ok() },
+            async { remove_prevention && self.prevention.delete().await.is_ok() },
             enforced.bundle.pack_aside()
         );
         let enforced = &*enforced;
         if removed_early {
-            self.prevention_removed();
+            self.prevention.removed();
         }
         let applied_by = started.elapsed();
         // Objects that did not open are Failed, never sent; their apps' prunes wait like any failure's. They
@@ -136,7 +136,7 @@ impl Engine {
                 .map(|(object, message)| crate::apply::secrets::failed_result(object, message)),
         );
         // Counted before the status says the sync is done, so that whoever reads both sees them agree.
-        self.count_outcomes(&report);
+        self.report.count_outcomes(&report);
         let concluded = self
             .conclude(
                 enforced,
@@ -147,7 +147,7 @@ impl Engine {
             )
             .await;
         let elapsed = started.elapsed();
-        self.metrics.observe_sync(elapsed);
+        self.report.observe_sync(elapsed);
         let phases = Phases {
             render: rendered,
             apply: applied_by.saturating_sub(rendered),
@@ -244,7 +244,7 @@ impl Engine {
         let (pruned, prune_errors) = self.prune(&prune).await;
         let complete = report.complete() && unrendered.is_empty();
         let next = inventory::next(
-            &self.inventory,
+            self.apply.inventory(),
             report
                 .results
                 .iter()
@@ -259,11 +259,11 @@ impl Engine {
         // request leaves the process.
         let live = self.live.clone();
         let (prevention, objects) =
-            futures::join!(self.keep_prevention(&report.results, serial), async {
+            futures::join!(self.prevention.keep(&report.results, serial), async {
                 tokio::task::yield_now().await;
                 object_statuses(&live, &next, report)
             });
-        self.inventory = next;
+        self.apply.set_inventory(next);
 
         let mut errors: Vec<String> = unrendered
             .iter()
@@ -278,7 +278,7 @@ impl Engine {
             failed: !unrendered.is_empty() || !prune_errors.is_empty() || !sealed.is_empty(),
             // A prevention policy that could not be written is tried again with the sync's retry; a cluster
             // too old for it is only told so (it still detects and heals).
-            prevention_retry: prevention.is_err() && !self.prevention_refused(),
+            prevention_retry: prevention.is_err() && !self.prevention.refused(),
         };
         errors.extend(prune_errors);
         if let Err(why) = prevention {
@@ -323,7 +323,7 @@ impl Engine {
             allow_empty: enforced.accepted.pointer.allow_empty,
         };
         let prune = plan_prune(
-            &self.inventory,
+            self.apply.inventory(),
             &desired_keys,
             &outcome,
             self.config.prune_budget,
@@ -334,9 +334,8 @@ impl Engine {
     /// Apps whose deny window (`heal: report`) just ended heal again: their drift, only reported so far,
     /// is judged again under the app's own policy.
     async fn heal_after_window(&mut self, report_only: BTreeSet<String>) {
-        self.metrics.set_window_report_only_apps(report_only.len());
-        let ended: BTreeSet<String> = self.report_only.difference(&report_only).cloned().collect();
-        self.report_only = report_only;
+        self.report.report_only_apps(report_only.len());
+        let ended = self.gates.report_only_now(report_only);
         if ended.is_empty() {
             return;
         }
@@ -400,7 +399,8 @@ impl Engine {
     /// ([`crate::apply::run_once::skip_apply`]).
     fn unchanged(&self, key: &ObjectKey, hash: &str) -> bool {
         let Some(entry) = self
-            .inventory
+            .apply
+            .inventory()
             .entries
             .get(key)
             .filter(|e| !e.orphaned && e.applied_hash == hash)
@@ -418,19 +418,6 @@ impl Engine {
         self.live
             .get(key)
             .is_some_and(|live| entry.owned_digest.as_deref() == Some(Baseline::of(&live).digest()))
-    }
-
-    /// Counts the objects' outcomes (`windvane_apply_total`).
-    pub(super) fn count_outcomes(&self, report: &ApplyReport) {
-        for result in &report.results {
-            self.metrics.apply(match result.outcome {
-                Outcome::Applied { written: true } => "written",
-                Outcome::Applied { written: false } => "unchanged",
-                Outcome::Refused(_) => "refused",
-                Outcome::Failed(_) => "failed",
-                Outcome::Waiting(_) => "waiting",
-            });
-        }
     }
 
     /// Makes sure every applied kind is watched, its lists paged for the largest object of the kind.
@@ -460,7 +447,7 @@ impl Engine {
     /// what left — before it takes a newer one.
     pub(super) async fn persist_inventory(&self) {
         let started = Instant::now();
-        match self.state.save_inventory(&self.inventory).await {
+        match self.state.save_inventory(self.apply.inventory()).await {
             Ok(()) => debug!(
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "inventory persisted"
@@ -486,7 +473,7 @@ impl Engine {
                 match self.delete(entry).await {
                     Ok(()) => Pruned::Gone,
                     Err(why) => {
-                        errors.push(why);
+                        errors.push(why.to_string());
                         Pruned::Pending
                     }
                 }
@@ -497,7 +484,7 @@ impl Engine {
     }
 
     /// Deletes one object; `Err` says why it is still there.
-    async fn delete(&self, entry: &InventoryEntry) -> Result<(), String> {
+    async fn delete(&self, entry: &InventoryEntry) -> crate::Result<()> {
         let id = entry.object_ref();
         let deleted = match self.cluster.resolve(&id.api_version, &id.kind).await {
             Ok(resolved) => self.cluster.delete(&id, &resolved).await,
@@ -517,11 +504,14 @@ impl Engine {
                     format!("finalizers {}", finalizers.join(", "))
                 };
                 info!(object = %id, app = %entry.app, %waiting, "prune pending; will check again");
-                Err(format!("pruning {id}: deletion pending on {waiting}"))
+                Err(crate::Error::PrunePending {
+                    object: id.to_string(),
+                    waiting,
+                })
             }
             Err(error) => {
                 warn!(object = %id, %error, "prune failed; will retry");
-                Err(error.to_string())
+                Err(error)
             }
         }
     }
@@ -540,17 +530,15 @@ impl Engine {
             prune_postponed: prune.postponed_apps.clone(),
             objects,
             orphans: self
-                .inventory
+                .apply
+                .inventory()
                 .entries
                 .values()
                 .filter(|e| e.orphaned)
                 .map(|e| e.object_ref().to_string())
                 .collect(),
         };
-        self.status.send_modify(|status| {
-            status.record_sync(sync);
-            self.metrics.set_objects(&status.counts());
-        });
+        self.report.record_sync(sync);
     }
 
     /// Drift is judged from now on against the objects as applied; they move to the healer.
@@ -581,7 +569,8 @@ impl Engine {
             }
         }
         self.healer.set_done(
-            self.inventory
+            self.apply
+                .inventory()
                 .entries
                 .iter()
                 .filter_map(|(key, entry)| Some((key.clone(), entry.done?))),

@@ -136,7 +136,7 @@ pub async fn watch_store(
 }
 
 /// The approval file's bytes, `None` when there is none (404).
-async fn fetch(client: &reqwest::Client, url: &str) -> Result<Option<Vec<u8>>, String> {
+async fn fetch(client: &reqwest::Client, url: &str) -> crate::Result<Option<Vec<u8>>> {
     with_deadline(url, READ_DEADLINE, async {
         let response = client
             .get(url)
@@ -157,7 +157,6 @@ async fn fetch(client: &reqwest::Client, url: &str) -> Result<Option<Vec<u8>>, S
         Ok(Some(body))
     })
     .await
-    .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

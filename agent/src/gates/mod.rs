@@ -7,6 +7,7 @@
 //! status and the heartbeat), or the release to take. Meanwhile the last known good is enforced and healed.
 
 pub mod approval;
+pub mod pending;
 pub mod preview;
 pub mod wave;
 pub mod windows;

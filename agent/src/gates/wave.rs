@@ -141,7 +141,11 @@ impl GatePlan {
 }
 
 /// What the server last said: nothing yet, its view, or why there is none.
-pub type GateObservation = Option<Result<RolloutView, String>>;
+pub type GateObservation = Option<Result<RolloutView, Unreachable>>;
+
+/// Why the server's rollout view could not be read: the gate stays closed and reports this.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreachable(pub String);
 
 /// What the gate tells the engine.
 #[derive(Debug, Clone, PartialEq)]
@@ -159,7 +163,7 @@ pub fn judge(plan: &GatePlan, now: Timestamp, observed: &GateObservation) -> Wav
     let input = match observed {
         None => GateInput::NotAsked,
         Some(Ok(view)) => GateInput::View(view),
-        Some(Err(why)) => GateInput::Unreachable(why),
+        Some(Err(Unreachable(why))) => GateInput::Unreachable(why),
     };
     rollout::decide(
         &plan.rollout,
@@ -297,9 +301,9 @@ pub async fn watch_server(
     tx: watch::Sender<GateObservation>,
 ) {
     let Some(server) = server else {
-        let _ = tx.send(Some(Err(
+        let _ = tx.send(Some(Err(Unreachable(
             "no --server configured to read the rollout status from".to_owned(),
-        )));
+        ))));
         tx.closed().await;
         return;
     };
@@ -323,7 +327,7 @@ pub async fn watch_server(
             Err(why) => {
                 warn!(%url, %why, "cannot read the rollout status; the wave gate stays closed");
                 last = None;
-                Some(Err(why))
+                Some(Err(Unreachable(why.to_string())))
             }
         };
         if let Some(observed) = observed
@@ -351,7 +355,7 @@ async fn fetch_view(
     url: &str,
     token: &str,
     last: Option<&(String, RolloutView)>,
-) -> Result<Fetched, String> {
+) -> crate::Result<Fetched> {
     let fetched = with_deadline(url, VIEW_DEADLINE, async {
         let mut request = client.get(url).bearer_auth(token);
         if let Some((etag, _)) = last {
@@ -379,13 +383,15 @@ async fn fetch_view(
         }
         Ok(Some((etag, body)))
     })
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     let Some((etag, body)) = fetched else {
         return Ok(Fetched::Unchanged);
     };
-    let view =
-        serde_json::from_slice(&body).map_err(|e| format!("{url}: not a rollout view: {e}"))?;
+    let view = serde_json::from_slice(&body).map_err(|source| crate::Error::Json {
+        object: url.to_owned(),
+        expected: "a rollout view",
+        source,
+    })?;
     Ok(Fetched::View(etag, view))
 }
 
@@ -546,7 +552,7 @@ mod tests {
         assert!(
             matches!(events.recv().await, Some(GateEvent::Waiting(r)) if r.message.contains("gated"))
         );
-        seen.send(Some(Err("connection refused".into())))
+        seen.send(Some(Err(Unreachable("connection refused".into()))))
             .expect("send");
         assert!(
             matches!(events.recv().await, Some(GateEvent::Waiting(r)) if r.message.contains("connection refused"))
@@ -635,7 +641,7 @@ mod tests {
             .expect("send");
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert!(events.try_recv().is_err(), "a report per view");
-        seen.send(Some(Err("connection refused".into())))
+        seen.send(Some(Err(Unreachable("connection refused".into()))))
             .expect("send");
         assert!(
             matches!(events.recv().await, Some(GateEvent::Waiting(r)) if r.message.contains("cannot read the rollout status"))

@@ -257,7 +257,7 @@ pub fn attribute(live: &Value, lost: &[String]) -> Option<Attribution> {
 
 /// The time an operator's `windvane.io/hold-until` annotation on a live object names, expired or not;
 /// `None` without one. `Err` names a malformed annotation (which holds nothing).
-pub fn hold_annotation(live: &Value) -> Result<Option<Timestamp>, String> {
+pub fn hold_annotation(live: &Value) -> crate::Result<Option<Timestamp>> {
     let key = HOLD_UNTIL_ANNOTATION.replace('/', "~1");
     let Some(text) = live
         .pointer(&format!("/metadata/annotations/{key}"))
@@ -265,9 +265,14 @@ pub fn hold_annotation(live: &Value) -> Result<Option<Timestamp>, String> {
     else {
         return Ok(None);
     };
-    let until: Timestamp = text.trim().parse().map_err(|e| {
-        format!("annotation {HOLD_UNTIL_ANNOTATION}={text:?} is not an RFC 3339 time: {e}")
-    })?;
+    let until: Timestamp = text
+        .trim()
+        .parse()
+        .map_err(|source| crate::Error::HoldAnnotation {
+            annotation: HOLD_UNTIL_ANNOTATION,
+            value: text.to_owned(),
+            source,
+        })?;
     Ok(Some(until))
 }
 
@@ -534,6 +539,7 @@ mod tests {
         assert!(
             hold_annotation(&held("tomorrow"))
                 .unwrap_err()
+                .to_string()
                 .contains("RFC 3339")
         );
         assert_eq!(hold_annotation(&json!({})).unwrap(), None);

@@ -510,7 +510,7 @@ impl DriftMachine {
         live: &Value,
         break_glass: Option<&policy::BreakGlass>,
         now: Timestamp,
-    ) -> Result<Option<Timestamp>, String> {
+    ) -> crate::Result<Option<Timestamp>> {
         if let Some(until) = drift::hold_annotation(live)? {
             let since = self.first_seen(key, format!("hold-until {until}"), now);
             return Ok(drift::capped_hold(until, since, now, self.hold_cap));

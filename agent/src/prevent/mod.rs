@@ -5,4 +5,5 @@
 //! after tampering, delete when nothing is guarded). The engine hands it each sync's results and the policy's
 //! watch events; it answers with whether prevention is in force.
 
+pub mod keeper;
 pub mod policy;

@@ -104,19 +104,21 @@ pub fn denial_message(fleet: &str, serial: u64) -> String {
 }
 
 /// Whether a cluster of version `major.minor` can enforce prevention; `Err` says why not.
-pub fn supported(major: &str, minor: &str) -> Result<(), String> {
+pub fn supported(major: &str, minor: &str) -> crate::Result<()> {
+    let version = || format!("{major}.{minor}");
     let number = |text: &str| {
         text.trim_end_matches('+')
             .parse::<u32>()
-            .map_err(|_| format!("cannot read the Kubernetes version {major}.{minor}"))
+            .map_err(|_| crate::Error::KubeVersion { version: version() })
     };
     let (major_n, minor_n) = (number(major)?, number(minor)?);
     if major_n > 1 || (major_n == 1 && minor_n >= MIN_MINOR) {
         Ok(())
     } else {
-        Err(format!(
-            "prevent is on, but Kubernetes {major}.{minor} has no ValidatingAdmissionPolicy v1 (needs 1.{MIN_MINOR} or newer): drift is detected and healed, not prevented"
-        ))
+        Err(crate::Error::PreventUnsupported {
+            version: version(),
+            min_minor: MIN_MINOR,
+        })
     }
 }
 

@@ -1,5 +1,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::Readiness::{NotReady, Ready};
 use super::*;
 
 fn set(names: &[&str]) -> BTreeSet<String> {
@@ -40,11 +41,11 @@ fn a_dependent_goes_after_its_dependency_is_ready() {
     assert_eq!(first.apply, set(&["db", "tools"]));
     assert!(first.waiting.is_empty());
 
-    let mut judged = BTreeMap::from([("db".to_owned(), Ok(())), ("tools".to_owned(), Ok(()))]);
+    let mut judged = BTreeMap::from([("db".to_owned(), Ready), ("tools".to_owned(), Ready)]);
     let second = next_batch(&set(&["web", "jobs"]), &dependencies, &judged);
     assert_eq!(second.apply, set(&["web"]));
 
-    judged.insert("web".to_owned(), Ok(()));
+    judged.insert("web".to_owned(), Ready);
     let third = next_batch(&set(&["jobs"]), &dependencies, &judged);
     assert_eq!(third.apply, set(&["jobs"]));
 }
@@ -54,7 +55,7 @@ fn a_dependency_not_ready_or_not_here_makes_its_dependents_wait() {
     let dependencies = deps(&[("web", &["db"]), ("jobs", &["web"]), ("api", &["cache"])]);
     let judged = BTreeMap::from([(
         "db".to_owned(),
-        Err("Deployment db/db is not healthy: 0 of 1 ready".to_owned()),
+        NotReady("Deployment db/db is not healthy: 0 of 1 ready".to_owned()),
     )]);
     let batch = next_batch(&set(&["web", "jobs", "api"]), &dependencies, &judged);
     assert!(batch.apply.is_empty());
@@ -78,23 +79,25 @@ fn a_cycle_waits_instead_of_looping() {
 
 #[test]
 fn an_app_is_ready_only_when_every_object_applied_and_is_healthy() {
+    // Test shorthand: `Ok(())` ready, `Err(why)` not.
+    let readiness = |r: Result<(), &str>| r.map_or_else(|why| NotReady(why.to_owned()), |()| Ready);
     let object = |applied: Result<(), &str>, health: Option<Result<(), &str>>| ObjectReadiness {
         display: "ConfigMap db/x".to_owned(),
-        applied: applied.map_err(str::to_owned),
-        health: health.map(|h| h.map_err(str::to_owned)),
+        applied: readiness(applied),
+        health: health.map(readiness),
     };
-    assert_eq!(app_readiness(&[object(Ok(()), Some(Ok(())))]), Ok(()));
-    assert_eq!(app_readiness(&[]), Ok(()));
+    assert_eq!(app_readiness(&[object(Ok(()), Some(Ok(())))]), Ready);
+    assert_eq!(app_readiness(&[]), Ready);
     assert_eq!(
         app_readiness(&[object(Ok(()), Some(Ok(()))), object(Err("forbidden"), None)]),
-        Err("ConfigMap db/x did not apply: forbidden".to_owned())
+        NotReady("ConfigMap db/x did not apply: forbidden".to_owned())
     );
     assert_eq!(
         app_readiness(&[object(Ok(()), None)]),
-        Err("ConfigMap db/x is not observed yet".to_owned())
+        NotReady("ConfigMap db/x is not observed yet".to_owned())
     );
     assert_eq!(
         app_readiness(&[object(Ok(()), Some(Err("0 of 1 ready")))]),
-        Err("ConfigMap db/x is not healthy: 0 of 1 ready".to_owned())
+        NotReady("ConfigMap db/x is not healthy: 0 of 1 ready".to_owned())
     );
 }

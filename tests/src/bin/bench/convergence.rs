@@ -33,7 +33,7 @@ use ed25519_dalek::SigningKey;
 use hyper::body::Bytes;
 use jiff::Timestamp;
 use tokio::sync::watch;
-use windvane_agent::gates::wave::{self, GateObservation, GatePlan};
+use windvane_agent::gates::wave::{self, GateObservation, GatePlan, Unreachable};
 use windvane_shared::bundle::BundleLimits;
 use windvane_shared::desired::{all_or_first_error, cluster_share};
 use windvane_shared::dsse;
@@ -931,10 +931,13 @@ impl SimAgent {
             Some(answer) if answer.status == 200 => {
                 match serde_json::from_slice::<RolloutView>(&answer.body) {
                     Ok(view) => (answer.etag, Ok(view)),
-                    Err(error) => (None, Err(format!("not a rollout view: {error}"))),
+                    Err(error) => (
+                        None,
+                        Err(Unreachable(format!("not a rollout view: {error}"))),
+                    ),
                 }
             }
-            Some(answer) => (None, Err(format!("HTTP {}", answer.status))),
+            Some(answer) => (None, Err(Unreachable(format!("HTTP {}", answer.status)))),
             None => (None, Err("the server did not answer".to_owned())),
         };
         if seen.1.is_err() {

@@ -7,11 +7,12 @@
 //!
 //! Every object the release declares with prevent on is guarded, whatever its last outcome (a failed or
 //! waiting object is still the release's; only one outside the operator's allowlist is not). Once applied,
-//! the policy and binding are watched ([`watch_prevention`]): deleted or changed, they are restored within
+//! the policy and binding are watched ([`next_prevention_change`]): deleted or changed, they are restored within
 //! seconds, not at the hourly backstop. Break-glass annotations on an object that was not guarded before
 //! (newly guarded, or guarded again after its policy was gone) were written unchecked: they are removed.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
@@ -24,25 +25,31 @@ use tracing::{info, warn};
 use windvane_shared::bundle::ObjectRef;
 use windvane_shared::desired::FIELD_MANAGER;
 
-use super::{AbortOnDrop, Engine};
 use crate::apply::inventory::ObjectKey;
 use crate::apply::{ObjectResult, Outcome};
-use crate::kube::cluster::{Cluster, Deletion, api_message};
+use crate::engine::AbortOnDrop;
+use crate::kube::cluster::{Cluster, Deletion};
+use crate::live::watch::LiveCache;
 use crate::prevent::policy::{self, Guarded, Settings};
+use crate::{Error, Result};
 
 const API_VERSION: &str = "admissionregistration.k8s.io/v1";
 const POLICY_KIND: &str = "ValidatingAdmissionPolicy";
 const BINDING_KIND: &str = "ValidatingAdmissionPolicyBinding";
 
-/// What the executor remembers between syncs.
-#[derive(Debug, Default)]
-pub(super) struct Prevention {
+/// The prevention stage's state: what the executor remembers between syncs, and the handles it writes and
+/// reads through (its own: no other stage's state is reached into).
+#[derive(Debug)]
+pub struct Prevention {
+    cluster: Cluster,
+    live: LiveCache,
+    settings: PreventSettings,
     /// The agent's user name, once known.
     agent_user: Option<String>,
     /// The agent Namespace's uid, once known.
     owner_uid: Option<String>,
     /// `Err`: why this cluster cannot enforce prevention (its version), once asked.
-    supported: Option<Result<(), String>>,
+    supported: Option<std::result::Result<(), Arc<Error>>>,
     /// The objects last applied (the policy, then the binding); `None` once removed.
     applied: Option<(Value, Value)>,
     /// False until the first sync made sure of the policy's presence or absence.
@@ -56,6 +63,17 @@ pub(super) struct Prevention {
     objects: Vec<GuardedObject>,
 }
 
+/// What the executor needs of the agent's configuration.
+#[derive(Debug, Clone)]
+pub struct PreventSettings {
+    /// The fleet: the policy and binding are named after it.
+    pub fleet: String,
+    /// The agent's namespace, the owner of both objects.
+    pub namespace: String,
+    /// The group whose members may make a two-person break-glass change to a prevented object.
+    pub break_glass_group: String,
+}
+
 /// One object of the release with prevent on.
 #[derive(Debug, Clone)]
 struct GuardedObject {
@@ -64,54 +82,67 @@ struct GuardedObject {
     guarded: Guarded,
 }
 
-impl Engine {
+impl Prevention {
+    /// Nothing known yet: the first sync makes sure of the policy's presence or absence.
+    pub fn new(cluster: Cluster, live: LiveCache, settings: PreventSettings) -> Self {
+        Self {
+            cluster,
+            live,
+            settings,
+            agent_user: None,
+            owner_uid: None,
+            supported: None,
+            applied: None,
+            settled: false,
+            guarded: None,
+            watch: None,
+            objects: Vec::new(),
+        }
+    }
+
     /// Brings the policy in line with the objects just applied; `Err` says why prevention is not in force.
-    pub(super) async fn keep_prevention(
-        &mut self,
-        results: &[ObjectResult],
-        serial: u64,
-    ) -> Result<(), String> {
+    pub async fn keep(&mut self, results: &[ObjectResult], serial: u64) -> Result<()> {
         self.clear_spent_approvals(results).await;
         let guarded = self.guarded(results).await;
         if guarded.is_empty() {
-            return self.remove_prevention().await;
+            return self.remove().await;
         }
-        if self.prevention.supported.is_none() {
-            self.prevention.supported = Some(self.cluster_supports().await);
+        if self.supported.is_none() {
+            self.supported = Some(self.cluster_supports().await.map_err(Arc::new));
         }
-        if let Some(Err(why)) = &self.prevention.supported {
+        if let Some(Err(why)) = &self.supported {
             warn!(%why, "prevention refused");
-            return Err(why.clone());
+            return Err(Error::PreventionRefused(why.clone()));
         }
         let settings = self.prevent_settings(serial).await?;
         let list: Vec<Guarded> = guarded.iter().map(|g| g.guarded.clone()).collect();
         let Some(objects) = policy::objects(&settings, &list) else {
             return Ok(());
         };
-        if self.prevention.applied.as_ref() == Some(&objects) {
+        if self.applied.as_ref() == Some(&objects) {
             return Ok(());
         }
         let before = self.guarded_before(&guarded).await;
         self.apply_prevention(&objects).await?;
         info!(
             guarded = guarded.len(),
-            policy = %policy::policy_name(&self.config.fleet),
+            policy = %policy::policy_name(&self.settings.fleet),
             "prevention policy applied"
         );
-        self.prevention.applied = Some(objects);
-        self.prevention.settled = true;
-        self.prevention.guarded = Some(list.into_iter().collect());
-        self.watch_prevention();
+        self.applied = Some(objects);
+        self.settled = true;
+        self.guarded = Some(list.into_iter().collect());
+        self.watch();
         let newly = guarded.iter().filter(|g| !before.contains(&g.guarded));
         self.void_unchecked_break_glass(newly).await;
-        self.prevention.objects = guarded;
+        self.objects = guarded;
         Ok(())
     }
 
     /// What the policy in the cluster guarded before this apply: as remembered, or — the first time after a
     /// start — as the live policy lists it.
     async fn guarded_before(&self, guarded: &[GuardedObject]) -> BTreeSet<Guarded> {
-        if let Some(known) = &self.prevention.guarded {
+        if let Some(known) = &self.guarded {
             return known.clone();
         }
         let Ok(resolved) = self.cluster.resolve(API_VERSION, POLICY_KIND).await else {
@@ -119,7 +150,10 @@ impl Engine {
         };
         let api: Api<DynamicObject> =
             Api::all_with(self.cluster.client().clone(), &resolved.resource);
-        let Ok(Some(live)) = api.get_opt(&policy::policy_name(&self.config.fleet)).await else {
+        let Ok(Some(live)) = api
+            .get_opt(&policy::policy_name(&self.settings.fleet))
+            .await
+        else {
             return BTreeSet::new();
         };
         let live = serde_json::to_value(live).unwrap_or_default();
@@ -164,26 +198,26 @@ impl Engine {
     }
 
     /// Starts watching the policy and binding (once): every change of either reaches the engine's loop,
-    /// which calls [`Engine::restore_prevention`].
-    fn watch_prevention(&mut self) {
-        if self.prevention.watch.is_some() {
+    /// which calls [`Prevention::restore`].
+    fn watch(&mut self) {
+        if self.watch.is_some() {
             return;
         }
         let (tx, rx) = mpsc::channel(1);
         let task = tokio::spawn(watch_prevention(
             self.cluster.clone(),
-            policy::policy_name(&self.config.fleet),
+            policy::policy_name(&self.settings.fleet),
             tx,
         ));
-        self.prevention.watch = Some((AbortOnDrop(task), rx));
+        self.watch = Some((AbortOnDrop(task), rx));
     }
 
     /// The policy or binding changed in the cluster: one that is gone is created again, one that someone
     /// changed is replaced whole by what the agent applied (a server-side apply would keep fields another
     /// manager added, such as a `matchConditions` that matches nothing, or an `Audit` beside `Deny`); then
     /// the break-glass annotations written meanwhile, unchecked, are removed.
-    pub(super) async fn restore_prevention(&mut self) {
-        let Some((policy, binding)) = self.prevention.applied.clone() else {
+    pub async fn restore(&mut self) {
+        let Some((policy, binding)) = self.applied.clone() else {
             return;
         };
         let mut restored = false;
@@ -194,25 +228,24 @@ impl Engine {
             }
         }
         if restored {
-            let guarded = self.prevention.objects.clone();
+            let guarded = self.objects.clone();
             self.void_unchecked_break_glass(guarded.iter()).await;
         }
     }
 
     /// Restores one of the two objects when it is gone or not as applied; true when it had to.
-    async fn restore_one(&self, kind: &str, wanted: &Value) -> Result<bool, String> {
-        let resolved = self
-            .cluster
-            .resolve(API_VERSION, kind)
-            .await
-            .map_err(|e| e.to_string())?;
+    async fn restore_one(&self, kind: &str, wanted: &Value) -> Result<bool> {
+        let resolved = self.cluster.resolve(API_VERSION, kind).await?;
         let api: Api<DynamicObject> =
             Api::all_with(self.cluster.client().clone(), &resolved.resource);
-        let name = policy::policy_name(&self.config.fleet);
+        let name = policy::policy_name(&self.settings.fleet);
         let live = api
             .get_opt(&name)
             .await
-            .map_err(|e| api_message(&e))?
+            .map_err(|source| Error::Api {
+                action: format!("reading {kind} {name}"),
+                source,
+            })?
             .map(|live| serde_json::to_value(live).unwrap_or_default());
         match policy::tampered(live.as_ref(), wanted, FIELD_MANAGER) {
             None => Ok(false),
@@ -221,24 +254,34 @@ impl Engine {
                 match live.and_then(|l| l.pointer("/metadata/resourceVersion").cloned()) {
                     // Gone: created again.
                     None => {
-                        let id = self.prevention_ref(kind);
+                        let id = self.object_ref(kind);
                         self.cluster
                             .apply(&id, &resolved, wanted, false)
                             .await
-                            .map_err(|failure| failure.message)?;
+                            .map_err(|failure| Error::Apply {
+                                object: id.to_string(),
+                                detail: failure.message,
+                            })?;
                     }
                     Some(version) => {
                         let mut body = wanted.clone();
                         body["metadata"]["resourceVersion"] = version;
                         let object: DynamicObject =
-                            serde_json::from_value(body).map_err(|e| e.to_string())?;
+                            serde_json::from_value(body).map_err(|source| Error::Json {
+                                object: format!("{kind} {name}"),
+                                expected: "an object",
+                                source,
+                            })?;
                         let params = PostParams {
                             field_manager: Some(FIELD_MANAGER.to_owned()),
                             ..PostParams::default()
                         };
                         api.replace(&name, &params, &object)
                             .await
-                            .map_err(|e| api_message(&e))?;
+                            .map_err(|source| Error::Api {
+                                action: format!("replacing {kind} {name}"),
+                                source,
+                            })?;
                     }
                 }
                 Ok(true)
@@ -247,13 +290,13 @@ impl Engine {
     }
 
     /// True when this cluster cannot enforce prevention at all (its version): nothing to retry.
-    pub(super) fn prevention_refused(&self) -> bool {
-        matches!(self.prevention.supported, Some(Err(_)))
+    pub fn refused(&self) -> bool {
+        matches!(self.supported, Some(Err(_)))
     }
 
     /// The backstop: applies the policy again (someone may have removed it).
-    pub(super) async fn reassert_prevention(&mut self) {
-        if let Some(objects) = self.prevention.applied.clone()
+    pub async fn reassert(&mut self) {
+        if let Some(objects) = self.applied.clone()
             && let Err(why) = self.apply_prevention(&objects).await
         {
             warn!(%why, "cannot re-apply the prevention policy");
@@ -318,107 +361,108 @@ impl Engine {
         guarded
     }
 
-    async fn cluster_supports(&self) -> Result<(), String> {
+    async fn cluster_supports(&self) -> Result<()> {
         match self.cluster.client().apiserver_version().await {
             Ok(info) => policy::supported(&info.major, &info.minor),
-            Err(error) => Err(format!(
-                "cannot read the Kubernetes version: {}",
-                api_message(&error)
-            )),
+            Err(source) => Err(Error::Api {
+                action: "cannot read the Kubernetes version".to_owned(),
+                source,
+            }),
         }
     }
 
-    async fn prevent_settings(&mut self, serial: u64) -> Result<Settings, String> {
+    async fn prevent_settings(&mut self, serial: u64) -> Result<Settings> {
+        const WHO: &str = "asking who the agent is (SelfSubjectReview)";
         let client = self.cluster.client().clone();
-        if self.prevention.agent_user.is_none() {
-            let review: SelfSubjectReview = serde_json::from_value(serde_json::json!({
-                "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"
-            }))
-            .map_err(|e| e.to_string())?;
+        if self.agent_user.is_none() {
+            let review = SelfSubjectReview::default();
             let answer = Api::<SelfSubjectReview>::all(client.clone())
                 .create(&PostParams::default(), &review)
                 .await
-                .map_err(|e| {
-                    format!(
-                        "asking who the agent is (SelfSubjectReview): {}",
-                        api_message(&e)
-                    )
+                .map_err(|source| Error::Api {
+                    action: WHO.to_owned(),
+                    source,
                 })?;
             let user = answer
                 .status
                 .and_then(|s| s.user_info)
                 .and_then(|u| u.username)
-                .ok_or("the SelfSubjectReview named no user")?;
+                .ok_or_else(|| Error::Answer {
+                    action: WHO.to_owned(),
+                    detail: "the SelfSubjectReview named no user".to_owned(),
+                })?;
             info!(%user, "the agent's identity, exempt from its prevention policy");
-            self.prevention.agent_user = Some(user);
+            self.agent_user = Some(user);
         }
-        if self.prevention.owner_uid.is_none() {
+        if self.owner_uid.is_none() {
             let namespace = Api::<Namespace>::all(client)
-                .get_opt(&self.config.namespace)
+                .get_opt(&self.settings.namespace)
                 .await
-                .map_err(|e| format!("reading the agent's namespace: {}", api_message(&e)))?;
-            self.prevention.owner_uid = namespace.and_then(|n| n.metadata.uid);
+                .map_err(|source| Error::Api {
+                    action: "reading the agent's namespace".to_owned(),
+                    source,
+                })?;
+            self.owner_uid = namespace.and_then(|n| n.metadata.uid);
         }
         Ok(Settings {
-            fleet: self.config.fleet.clone(),
+            fleet: self.settings.fleet.clone(),
             serial,
-            agent_user: self.prevention.agent_user.clone().unwrap_or_default(),
-            break_glass_group: self.config.break_glass_group.clone(),
-            owner: self.prevention.owner_uid.clone().map(|uid| {
+            agent_user: self.agent_user.clone().unwrap_or_default(),
+            break_glass_group: self.settings.break_glass_group.clone(),
+            owner: self.owner_uid.clone().map(|uid| {
                 (
                     "v1".into(),
                     "Namespace".into(),
-                    self.config.namespace.clone(),
+                    self.settings.namespace.clone(),
                     uid,
                 )
             }),
         })
     }
 
-    async fn apply_prevention(&self, (policy, binding): &(Value, Value)) -> Result<(), String> {
+    async fn apply_prevention(&self, (policy, binding): &(Value, Value)) -> Result<()> {
         for (kind, body) in [(POLICY_KIND, policy), (BINDING_KIND, binding)] {
-            let id = self.prevention_ref(kind);
-            let resolved = self
-                .cluster
-                .resolve(API_VERSION, kind)
-                .await
-                .map_err(|e| e.to_string())?;
+            let id = self.object_ref(kind);
+            let resolved = self.cluster.resolve(API_VERSION, kind).await?;
             self.cluster
                 .apply(&id, &resolved, body, false)
                 .await
-                .map_err(|failure| format!("applying {id}: {}", failure.message))?;
+                .map_err(|failure| Error::Apply {
+                    object: id.to_string(),
+                    detail: failure.message,
+                })?;
         }
         Ok(())
     }
 
     /// Deletes the policy and its binding unless they are known absent (once per agent start, and whenever
     /// they were applied).
-    async fn remove_prevention(&mut self) -> Result<(), String> {
-        if !self.prevention_may_exist() {
+    async fn remove(&mut self) -> Result<()> {
+        if !self.may_exist() {
             return Ok(());
         }
-        self.delete_prevention().await?;
-        self.prevention_removed();
+        self.delete().await?;
+        self.removed();
         Ok(())
     }
 
     /// False once the policy is known absent (removed, or found missing by the first sync).
-    pub(super) fn prevention_may_exist(&self) -> bool {
-        !self.prevention.settled || self.prevention.applied.is_some()
+    pub fn may_exist(&self) -> bool {
+        !self.settled || self.applied.is_some()
     }
 
     /// Deletes the policy and its binding, both at once; objects already gone count as removed. After a start
     /// this runs in the first sync, whether or not they ever existed.
-    pub(super) async fn delete_prevention(&self) -> Result<(), String> {
+    pub async fn delete(&self) -> Result<()> {
         let removals = [BINDING_KIND, POLICY_KIND].map(|kind| async move {
-            let id = self.prevention_ref(kind);
+            let id = self.object_ref(kind);
             // A cluster without the API has nothing to remove.
             let Ok(resolved) = self.cluster.resolve(API_VERSION, kind).await else {
                 return Ok(());
             };
             match self.cluster.delete(&id, &resolved).await {
                 Ok(Deletion::Gone | Deletion::Pending { .. }) => Ok(()),
-                Err(error) => Err(error.to_string()),
+                Err(error) => Err(error),
             }
         });
         futures::future::join_all(removals)
@@ -428,26 +472,26 @@ impl Engine {
     }
 
     /// Records that the policy and its binding are gone.
-    pub(super) fn prevention_removed(&mut self) {
-        if self.prevention.applied.take().is_some() {
+    pub fn removed(&mut self) {
+        if self.applied.take().is_some() {
             info!("prevention turned off: policy removed");
         }
-        self.prevention.guarded = Some(BTreeSet::new());
-        self.prevention.settled = true;
+        self.guarded = Some(BTreeSet::new());
+        self.settled = true;
     }
 
-    fn prevention_ref(&self, kind: &str) -> ObjectRef {
+    fn object_ref(&self, kind: &str) -> ObjectRef {
         ObjectRef {
             api_version: API_VERSION.to_owned(),
             kind: kind.to_owned(),
             namespace: None,
-            name: policy::policy_name(&self.config.fleet),
+            name: policy::policy_name(&self.settings.fleet),
         }
     }
 }
 
 /// The next change of the policy or binding (`None` forever until they are watched).
-pub(super) async fn next_prevention_change(prevention: &mut Prevention) -> Option<()> {
+pub async fn next_prevention_change(prevention: &mut Prevention) -> Option<()> {
     match &mut prevention.watch {
         Some((_, changes)) => changes.recv().await,
         None => std::future::pending().await,
