@@ -1,5 +1,5 @@
-//! The inventory — every object Windvane applied on this cluster, by app, with the policy it was applied
-//! under — and the prune decision made from it. The inventory is persisted in the cluster (see `state`) so
+//! The inventory — every object Windvane applied on this cluster, by app, with the policy it was applied under
+//! — and the prune decision made from it. The inventory is persisted in the cluster ([`crate::kube::state`]) so
 //! that a restarted agent still knows what it owns; the decision is pure and made only from the previous
 //! inventory, the new release and how its apply went.
 

@@ -3,15 +3,15 @@
 //! operator did not allow, [`depends`] orders apps by `dependsOn`, and the code here applies them with
 //! server-side apply. The outcomes go back to the engine as an [`ApplyReport`]; from it the pure
 //! [`inventory`] decides what to prune and what the cluster now holds, [`retry`] when each failed object is
-//! tried again alone, and [`run_once`] which objects are done. [`ApplyState`] is this stage's state in the
+//! tried again alone, and [`run_once`] which objects are done. [`state::ApplyState`] is this stage's state in the
 //! engine: the inventory (persisted by [`crate::kube::state`]) and the retry queue.
 //!
-//! The applies: a release's desired objects go to the cluster stage by stage: CRDs (then wait until Established and
-//! refresh discovery), Namespaces (then wait until Active), other cluster-scoped objects, namespaced objects;
-//! by wave within a stage; with bounded concurrency and per-object retries. One object's failure never
-//! blocks unrelated objects. Objects whose body is unchanged since their last successful apply, and whose
-//! live state is known to be intact, are not written at all. Each apply's response is handed to an observer
-//! and reduced to its drift baseline as it returns, so a sync never holds every response at once.
+//! The applies: a release's desired objects go to the cluster stage by stage: CRDs (then wait until Established
+//! and refresh discovery), Namespaces (then wait until Active), other cluster-scoped objects, namespaced
+//! objects; by wave within a stage; with bounded concurrency and per-object retries. One object's failure never
+//! blocks unrelated objects. Objects whose body is unchanged since their last successful apply, and whose live
+//! state is known to be intact, are not written at all. Each apply's response is handed to an observer and
+//! reduced to its drift baseline as it returns, so a sync never holds every response at once.
 
 pub mod allowlist;
 pub mod depends;

@@ -1,7 +1,7 @@
 //! The HTTP client side shared by the source client ([`crate::fetch::source`]) and the heartbeat reporter
-//! ([`crate::report::heartbeat`]): reading a body with a size cap and a total deadline, and judging a reply's status
-//! and headers. The judgement is pure — (status, headers) in, a decision out — so that it can be fuzzed with
-//! hostile answers; the reading is the thin I/O around it. Every number in a reply goes through
+//! ([`crate::report::heartbeat`]): reading a body with a size cap and a total deadline, and judging a reply's
+//! status and headers. The judgement is pure — (status, headers) in, a decision out — so that it can be fuzzed
+//! with hostile answers; the reading is the thin I/O around it. Every number in a reply goes through
 //! [`crate::clamp`].
 
 use std::time::Duration;

@@ -1,9 +1,9 @@
 //! `windvane-agent diff`: what the agent would change on this cluster, like `terraform plan`. It fetches and
 //! verifies the release exactly as the agent does, renders this cluster's share, asks the API server for a
 //! server-side-apply dry run of every object, and prints a unified diff of live state against the result —
-//! ignoreDifferences honoured (those fields are never sent), Secret values masked, and so is every value
-//! that came encrypted from a SOPS file, whatever the object's kind ([`crate::apply::secrets::SealedPaths`]). Exit status: 0 no
-//! difference, 1 differences, 2 error.
+//! ignoreDifferences honoured (those fields are never sent), Secret values masked, and so is every value that
+//! came encrypted from a SOPS file, whatever the object's kind ([`crate::apply::secrets::SealedPaths`]). Exit
+//! status: 0 no difference, 1 differences, 2 error.
 
 use std::io::Write;
 

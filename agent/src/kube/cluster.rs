@@ -1,7 +1,7 @@
-//! The agent's hands on the cluster: discovery of kinds (cached, refreshed after CRDs land), server-side
-//! apply with field manager `windvane`, deletion, and reads. Thin on purpose: what to apply and what to
-//! delete is decided elsewhere (`plan`, `inventory`); this module only talks to the API server, and names the
-//! object in every error.
+//! The agent's hands on the cluster: discovery of kinds (cached, refreshed after CRDs land), server-side apply
+//! with field manager `windvane`, deletion, and reads. Thin on purpose: what to apply and what to delete is
+//! decided elsewhere ([`crate::apply::plan`], [`crate::apply::inventory`]); this module only talks to the API
+//! server, and names the object in every error.
 //!
 //! Discovery asks the API server about one group version at a time, so a group that cannot be discovered
 //! (an aggregated API whose backend is down answers 503, which the client would retry for minutes) holds back

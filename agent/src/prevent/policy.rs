@@ -1,9 +1,9 @@
 //! Prevention, decided purely: from the objects of the enforced release that have `prevent` on (the app's
-//! `policy.prevent`, or the object's `windvane.io/prevent` annotation), the ValidatingAdmissionPolicy and
-//! its binding that the agent keeps in the cluster (the executor is `engine::prevent`). The policy, in CEL,
-//! refuses an UPDATE or DELETE of a guarded object by anyone but the agent's own identity and a few trusted
-//! controllers, when the request changes a field Windvane owns; the break-glass group has a two-person way
-//! through.
+//! `policy.prevent`, or the object's `windvane.io/prevent` annotation), the ValidatingAdmissionPolicy and its
+//! binding that the agent keeps in the cluster (the executor is [`crate::prevent::keeper`]). The policy, in
+//! CEL, refuses an UPDATE or DELETE of a guarded object by anyone but the agent's own identity and a few
+//! trusted controllers, when the request changes a field Windvane owns; the break-glass group has a two-person
+//! way through.
 //!
 //! Which fields Windvane owns is read the way drift detection reads it: the `managedFields` entry of manager
 //! `windvane` (operation Apply). The API server updates managedFields before validating admission, so a
