@@ -938,7 +938,10 @@ impl SimAgent {
                 }
             }
             Some(answer) => (None, Err(Unreachable(format!("HTTP {}", answer.status)))),
-            None => (None, Err("the server did not answer".to_owned())),
+            None => (
+                None,
+                Err(Unreachable("the server did not answer".to_owned())),
+            ),
         };
         if seen.1.is_err() {
             counters.errors.fetch_add(1, Ordering::Relaxed);
