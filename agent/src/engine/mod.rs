@@ -45,7 +45,7 @@ use crate::fetch::source::{SourceClient, SourceLimits};
 use crate::heal::Healer;
 use crate::heal::drift::ContestTracker;
 use crate::kube::cluster::Cluster;
-use crate::kube::state::StateStore;
+use crate::kube::state::{KnownGood, StateStore};
 use crate::live::watch::{Change, LiveCache};
 use crate::report::metrics::Metrics;
 use crate::report::status::StatusTx;
@@ -203,31 +203,34 @@ impl Engine {
             report,
         };
         match known_good {
-            Ok(Some(known_good)) => match engine.verify_known_good(&known_good) {
-                Ok(bundle) => {
-                    let enforced = Enforced {
-                        accepted: bundle.0,
-                        bundle: PackedBundle::new(known_good.bundle),
-                    };
-                    info!(
-                        serial = enforced.accepted.pointer.serial,
-                        "loaded the last known good release from the cluster"
-                    );
-                    engine.enforced = Some(enforced);
-                    engine.gates.enforcing(crate::gates::windows::app_digests(
-                        &bundle.1,
-                        &engine.config.identity.labels,
-                    ));
-                    engine.fresh = Some(Fresh::Parsed(bundle.1));
-                }
-                Err(error) => {
-                    error!(%error, "the persisted last known good release does not verify; ignoring it")
-                }
-            },
+            Ok(Some(known_good)) => engine.take_known_good(known_good),
             Ok(None) => info!("no last known good release in the cluster yet"),
             Err(error) => error!(%error, "cannot read the last known good release"),
         }
         Ok(engine)
+    }
+
+    /// Enforces the release the cluster remembers, once it verifies again.
+    fn take_known_good(&mut self, known_good: KnownGood) {
+        let (accepted, bundle) = match self.verify_known_good(&known_good) {
+            Ok(verified) => verified,
+            Err(error) => {
+                return error!(%error, "the persisted last known good release does not verify; ignoring it");
+            }
+        };
+        info!(
+            serial = accepted.pointer.serial,
+            "loaded the last known good release from the cluster"
+        );
+        self.enforced = Some(Enforced {
+            accepted,
+            bundle: PackedBundle::new(known_good.bundle),
+        });
+        self.gates.enforcing(crate::gates::windows::app_digests(
+            &bundle,
+            &self.config.identity.labels,
+        ));
+        self.fresh = Some(Fresh::Parsed(bundle));
     }
 
     /// Runs until `shutdown` turns true.

@@ -231,15 +231,7 @@ pub async fn run(
             }
             continue;
         }
-        // Reported once per kind of wait, not per change of its text (each report is a heartbeat): for a
-        // gate, once more when what it rests on changes (no answer yet, the server's view, unreachable).
-        let rests_on = matches!(decision, WaveDecision::Gated { .. })
-            .then(|| seen.as_ref().map(Result::is_ok));
-        let kind = (
-            std::mem::discriminant(&decision),
-            current.rollout.control,
-            rests_on,
-        );
+        let kind = wait_kind(&decision, &current, &seen);
         if last_kind != Some(kind) {
             last_kind = Some(kind);
             let report = rollout::pending_report(
@@ -256,13 +248,12 @@ pub async fn run(
         }
         let sleep = match &decision {
             WaveDecision::Scheduled { opens_at } => {
-                let left = opens_at.duration_since(now).unsigned_abs();
-                Some(base.elapsed() + left)
+                Some(opens_at.duration_since(now).unsigned_abs())
             }
             _ => None,
         };
         tokio::select! {
-            () = sleep_until(sleep.map(|s| base + s)) => {}
+            () = sleep_until(sleep.map(|left| base + base.elapsed() + left)) => {}
             changed = plan.changed() => if changed.is_err() { return },
             changed = observed.changed() => if changed.is_err() {
                 // The watcher ended: nothing new will come; wait on the schedule and the plan only.
@@ -271,6 +262,27 @@ pub async fn run(
             },
         }
     }
+}
+
+/// What a wait is reported by: once per kind of wait, not per change of its text (each report is a
+/// heartbeat); for a gate, once more when what it rests on changes (no answer yet, the server's view,
+/// unreachable); and again when the rollout's control changes.
+fn wait_kind(
+    decision: &WaveDecision,
+    current: &GatePlan,
+    seen: &GateObservation,
+) -> (
+    std::mem::Discriminant<WaveDecision>,
+    u64,
+    Option<Option<bool>>,
+) {
+    let rests_on =
+        matches!(decision, WaveDecision::Gated { .. }).then(|| seen.as_ref().map(Result::is_ok));
+    (
+        std::mem::discriminant(decision),
+        current.rollout.control,
+        rests_on,
+    )
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -34,7 +34,7 @@ use crate::backoff::{after_busy, full_jitter, jittered, random_unit};
 use crate::fetch::http::{fetch_error, read_capped, with_deadline};
 use crate::kube::cluster::api_message;
 use crate::report::metrics::Metrics;
-use crate::report::status::StatusRx;
+use crate::report::status::{AgentStatus, StatusRx};
 use crate::{Error, Result, clamp};
 
 /// Total deadline of one enrolment or heartbeat request, its reply read whole.
@@ -124,7 +124,7 @@ pub fn key_of_secret(secret: Secret, object: &str) -> Result<SigningKey> {
 
 /// Builds this cycle's heartbeat from the agent's status. Pure.
 pub fn build_heartbeat(
-    status: &crate::report::status::AgentStatus,
+    status: &AgentStatus,
     config: &ReporterConfig,
     sequence: u64,
     sent_at: Timestamp,
@@ -176,29 +176,21 @@ pub async fn run(
     };
     let base = config.server.trim_end_matches('/').to_owned();
     let cluster = &config.identity.name;
-    let Some(mut sequence) =
+    let Some(sequence) =
         enroll_until_accepted(&http, &base, &config, &key, &metrics, &mut shutdown).await
     else {
         return;
     };
     let url = format!("{base}/api/v1/clusters/{cluster}/heartbeat");
-    let mut interval = config.interval;
-    let mut drift_acknowledged: Option<Timestamp> = None;
-    let mut last_sent: Option<(SyncState, BTreeMap<SyncState, u64>, Option<String>)> = None;
-    let mut next = tokio::time::Instant::now();
-    let mut failures = 0u32;
-    let mut earliest = tokio::time::Instant::now();
+    let mut cadence = Cadence::new(sequence, config.interval);
     let mut engine_running = true;
     loop {
-        let current = {
-            let status = status.borrow_and_update();
-            // A held release's wait is news too: a wave gate elsewhere may be waiting on it.
-            let pending = status.source.pending.as_ref().map(|p| p.message.clone());
-            (status.cluster_state(), status.counts(), pending)
-        };
-        let changed = last_sent.as_ref() != Some(&current);
+        let current = sent_of(&status.borrow_and_update());
+        let changed = cadence.last_sent.as_ref() != Some(&current);
         let now = tokio::time::Instant::now();
-        if let Next::Wait { until, on_change } = next_heartbeat(changed, now, earliest, next) {
+        if let Next::Wait { until, on_change } =
+            next_heartbeat(changed, now, cadence.earliest, cadence.next)
+        {
             tokio::select! {
                 changed = status.changed(), if on_change && engine_running => {
                     engine_running = changed.is_ok();
@@ -208,12 +200,14 @@ pub async fn run(
             }
             continue;
         }
-        earliest = clamp::after_tokio(now, MIN_CHANGE_SPACING);
-        // The server's last sequence is a number from outside: never an overflow.
-        sequence = sequence.saturating_add(1);
-        let now = Timestamp::now();
-        let heartbeat =
-            build_heartbeat(&status.borrow(), &config, sequence, now, drift_acknowledged);
+        cadence.sending(now);
+        let heartbeat = build_heartbeat(
+            &status.borrow(),
+            &config,
+            cadence.sequence,
+            Timestamp::now(),
+            cadence.drift_acknowledged,
+        );
         let newest_drift = heartbeat
             .drift
             .iter()
@@ -221,20 +215,11 @@ pub async fn run(
             .max();
         match send(&http, &url, &heartbeat, &key).await {
             Ok(reply) => {
-                debug!(sequence, state = %heartbeat.state, "heartbeat acknowledged");
-                failures = 0;
-                last_sent = Some(current);
-                if newest_drift.is_some() {
-                    drift_acknowledged = newest_drift;
-                }
-                interval = clamp::heartbeat_interval(reply.next_interval_seconds);
-                next = clamp::after_tokio(
-                    tokio::time::Instant::now(),
-                    jittered(interval, 0.2, random_unit()),
-                );
+                debug!(sequence = cadence.sequence, state = %heartbeat.state, "heartbeat acknowledged");
+                cadence.acknowledged(&reply, current, newest_drift);
             }
             Err(error) => {
-                let wait = failure_wait(&error, failures, interval);
+                let wait = failure_wait(&error, cadence.failures, cadence.interval);
                 if needs_enrolment(&error) {
                     warn!(%error, "the source server no longer accepts this cluster's key (an admin forgot or rekeyed it); enrolling again");
                     let Some(last) =
@@ -243,18 +228,94 @@ pub async fn run(
                     else {
                         return;
                     };
-                    sequence = last;
-                    // A forgotten cluster's drift log is gone: send what is still held again.
-                    drift_acknowledged = None;
+                    cadence.enrolled_again(last);
                 } else {
                     warn!(%error, wait_s = wait.as_secs(), "heartbeat failed; keeping drift records for the next one");
                 }
-                failures += 1;
-                next = clamp::after_tokio(tokio::time::Instant::now(), wait);
-                // Do not resend on every state flicker while the server is away.
-                last_sent = Some(current);
+                cadence.failed(wait, current);
             }
         }
+    }
+}
+
+/// What a heartbeat said, to know whether the status changed since: the cluster's state, the object
+/// counts, and why a held release waits (a wave gate elsewhere may be waiting on it).
+type Sent = (SyncState, BTreeMap<SyncState, u64>, Option<String>);
+
+fn sent_of(status: &AgentStatus) -> Sent {
+    let pending = status.source.pending.as_ref().map(|p| p.message.clone());
+    (status.cluster_state(), status.counts(), pending)
+}
+
+/// The heartbeat task's own state between two heartbeats: the sequence, when the next one is due, what the
+/// server acknowledged last.
+#[derive(Debug)]
+struct Cadence {
+    sequence: u64,
+    /// The interval the server asked for last.
+    interval: Duration,
+    /// The newest drift record the server acknowledged: older ones are not sent again.
+    drift_acknowledged: Option<Timestamp>,
+    last_sent: Option<Sent>,
+    next: tokio::time::Instant,
+    /// Failed heartbeats in a row.
+    failures: u32,
+    /// No heartbeat for a change before this.
+    earliest: tokio::time::Instant,
+}
+
+impl Cadence {
+    /// After an enrolment that left the server's sequence at `sequence`: a heartbeat at once.
+    fn new(sequence: u64, interval: Duration) -> Self {
+        let now = tokio::time::Instant::now();
+        Self {
+            sequence,
+            interval,
+            drift_acknowledged: None,
+            last_sent: None,
+            next: now,
+            failures: 0,
+            earliest: now,
+        }
+    }
+
+    /// A heartbeat goes out now.
+    fn sending(&mut self, now: tokio::time::Instant) {
+        self.earliest = clamp::after_tokio(now, MIN_CHANGE_SPACING);
+        // The server's last sequence is a number from outside: never an overflow.
+        self.sequence = self.sequence.saturating_add(1);
+    }
+
+    fn acknowledged(
+        &mut self,
+        reply: &HeartbeatReply,
+        current: Sent,
+        newest_drift: Option<Timestamp>,
+    ) {
+        self.failures = 0;
+        self.last_sent = Some(current);
+        if newest_drift.is_some() {
+            self.drift_acknowledged = newest_drift;
+        }
+        self.interval = clamp::heartbeat_interval(reply.next_interval_seconds);
+        self.next = clamp::after_tokio(
+            tokio::time::Instant::now(),
+            jittered(self.interval, 0.2, random_unit()),
+        );
+    }
+
+    /// Enrolled again after the server forgot the key: its sequence is `last`, and a forgotten cluster's
+    /// drift log is gone, so what is still held is sent again.
+    fn enrolled_again(&mut self, last: u64) {
+        self.sequence = last;
+        self.drift_acknowledged = None;
+    }
+
+    fn failed(&mut self, wait: Duration, current: Sent) {
+        self.failures += 1;
+        self.next = clamp::after_tokio(tokio::time::Instant::now(), wait);
+        // Do not resend on every state flicker while the server is away.
+        self.last_sent = Some(current);
     }
 }
 
