@@ -1,6 +1,6 @@
 //! Applying a release. The engine hands this stage a release rendered for this cluster ([`desired`] objects,
 //! SOPS ones opened by [`secrets`]); [`plan`] puts them in stages and waves, [`allowlist`] refuses what the
-//! operator did not allow, [`depends`] orders apps by `dependsOn`, and the code here applies them with
+//! operator did not allow, [`depends`] decides the order of apps by `dependsOn` and [`ordered`] applies them batch by batch, and the code here applies them with
 //! server-side apply. The outcomes go back to the engine as an [`ApplyReport`]; from it the pure
 //! [`inventory`] decides what to prune and what the cluster now holds, [`retry`] when each failed object is
 //! tried again alone, and [`run_once`] which objects are done. [`state::ApplyState`] is this stage's state in the
@@ -17,6 +17,7 @@ pub mod allowlist;
 pub mod depends;
 pub mod desired;
 pub mod inventory;
+pub mod ordered;
 pub mod plan;
 pub mod retry;
 pub mod run_once;

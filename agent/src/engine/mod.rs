@@ -13,7 +13,6 @@
 //! engine itself keeps only the release it enforces, its timers and the handles of the cluster.
 
 mod accept;
-mod ordered;
 mod reconcile;
 mod retry;
 mod timers;

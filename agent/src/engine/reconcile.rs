@@ -25,6 +25,7 @@ use crate::apply::inventory::{
     self, Applied, InventoryEntry, ObjectKey, PrunePlan, Pruned, ReleaseOutcome, incomplete_apps,
     plan_prune,
 };
+use crate::apply::ordered::{AppOrder, apply_ordered};
 use crate::apply::{ApplyReport, Hooks, ObjectResult, Outcome, apply_all};
 use crate::heal::drift::Baseline;
 use crate::kube::cluster::Deletion;
@@ -42,7 +43,7 @@ pub(super) struct RenderedRelease {
     unrendered: Vec<RenderError>,
     /// SOPS objects that did not open, with why: never sent.
     sealed: Vec<(Desired, String)>,
-    order: super::ordered::AppOrder,
+    order: AppOrder,
     /// Apps a deny window holds to reporting drift.
     report_only: BTreeSet<String>,
     /// When a window next starts or ends, changing which apps only report.
@@ -113,7 +114,13 @@ impl Engine {
         let remove_prevention =
             self.prevention.may_exist() && !release.desired.iter().any(|object| object.prevent);
         let (mut report, removed_early, ()) = futures::join!(
-            self.apply_ordered(release.desired, release.order, &release.unready),
+            apply_ordered(
+                release.desired,
+                release.order,
+                &release.unready,
+                &self.live,
+                async |objects| self.apply(objects).await
+            ),
             async { remove_prevention && self.prevention.delete().await.is_ok() },
             enforced.bundle.pack_aside()
         );
@@ -196,7 +203,7 @@ impl Engine {
         } else {
             windvane_shared::sops::Keyring::default()
         };
-        let order = super::ordered::AppOrder::of(&bundle, &self.config.identity);
+        let order = AppOrder::of(&bundle, &self.config.identity);
         let (report_only, policy_change) = crate::gates::windows::report_only_apps(
             &bundle,
             &self.config.identity.labels,
