@@ -15,10 +15,10 @@ use windvane_shared::decide::render::ClusterIdentity;
 use windvane_shared::spec::selector::parse_label_assignment;
 use windvane_shared::text::duration::parse_duration;
 
-use crate::allowlist::Allowlist;
 use crate::apply::ApplyOptions;
+use crate::apply::allowlist::Allowlist;
 use crate::engine::EngineConfig;
-use crate::source::SourceLimits;
+use crate::fetch::source::SourceLimits;
 use crate::{Error, Result};
 
 /// Flags shared by `run` and `diff`: where releases come from and who this cluster is.
@@ -228,7 +228,7 @@ pub struct RunConfig {
     pub identity: String,
     pub json_logs: bool,
     /// Heartbeats, when a server is configured.
-    pub reporter: Option<crate::reporter::ReporterConfig>,
+    pub reporter: Option<crate::report::heartbeat::ReporterConfig>,
 }
 
 fn read_file_config(path: &Option<PathBuf>) -> Result<FileConfig> {
@@ -516,7 +516,9 @@ impl RunArgs {
                     .break_glass_group
                     .clone()
                     .or(file.break_glass_group.clone())
-                    .unwrap_or_else(|| crate::prevent::DEFAULT_BREAK_GLASS_GROUP.to_owned()),
+                    .unwrap_or_else(|| {
+                        crate::prevent::policy::DEFAULT_BREAK_GLASS_GROUP.to_owned()
+                    }),
                 source_url: agent.source_url,
                 channel: agent.channel,
                 fleet: agent.fleet,
@@ -540,7 +542,7 @@ impl RunArgs {
             admin_listen: self
                 .admin_listen
                 .or(file.admin_listen)
-                .unwrap_or(crate::admin::DEFAULT_LISTEN),
+                .unwrap_or(crate::report::admin::DEFAULT_LISTEN),
             identity: identity_name,
         })
     }
@@ -573,7 +575,7 @@ impl RunArgs {
         &self,
         file: &FileConfig,
         agent: &AgentSettings,
-    ) -> Result<Option<crate::reporter::ReporterConfig>> {
+    ) -> Result<Option<crate::report::heartbeat::ReporterConfig>> {
         let Some(server) = self.server.clone().or(file.server.clone()) else {
             return Ok(None);
         };
@@ -588,7 +590,7 @@ impl RunArgs {
                         .to_owned(),
                 )
             })?;
-        Ok(Some(crate::reporter::ReporterConfig {
+        Ok(Some(crate::report::heartbeat::ReporterConfig {
             server,
             token: read_token(&token_file)?,
             fleet: agent.fleet.clone(),

@@ -472,13 +472,13 @@ async fn concurrent_first_uses_of_a_kind_send_one_discovery_request() -> anyhow:
     let kube = LocalKube::start().await?;
     let asked = Arc::new(Mutex::new(Vec::<String>::new()));
     let record = Arc::clone(&asked);
-    let client = windvane_agent::kube_client::observed(kube.config().clone(), move |request| {
+    let client = windvane_agent::kube::client::observed(kube.config().clone(), move |request| {
         record
             .lock()
             .expect("lock")
             .push(request.uri().path().to_owned());
     })?;
-    let cluster = windvane_agent::cluster::Cluster::new(client);
+    let cluster = windvane_agent::kube::cluster::Cluster::new(client);
     let kinds = [
         ("v1", "Namespace"),
         ("apps/v1", "Deployment"),

@@ -1,6 +1,6 @@
 //! The healer's decisions as a state machine over data. Each watch event, due timer or backstop finding on
 //! a managed object comes in with the object as live shows it and the time; [`DriftMachine`] judges with
-//! [`crate::drift`] whether Windvane's fields were taken or the object deleted, and answers with the
+//! [`crate::heal::drift`] whether Windvane's fields were taken or the object deleted, and answers with the
 //! [`Action`]s policy asks for: revert (at once, or after the grace period unless the change was taken back),
 //! emit an Event, set the object's state. It keeps the baselines (what Windvane owned after its last write),
 //! the open drift episodes with their timers (grace, hold, contested back-off, retry) and the drift records
@@ -18,13 +18,13 @@ use tracing::{info, warn};
 use windvane_shared::wire::heartbeat::{BreakGlassRecord, DriftAction, DriftRecord};
 use windvane_shared::wire::status::SyncState;
 
-use crate::desired::Desired;
-use crate::drift::{self, Attribution, Baseline, ContestTracker, resource_version};
-use crate::health::assess;
-use crate::inventory::ObjectKey;
-use crate::prevent;
-use crate::report::object_state;
-use crate::revert_request;
+use crate::apply::desired::Desired;
+use crate::apply::inventory::ObjectKey;
+use crate::heal::drift::{self, Attribution, Baseline, ContestTracker, resource_version};
+use crate::heal::revert_request;
+use crate::live::health::assess;
+use crate::prevent::policy;
+use crate::report::status::object_state;
 
 /// Most drift records kept in memory for the heartbeat and `/status`.
 const MAX_DRIFT_RECORDS: usize = 1_000;
@@ -452,7 +452,7 @@ impl DriftMachine {
             .desired
             .get(key)
             .filter(|d| d.prevent)
-            .and_then(|_| prevent::break_glass(live));
+            .and_then(|_| policy::break_glass(live));
         let mut out = Vec::new();
         let until = match self.hold_deadline(key, live, break_glass.as_ref(), now.wall, &mut out) {
             Ok(Some(until)) => until,
@@ -476,11 +476,11 @@ impl DriftMachine {
             info!(%until, %setter, "drift held");
         }
         if let Some(names) = &break_glass
-            && live_annotation_missing(live, prevent::SPENT_ANNOTATION)
+            && live_annotation_missing(live, policy::SPENT_ANNOTATION)
         {
             out.push(Action::SpendApproval {
                 key: key.clone(),
-                patch: prevent::spend_approval(names),
+                patch: policy::spend_approval(names),
             });
         }
         if let Some(names) = break_glass
@@ -511,10 +511,10 @@ impl DriftMachine {
         &mut self,
         key: &ObjectKey,
         live: &Value,
-        break_glass: Option<&prevent::BreakGlass>,
+        break_glass: Option<&policy::BreakGlass>,
         now: Timestamp,
         out: &mut Vec<Action>,
-    ) -> Result<Option<Timestamp>, String> {
+    ) -> crate::Result<Option<Timestamp>> {
         if let Some(until) = drift::hold_annotation(live)? {
             let since = self.first_seen(key, format!("hold-until {until}"), live, now, out);
             return Ok(drift::capped_hold(until, since, now, self.hold_cap));
@@ -523,7 +523,7 @@ impl DriftMachine {
             return Ok(None);
         };
         let since = self.first_seen(key, names.to_string(), live, now, out);
-        Ok(prevent::break_glass_until(since, now, self.hold_cap))
+        Ok(policy::break_glass_until(since, now, self.hold_cap))
     }
 
     /// When the hold `what` was first seen on `key`: as remembered in memory, else as the object's own

@@ -7,7 +7,13 @@
 //! objects, read from the machine after each batch). The machine keeps the drift records the heartbeat
 //! carries; this executor is the only part that talks to the API.
 
+pub mod cli;
+pub mod compare;
+pub mod diff;
+pub mod drift;
+pub mod handover;
 pub mod machine;
+pub mod revert_request;
 #[cfg(test)]
 mod tests;
 
@@ -22,14 +28,14 @@ use tokio::sync::mpsc;
 use tracing::{Instrument, info, info_span, warn};
 use windvane_shared::wire::heartbeat::DriftRecord;
 
-use crate::cluster::Cluster;
-use crate::desired::Desired;
-use crate::drift::{Baseline, ContestTracker};
-use crate::inventory::ObjectKey;
-use crate::metrics::Metrics;
-use crate::report::StatusTx;
-use crate::run_once::{Finished, RunOnce};
-use crate::watch::LiveCache;
+use crate::apply::desired::Desired;
+use crate::apply::inventory::ObjectKey;
+use crate::apply::run_once::{Finished, RunOnce};
+use crate::heal::drift::{Baseline, ContestTracker};
+use crate::kube::cluster::Cluster;
+use crate::live::watch::LiveCache;
+use crate::report::metrics::Metrics;
+use crate::report::status::StatusTx;
 use machine::{Action, Cause, DRIFT_DETECTED, DriftMachine, Now};
 
 /// Watches over the managed objects' owned fields and heals drift by policy.
@@ -40,7 +46,7 @@ pub struct Healer {
     metrics: Arc<Metrics>,
     /// Events go out in order from a background task, so emitting one never delays a revert.
     events: mpsc::UnboundedSender<(Event, ObjectReference)>,
-    /// Run-once objects done for the body the release gives them ([`crate::run_once`]): their absence is
+    /// Run-once objects done for the body the release gives them ([`crate::apply::run_once`]): their absence is
     /// not drift.
     done: HashMap<ObjectKey, Finished>,
 }
@@ -135,8 +141,7 @@ impl Healer {
         // Only a held change (rare) needs the object after the write, to tell taken in from replaced. The
         // apply's response is in the cache, unless a lagging watch event replaced it meanwhile: only an
         // object at least as new as the write shows what the write left; else it is read.
-        let fresh =
-            |live: &Value| crate::drift::resource_version(live) >= baseline.resource_version;
+        let fresh = |live: &Value| drift::resource_version(live) >= baseline.resource_version;
         let live = if self.machine.is_held(key) {
             match self.live.get(key).filter(fresh) {
                 Some(live) => Some(live),
@@ -314,7 +319,7 @@ impl Healer {
     /// backstop compares). False when it cannot tell: then the drift is reverted.
     async fn matches_release(&self, key: &ObjectKey, live: &Value) -> bool {
         match self.dry_run(key).await {
-            Some(dry_run) => !crate::compare::would_change(Some(live), &dry_run),
+            Some(dry_run) => !compare::would_change(Some(live), &dry_run),
             None => false,
         }
     }
@@ -354,7 +359,7 @@ impl Healer {
             let Some(dry_run) = self.dry_run(&key).await else {
                 continue;
             };
-            if !crate::compare::would_change(live.as_ref(), &dry_run) {
+            if !compare::would_change(live.as_ref(), &dry_run) {
                 if let Some(live) = &live {
                     self.machine.confirmed(&key, live);
                 }
@@ -407,15 +412,16 @@ impl Healer {
         // A break-glass change ends with its revert: its approval is not to be used again. A manual revert
         // request is consumed by it.
         let clear = self.live.get(key).and_then(|live| {
-            let break_glass = desired.prevent && crate::prevent::break_glass(&live).is_some();
-            let requested = crate::revert_request::requested_by(&live).is_some();
+            let break_glass =
+                desired.prevent && crate::prevent::policy::break_glass(&live).is_some();
+            let requested = revert_request::requested_by(&live).is_some();
             match (break_glass, requested) {
                 (false, false) => None,
-                (true, false) => Some(crate::prevent::clear_break_glass()),
-                (false, true) => Some(crate::revert_request::clear()),
+                (true, false) => Some(crate::prevent::policy::clear_break_glass()),
+                (false, true) => Some(revert_request::clear()),
                 (true, true) => {
-                    let mut patch = crate::prevent::clear_break_glass();
-                    patch["metadata"]["annotations"][crate::revert_request::REVERT_ANNOTATION] =
+                    let mut patch = crate::prevent::policy::clear_break_glass();
+                    patch["metadata"]["annotations"][revert_request::REVERT_ANNOTATION] =
                         Value::Null;
                     Some(patch)
                 }

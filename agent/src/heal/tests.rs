@@ -12,9 +12,9 @@ use windvane_shared::format::bundle::ObjectRef;
 use windvane_shared::wire::heartbeat::DriftAction;
 
 use super::machine::{Action, Cause, DriftMachine, Now};
-use crate::desired::Desired;
-use crate::drift::{Baseline, ContestTracker};
-use crate::inventory::ObjectKey;
+use crate::apply::desired::Desired;
+use crate::apply::inventory::ObjectKey;
+use crate::heal::drift::{Baseline, ContestTracker};
 
 const HOUR: Duration = Duration::from_secs(3600);
 

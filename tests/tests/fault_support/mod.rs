@@ -100,7 +100,8 @@ use windvane_tests::poll::wait_for;
 /// The names (`Kind ns/name`) in the inventory the agent persisted in its state Secrets, read with the agent's
 /// own state code.
 pub async fn inventory(kube: &LocalKube) -> anyhow::Result<BTreeSet<String>> {
-    let store = windvane_agent::state::StateStore::new(kube.client(), AGENT_NAMESPACE, "windvane");
+    let store =
+        windvane_agent::kube::state::StateStore::new(kube.client(), AGENT_NAMESPACE, "windvane");
     let inventory = store.load_inventory().await?;
     Ok(inventory
         .entries

@@ -2,7 +2,7 @@
 //! publish, then the clock runs until every agent has the new pointer and its verified bundle.
 //!
 //! The agents are tasks in this process, no cluster behind them. Each does what the agent does with a store
-//! that holds polls (`agent/src/source.rs`, `fetcher.rs`): on one keep-alive connection, used only for the
+//! that holds polls (`agent/src/fetch/source.rs`, `fetcher.rs`): on one keep-alive connection, used only for the
 //! source, a `GET` of the pointer with `If-None-Match` (its last ETag) and `Prefer: wait=60`; on a `200` it
 //! verifies the pointer (`release::verify_pointer`, rollback and equivocation included) and, when it names a
 //! new bundle, fetches it on the same connection and verifies it (`verify_bundle`); then it polls again at
