@@ -107,7 +107,13 @@ impl ProcessEngines {
 }
 
 impl Engines for ProcessEngines {
-    fn helm_pull(&self, repo: &str, chart: &str, version: &str) -> Result<PulledChart, String> {
+    fn helm_pull(
+        &self,
+        repo: &str,
+        chart: &str,
+        version: &str,
+        plain_http: bool,
+    ) -> Result<PulledChart, String> {
         let helm = self.helm()?;
         let destination = self.scratch_path("chart");
         std::fs::create_dir(&destination).map_err(|e| format!("{}: {e}", destination.display()))?;
@@ -118,19 +124,32 @@ impl Engines for ProcessEngines {
             "--destination".into(),
             destination.display().to_string(),
         ];
-        let reference = if repo.starts_with("oci://") {
+        let oci = repo.starts_with("oci://");
+        let reference = if oci {
             format!("{}/{chart}", repo.trim_end_matches('/'))
         } else {
             args.extend(["--repo".into(), repo.into()]);
             chart.into()
         };
+        if plain_http {
+            args.push("--plain-http".into());
+        }
         args.extend(["--".into(), reference]);
-        self.run(&helm, &args)?;
+        let printed = self.run(&helm, &args)?;
         let archive = single_archive(&destination)?;
         let bytes = std::fs::read(&archive).map_err(|e| format!("{}: {e}", archive.display()))?;
+        let manifest_digest = if oci {
+            Some(manifest_digest(&printed).ok_or_else(|| {
+                "helm pull printed no manifest digest (no \"Digest: sha256:…\" line) for an oci:// chart"
+                    .to_owned()
+            })?)
+        } else {
+            None
+        };
         Ok(PulledChart {
             path: archive,
             digest: format!("sha256:{}", sha256_hex(&bytes)),
+            manifest_digest,
         })
     }
 
@@ -214,6 +233,17 @@ fn find_binary(
             "{name} is needed and was not found on PATH; install it, pass {flag_name} PATH (or set {env}), \
              or build it from source with tests/tools/build.sh (it writes target/tools/{name})"
         )
+    })
+}
+
+/// The OCI manifest digest that `helm pull` prints for a chart from a registry (`Digest: sha256:<64 hex>`):
+/// helm resolved the version's tag to this manifest and checked the chart layer against it.
+fn manifest_digest(printed: &str) -> Option<String> {
+    printed.lines().find_map(|line| {
+        let digest = line.trim().strip_prefix("Digest: ")?;
+        let hex = digest.strip_prefix("sha256:")?;
+        let ok = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        ok.then(|| digest.to_owned())
     })
 }
 

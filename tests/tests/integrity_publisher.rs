@@ -347,7 +347,7 @@ fn engine(name: &str) -> PathBuf {
 /// `windvane build` of `tree` with the given helm and the real kustomize; its stderr when it fails.
 fn build_fails(tree: &Path, helm: &Path, env: &[(&str, &str)]) -> String {
     // Its own output directory: tests run at once, and a shared path would make two builds race on one file.
-    let out_dir = tempfile::TempDir::new().expect("a temporary directory");
+    let out_dir = TempDir::new().expect("a temporary directory");
     let out = Command::new(binary("windvane").expect("the windvane binary"))
         .args([
             "build",
