@@ -108,7 +108,13 @@ impl ProcessEngines {
         run(program, args, self.timeout, self.scratch.path())
     }
 
-    fn pull(&self, repo: &str, chart: &str, version: &str) -> Result<PulledChart> {
+    fn pull(
+        &self,
+        repo: &str,
+        chart: &str,
+        version: &str,
+        plain_http: bool,
+    ) -> Result<PulledChart> {
         let helm = self.helm()?;
         let destination = self.scratch_path("chart");
         std::fs::create_dir(&destination).map_err(|source| Error::CreateDir {
@@ -122,22 +128,36 @@ impl ProcessEngines {
             "--destination".into(),
             destination.display().to_string(),
         ];
-        let reference = if repo.starts_with("oci://") {
+        let oci = repo.starts_with("oci://");
+        let reference = if oci {
             format!("{}/{chart}", repo.trim_end_matches('/'))
         } else {
             args.extend(["--repo".into(), repo.into()]);
             chart.into()
         };
+        if plain_http {
+            args.push("--plain-http".into());
+        }
         args.extend(["--".into(), reference]);
-        self.run(&helm, &args)?;
+        let printed = self.run(&helm, &args)?;
         let archive = single_archive(&destination)?;
         let bytes = std::fs::read(&archive).map_err(|source| Error::ReadFile {
             path: archive.clone(),
             source,
         })?;
+        let manifest_digest = if oci {
+            Some(
+                manifest_digest(&printed).ok_or_else(|| Error::NoManifestDigest {
+                    reference: format!("{}/{chart}", repo.trim_end_matches('/')),
+                })?,
+            )
+        } else {
+            None
+        };
         Ok(PulledChart {
             path: archive,
             digest: format!("sha256:{}", sha256_hex(&bytes)),
+            manifest_digest,
         })
     }
 
@@ -200,8 +220,9 @@ impl Engines for ProcessEngines {
         repo: &str,
         chart: &str,
         version: &str,
+        plain_http: bool,
     ) -> std::result::Result<PulledChart, EngineError> {
-        self.pull(repo, chart, version)
+        self.pull(repo, chart, version, plain_http)
             .map_err(|e| report(&e).into())
     }
 
@@ -247,6 +268,17 @@ fn find_binary(
         name,
         flag: flag_name,
         env,
+    })
+}
+
+/// The OCI manifest digest that `helm pull` prints for a chart from a registry (`Digest: sha256:<64 hex>`):
+/// helm resolved the version's tag to this manifest and checked the chart layer against it.
+fn manifest_digest(printed: &str) -> Option<String> {
+    printed.lines().find_map(|line| {
+        let digest = line.trim().strip_prefix("Digest: ")?;
+        let hex = digest.strip_prefix("sha256:")?;
+        let ok = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        ok.then(|| digest.to_owned())
     })
 }
 

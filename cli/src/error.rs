@@ -421,6 +421,9 @@ pub enum Error {
     },
     #[error("helm pull wrote {count} chart archives, expected one")]
     ChartArchives { count: usize },
+    /// `helm pull` of an `oci://` chart printed no `Digest: sha256:…` line, so its pin cannot be checked.
+    #[error("helm pull printed no manifest digest (no \"Digest: sha256:…\" line) for {reference}")]
+    NoManifestDigest { reference: String },
     #[error("running {}", program.display())]
     EngineSpawn {
         program: PathBuf,

@@ -68,8 +68,11 @@ pub enum ChartSource {
         repo: String,
         chart: String,
         version: String,
-        /// `sha256:…` the pulled archive must have; when absent the pulled digest is only recorded.
+        /// `sha256:…` the pulled chart must have: its OCI manifest's digest (what `helm push` prints) or its
+        /// archive's (what a repository's `index.yaml` lists); when absent the pulled digests are only recorded.
         digest: Option<String>,
+        /// Pull from an `oci://` registry over plain HTTP (`helm pull --plain-http`); loopback hosts only.
+        plain_http: bool,
     },
 }
 
@@ -115,6 +118,8 @@ pub struct PulledChart {
     pub path: PathBuf,
     /// `sha256:` and the archive's SHA-256 in hex.
     pub digest: String,
+    /// The digest of the OCI manifest that helm resolved the version to (`oci://` only).
+    pub manifest_digest: Option<String>,
 }
 
 /// What an engine run failed with: the runner's own error (a missing binary, the engine's stderr, a deadline),
@@ -123,12 +128,14 @@ pub type EngineError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Runs the rendering engines; the `windvane` command line runs the real binaries.
 pub trait Engines {
-    /// Pulls a chart from a repository (`https://…`) or registry (`oci://…`).
+    /// Pulls a chart from a repository (`https://…`) or registry (`oci://…`, over plain HTTP when
+    /// `plain_http`).
     fn helm_pull(
         &self,
         repo: &str,
         chart: &str,
         version: &str,
+        plain_http: bool,
     ) -> std::result::Result<PulledChart, EngineError>;
     /// `helm template` of `chart` with the values layers in order; the YAML stream it prints.
     fn helm_template(
@@ -163,6 +170,7 @@ impl Engines for NoEngines {
         _: &str,
         _: &str,
         _: &str,
+        _: bool,
     ) -> std::result::Result<PulledChart, EngineError> {
         Err(NoEnginesHere.into())
     }
@@ -301,6 +309,7 @@ pub fn check_helm_arguments(app: &str, helm: &HelmSpec) -> Result<()> {
         repo,
         chart,
         version,
+        plain_http,
         ..
     } = &helm.chart
     {
@@ -331,8 +340,34 @@ pub fn check_helm_arguments(app: &str, helm: &HelmSpec) -> Result<()> {
                 "an https://, http:// or oci:// URL without spaces",
             );
         }
+        // Plain HTTP can be read and changed on the way; a registry on this machine's loopback is the only
+        // one it is allowed for (Docker's rule too), so that the fleet tree cannot downgrade a remote one.
+        if *plain_http && !is_loopback_registry(repo) {
+            return refuse(
+                "plainHttp",
+                repo,
+                "an oci:// registry on loopback (127.0.0.0/8, [::1] or localhost); plain HTTP is allowed only \
+                 there: serve a remote registry over HTTPS",
+            );
+        }
     }
     Ok(())
+}
+
+/// `oci://HOST[:PORT]/…` whose host is a loopback address (127.0.0.0/8, `[::1]`) or `localhost`.
+pub fn is_loopback_registry(repo: &str) -> bool {
+    let Some(rest) = repo.strip_prefix("oci://") else {
+        return false;
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A DNS-1123 label of at most `max` characters.
@@ -447,37 +482,83 @@ fn chart_of(
             chart,
             version,
             digest,
+            plain_http,
         } => {
-            let pulled =
-                engines
-                    .helm_pull(repo, chart, version)
-                    .map_err(|error| Error::Engine {
-                        app: app.to_owned(),
-                        step: format!("helm pull {chart} {version} from {repo}"),
-                        detail: error.to_string(),
-                    })?;
-            if let Some(expected) = digest
-                && *expected != pulled.digest
-            {
-                return Err(Error::Engine {
+            let pulled = engines
+                .helm_pull(repo, chart, version, *plain_http)
+                .map_err(|detail| Error::Engine {
                     app: app.to_owned(),
-                    step: format!("checking {chart} {version} from {repo}"),
-                    detail: format!(
-                        "the pulled chart has digest {}, but fleet.yaml pins {expected}; if the new chart is \
-                         intended, update helm.digest",
-                        pulled.digest
-                    ),
-                });
+                    step: format!("helm pull {chart} {version} from {repo}"),
+                    detail: with_plain_http_hint(repo, *plain_http, detail.to_string()),
+                })?;
+            if let Some(expected) = digest {
+                check_pin(expected, &pulled).map_err(|mismatch| Error::Engine {
+                    app: app.to_owned(),
+                    step: format!("checking {chart} {version} from {repo} against helm.digest"),
+                    detail: mismatch.to_string(),
+                })?;
             }
-            let source = BTreeMap::from([
+            let mut source = BTreeMap::from([
                 ("repo".to_owned(), repo.clone()),
                 ("chart".to_owned(), chart.clone()),
                 ("version".to_owned(), version.clone()),
                 ("digest".to_owned(), pulled.digest),
             ]);
+            if let Some(manifest) = pulled.manifest_digest {
+                source.insert("manifestDigest".to_owned(), manifest);
+            }
             Ok((pulled.path, source))
         }
     }
+}
+
+/// helm's words for a pull that failed, with what to do when a registry on loopback answered HTTPS with
+/// plain HTTP (a test or development registry): say `plainHttp: true`.
+fn with_plain_http_hint(repo: &str, plain_http: bool, detail: String) -> String {
+    if !plain_http
+        && is_loopback_registry(repo)
+        && detail.contains("server gave HTTP response to HTTPS client")
+    {
+        format!(
+            "{detail}; this registry serves plain HTTP: set helm.plainHttp: true (allowed for a registry on \
+             loopback only)"
+        )
+    } else {
+        detail
+    }
+}
+
+/// A pulled chart that is not the one `helm.digest` pins: the pinned digest and what was pulled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "fleet.yaml pins digest {expected}, but the pulled chart's digest is {actual}; the chart was not \
+     rendered. If the new chart is intended, update helm.digest"
+)]
+pub struct PinMismatch {
+    /// The digest `helm.digest` names.
+    pub expected: String,
+    /// The pulled chart's digests, in words: its OCI manifest's (when pulled from a registry) and its archive's.
+    pub actual: String,
+}
+
+/// Whether a pulled chart is the one `helm.digest` pins (pure): its OCI manifest's digest (what `helm push`
+/// and registries show) or its archive's (what `index.yaml` lists, and the manifest's chart layer) must be
+/// `expected`. Else the refusal, with the expected and the actual digests.
+pub fn check_pin(expected: &str, pulled: &PulledChart) -> std::result::Result<(), PinMismatch> {
+    if pulled.digest == expected || pulled.manifest_digest.as_deref() == Some(expected) {
+        return Ok(());
+    }
+    let actual = match &pulled.manifest_digest {
+        Some(manifest) => format!(
+            "{manifest} (its OCI manifest; the chart archive's is {})",
+            pulled.digest
+        ),
+        None => format!("{} (the chart archive's)", pulled.digest),
+    };
+    Err(PinMismatch {
+        expected: expected.to_owned(),
+        actual,
+    })
 }
 
 /// Every engine input a cluster can end up with. `changes` are the render-changing customizations as (index
@@ -960,6 +1041,7 @@ metadata:
             chart: chart.to_owned(),
             version: "1.0.0".to_owned(),
             digest: None,
+            plain_http: false,
         };
         refused(
             &|s| s.chart = repository("--set-file=x=/etc/passwd", "https://charts.example.com"),
@@ -974,6 +1056,60 @@ metadata:
         ];
         ok.chart = repository("web", "oci://registry.example.com/charts");
         assert!(check_helm_arguments("web", &ok).is_ok());
+        // Plain HTTP only to a registry on loopback.
+        let plain = |repo: &str| ChartSource::Repository {
+            repo: repo.to_owned(),
+            chart: "web".to_owned(),
+            version: "1.0.0".to_owned(),
+            digest: None,
+            plain_http: true,
+        };
+        for repo in [
+            "oci://registry.example.com/charts",
+            "oci://127.0.0.1.example.com/charts",
+            "oci://10.0.0.1:5000/charts",
+            "https://127.0.0.1/charts",
+        ] {
+            refused(&|s| s.chart = plain(repo), "plainHttp");
+        }
+        for repo in [
+            "oci://127.0.0.1:5000/charts",
+            "oci://127.3.2.1/charts",
+            "oci://[::1]:5000/charts",
+            "oci://LocalHost:5000",
+        ] {
+            ok.chart = plain(repo);
+            assert!(check_helm_arguments("web", &ok).is_ok(), "{repo}");
+        }
+    }
+
+    #[test]
+    fn a_pulled_chart_matches_its_pin_by_manifest_or_archive_digest() {
+        let digest = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+        let pulled = PulledChart {
+            path: PathBuf::from("/scratch/web-1.0.0.tgz"),
+            digest: digest('a'),
+            manifest_digest: Some(digest('b')),
+        };
+        assert_eq!(check_pin(&digest('a'), &pulled), Ok(()));
+        assert_eq!(check_pin(&digest('b'), &pulled), Ok(()));
+        let refusal = check_pin(&digest('c'), &pulled).unwrap_err().to_string();
+        for expected in [digest('a'), digest('b'), digest('c')] {
+            assert!(refusal.contains(&expected), "{refusal}");
+        }
+        assert!(refusal.contains("update helm.digest"), "{refusal}");
+        let from_index = PulledChart {
+            manifest_digest: None,
+            ..pulled
+        };
+        assert_eq!(check_pin(&digest('a'), &from_index), Ok(()));
+        let refusal = check_pin(&digest('b'), &from_index)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refusal.contains(&digest('a')) && refusal.contains(&digest('b')),
+            "{refusal}"
+        );
     }
 
     #[test]

@@ -30,6 +30,7 @@
 //!     path: charts/web
 //!     namespace: web
 //!     helm:                        # or repo: https://… | oci://…, chart:, version:, digest: sha256:…
+//!                                  # (plainHttp: true for an oci:// registry on loopback)
 //!       releaseName: web           # default: the app's name
 //!       kubeVersion: "1.34.0"      # .Capabilities.KubeVersion; default prerender::DEFAULT_KUBE_VERSION
 //!       valuesFiles: [values/web.yaml]         # relative to the fleet root
@@ -334,6 +335,7 @@ fn helm_spec(
             chart: chart.clone(),
             version: version.clone(),
             digest: helm.digest.clone(),
+            plain_http: helm.plain_http,
         },
         (Some(_), _, _, Some(_)) => {
             return Err(config_error(
@@ -669,6 +671,8 @@ struct HelmConfig {
     chart: Option<String>,
     version: Option<String>,
     digest: Option<String>,
+    /// `plainHttp: true`: pull from an `oci://` registry on loopback over plain HTTP.
+    plain_http: bool,
     release_name: Option<String>,
     kube_version: Option<String>,
     api_versions: Vec<String>,
@@ -683,6 +687,7 @@ impl HelmConfig {
             chart: None,
             version: None,
             digest: None,
+            plain_http: false,
             release_name: None,
             kube_version: None,
             api_versions: Vec::new(),
@@ -1017,6 +1022,7 @@ fn read_helm(value: &Value, at: &str) -> Result<HelmConfig> {
         "chart",
         "version",
         "digest",
+        "plainHttp",
         "releaseName",
         "kubeVersion",
         "apiVersions",
@@ -1048,11 +1054,20 @@ fn read_helm(value: &Value, at: &str) -> Result<HelmConfig> {
             format!("{digest:?} is not a digest; write sha256: and 64 lower-case hex digits"),
         ));
     }
+    let plain_http = fields.optional_bool("plainHttp")?.unwrap_or(false);
+    if plain_http && !repo.as_deref().is_some_and(|r| r.starts_with("oci://")) {
+        return Err(config_error(
+            &fields.path("plainHttp"),
+            "plainHttp is for a chart pulled from an oci:// registry (helm.repo); an http:// repository says \
+             so in its URL",
+        ));
+    }
     Ok(HelmConfig {
         repo,
         chart,
         version,
         digest,
+        plain_http,
         release_name: fields.optional_str("releaseName")?,
         kube_version: fields.optional_str("kubeVersion")?,
         api_versions: fields.optional_strings("apiVersions")?,
@@ -1691,6 +1706,21 @@ mod tests {
         )
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(json_manifest[0].document, 0);
+    }
+
+    #[test]
+    fn plain_http_is_read_for_oci_repositories_only() {
+        let app = |helm: &str| format!("fleet: acme\napps:\n  - name: web\n    helm: {helm}\n");
+        let read = config(&app(
+            "{repo: oci://127.0.0.1:5000/charts, chart: web, version: 1.0.0, plainHttp: true}",
+        ))
+        .expect("config");
+        assert!(read.apps[0].helm.as_ref().expect("helm").plain_http);
+        let (field, detail) = field_error(&app(
+            "{repo: https://charts.example.com, chart: web, version: 1.0.0, plainHttp: true}",
+        ));
+        assert_eq!(field, "apps[0].helm.plainHttp");
+        assert!(detail.contains("oci://"), "{detail}");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! and a throwaway PostgreSQL (`postgres`); fleet fixtures and the real agent (`fleet`); a static store
 //! server that can be broken on purpose (`store_server`); the fleet as the API and the page show it
 //! (`views`); installs from the shipped manifests and charts on a real node (`install`); a TCP proxy that can
-//! blackhole traffic (`proxy`); age identity Secrets and the search for
+//! blackhole traffic (`proxy`); a real OCI registry for charts (`registry`); age identity Secrets and the search for
 //! secret values in clear (`secrets`); Windvane's own binaries as child processes (`process`) and what
 //! `/proc` says of their CPU and memory (`procfs`); and polling
 //! with deadlines (`poll`).
@@ -20,6 +20,7 @@ pub mod postgres;
 pub mod process;
 pub mod procfs;
 pub mod proxy;
+pub mod registry;
 pub mod s3;
 pub mod secrets;
 pub mod server;

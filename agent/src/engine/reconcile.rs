@@ -7,8 +7,8 @@
 //!
 //! [`AgentStatus::record_sync`]: crate::report::status::AgentStatus::record_sync
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::time::Instant;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 
@@ -32,6 +32,10 @@ use crate::kube::cluster::Deletion;
 use crate::live::watch::LiveCache;
 use crate::report::status::{ObjectStatus, SyncReport, object_state};
 use windvane_shared::wire::status::SyncState;
+
+/// Longest a sync waits for the first lists of its Jobs' and Pods' watches before applying them: a Job
+/// watch lists only this fleet's Jobs, so this is a bound for an API server in trouble, not a usual wait.
+const RUN_ONCE_LIST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// An app that did not render, with why: its objects are missing from this sync, so its prunes wait.
 type RenderError = (String, String);
@@ -113,6 +117,7 @@ impl Engine {
         // again only to render it once more (a retried sync), are compressed meanwhile too.
         let remove_prevention =
             self.prevention.may_exist() && !release.desired.iter().any(|object| object.prevent);
+        self.watch_run_once(&release.desired).await;
         let (mut report, removed_early, ()) = futures::join!(
             apply_ordered(
                 release.desired,
@@ -427,6 +432,35 @@ impl Engine {
             .is_some_and(|live| entry.owned_digest.as_deref() == Some(Baseline::of(&live).digest()))
     }
 
+    /// Starts the watches of the kinds of the release's Jobs and Pods ([`crate::apply::run_once`]) before they are
+    /// applied, and waits (bounded) for their first lists. Other kinds are watched once the sync is done
+    /// ([`Self::watch_applied`]), but a Job with `ttlSecondsAfterFinished: 0` in an early wave may finish and be
+    /// removed before a long sync ends: unseen, its disappearance would read as drift and the Job run again.
+    async fn watch_run_once(&self, desired: &[Desired]) {
+        let mut kinds = BTreeSet::new();
+        for object in desired {
+            if object.run_once == Some(crate::apply::run_once::RunOnce::Finishes) {
+                kinds.insert((object.id.api_version.as_str(), object.id.kind.as_str()));
+            }
+        }
+        let mut listing = HashSet::new();
+        for (api_version, kind) in kinds {
+            if let Ok(resolved) = self.cluster.resolve(api_version, kind).await {
+                self.live.ensure_watch(&self.cluster, &resolved, None);
+                listing.insert((
+                    resolved.resource.group.clone(),
+                    resolved.resource.kind.clone(),
+                ));
+            }
+        }
+        if !listing.is_empty() && !self.live.wait_listed(&listing, RUN_ONCE_LIST_TIMEOUT).await {
+            warn!(
+                timeout_s = RUN_ONCE_LIST_TIMEOUT.as_secs(),
+                "the watches of Jobs and Pods did not list in time; applying them all the same"
+            );
+        }
+    }
+
     /// Makes sure every applied kind is watched, its lists paged for the largest object of the kind.
     pub(super) async fn watch_applied(&self, report: &ApplyReport) {
         // By (group, kind): the version first applied, and the largest body of any version.
@@ -588,7 +622,7 @@ impl Engine {
 /// The `Instant` of a wall-clock time (now, when it has passed).
 fn instant_at(at: Timestamp) -> Instant {
     let left = at.duration_since(Timestamp::now());
-    Instant::now() + std::time::Duration::try_from(left).unwrap_or_default()
+    Instant::now() + Duration::try_from(left).unwrap_or_default()
 }
 
 /// The apps with objects held back for their dependencies.
@@ -683,14 +717,14 @@ pub(super) fn inventory_record(result: &ObjectResult, live: &LiveCache) -> Appli
 /// rendered while it was persisted, so only what is left of that shows); applying; pruning, keeping the
 /// prevention policy and recording the status; and in all. The inventory's write follows.
 struct Phases {
-    render: std::time::Duration,
-    apply: std::time::Duration,
-    prune: std::time::Duration,
-    total: std::time::Duration,
+    render: Duration,
+    apply: Duration,
+    prune: Duration,
+    total: Duration,
 }
 
 fn log_sync(report: &ApplyReport, prune: &PrunePlan, complete: bool, phases: Phases) {
-    let ms = |d: std::time::Duration| d.as_millis() as u64;
+    let ms = |d: Duration| d.as_millis() as u64;
     info!(
         objects = report.results.len(),
         written = report.written(),
