@@ -299,7 +299,7 @@ pub enum Error {
         source: Store,
     },
     #[error(
-        "--state {given:?} is not a state; the states are Failed, Degraded, Contested, OutOfSync, Unknown, \
+        "{given:?} is not a cluster state; the states are Failed, Degraded, Contested, OutOfSync, Unknown, \
          Held, Progressing, Synced, NeverSeen"
     )]
     UnknownState { given: String },
@@ -572,6 +572,36 @@ pub fn report(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_check_s_no_exits_1_every_other_failure_2() {
+        let refused = Error::RefusePointer {
+            location: "store".to_owned(),
+            channel: "prod".to_owned(),
+            source: windvane_shared::Error::Malformed {
+                what: "release pointer",
+                detail: "x".to_owned(),
+            },
+        };
+        assert_eq!(refused.exit_code(), exit::NOT_MET);
+        let not_synced = Error::NotSynced {
+            serial: 3,
+            from: "staging".to_owned(),
+            selector: "env=staging".to_owned(),
+            why: "eu is Degraded".to_owned(),
+        };
+        assert_eq!(not_synced.exit_code(), exit::NOT_MET);
+        let unreadable = Error::ReadPointer {
+            location: "store".to_owned(),
+            channel: "prod".to_owned(),
+            source: windvane_store::Error::NoSuchChannel {
+                location: "store".to_owned(),
+                channel: "prod".to_owned(),
+            },
+        };
+        assert_eq!(unreadable.exit_code(), exit::ERROR);
+        assert_eq!(Error::NoTrustedKey.exit_code(), exit::ERROR);
+    }
 
     #[test]
     fn a_report_names_the_step_then_each_cause_once() {

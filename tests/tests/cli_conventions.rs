@@ -369,6 +369,26 @@ async fn wait_exits_zero_once_met_and_one_at_its_timeout() {
         "{}",
         stderr(&nothing)
     );
+
+    // No server answering: read again until the timeout, then the error, exit 2 (not "not met").
+    let gone = windvane(&[
+        "wait",
+        "--server",
+        "http://127.0.0.1:9",
+        "--for",
+        "synced",
+        "--timeout",
+        "1s",
+        "--interval",
+        "200ms",
+    ]);
+    assert_eq!(gone.status.code(), Some(2), "{}", stderr(&gone));
+    assert!(
+        stderr(&gone).contains("waiting: the server did not answer")
+            && stderr(&gone).contains("error: GET http://127.0.0.1:9/api/v1/fleet"),
+        "{}",
+        stderr(&gone)
+    );
 }
 
 fn history(store: &Path, trusted: &Path, extra: &[&str]) -> Output {

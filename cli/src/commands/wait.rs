@@ -11,7 +11,7 @@ use windvane_shared::duration::{format_duration, parse_duration};
 use windvane_shared::fleet_api::{ClusterRow, ClusterState, FleetView};
 
 use crate::args::{ReadTokenArgs, SelectArgs, ServerArgs};
-use crate::error::{Error, Result};
+use crate::error::{self, Error, Result};
 use crate::terminal::clean_line;
 use crate::{http, inputs, output};
 
@@ -54,8 +54,8 @@ pub enum Condition {
 /// Where the wait stands after one read of the fleet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// Every selected cluster meets the condition.
-    Met,
+    /// Every selected cluster (this many) meets the condition.
+    Met(usize),
     /// Not yet: which clusters do not, and why.
     NotYet(String),
     /// Waiting longer cannot help.
@@ -78,7 +78,7 @@ pub fn decide(condition: Condition, fleet: &FleetView) -> Decision {
         .filter_map(|row| why_not(condition, row).map(|why| format!("{} {why}", row.name)))
         .collect();
     if waiting.is_empty() {
-        Decision::Met
+        Decision::Met(fleet.clusters.len())
     } else {
         Decision::NotYet(output::summarize(&waiting))
     }
@@ -116,12 +116,19 @@ pub fn wait(args: WaitArgs) -> Result<ExitCode> {
     let deadline = Instant::now() + args.timeout;
     let mut last_said = String::new();
     loop {
-        let fleet: FleetView = http::get_json(&url, token.as_deref())?;
-        match decide(args.condition, &fleet) {
-            Decision::Met => {
+        let decision = match http::get_json::<FleetView>(&url, token.as_deref()) {
+            Ok(fleet) => decide(args.condition, &fleet),
+            // A server restarting or a proxy in between should not end a long wait: it is read again until
+            // the deadline, when the error is the answer.
+            Err(error) if transient(&error) && Instant::now() < deadline => Decision::NotYet(
+                format!("the server did not answer ({})", error::report(&error)),
+            ),
+            Err(error) => return Err(error),
+        };
+        match decision {
+            Decision::Met(count) => {
                 println!(
-                    "condition met: {} cluster(s) {}",
-                    fleet.clusters.len(),
+                    "condition met: {count} cluster(s) {}",
                     condition_name(args.condition)
                 );
                 return Ok(ExitCode::SUCCESS);
@@ -145,6 +152,16 @@ pub fn wait(args: WaitArgs) -> Result<ExitCode> {
                 std::thread::sleep(interval.min(deadline - now));
             }
         }
+    }
+}
+
+/// Whether reading the fleet may work when tried again: no answer, or the server's 5xx. A refusal (a wrong
+/// token, a bad selector) or a body that is not the fleet will not change.
+fn transient(error: &Error) -> bool {
+    match error {
+        Error::Request { .. } => true,
+        Error::Refused { status, .. } => status.is_server_error(),
+        _ => false,
     }
 }
 
@@ -198,7 +215,7 @@ mod tests {
     #[test]
     fn synced_means_synced_on_the_latest_serial_everywhere() {
         let all = fleet(vec![row("a", Synced, 4), row("b", Synced, 4)]);
-        assert_eq!(decide(SyncedOn, &all), Decision::Met);
+        assert_eq!(decide(SyncedOn, &all), Decision::Met(2));
         let behind = fleet(vec![row("a", Synced, 4), row("b", Synced, 3)]);
         assert_eq!(
             decide(SyncedOn, &behind),
@@ -219,7 +236,7 @@ mod tests {
             row("c", Held, 4),
             row("d", Contested, 4),
         ]);
-        assert_eq!(decide(Healthy, &fine), Decision::Met);
+        assert_eq!(decide(Healthy, &fine), Decision::Met(4));
         for state in [Failed, Degraded, Progressing, Unknown, NeverSeen] {
             assert_eq!(
                 decide(
@@ -230,6 +247,20 @@ mod tests {
                 "{state}"
             );
         }
+    }
+
+    #[test]
+    fn only_a_missing_answer_or_a_server_error_is_read_again() {
+        let refused = |code: u16| Error::Refused {
+            request: "GET u".to_owned(),
+            status: reqwest::StatusCode::from_u16(code).expect("status"),
+            message: String::new(),
+        };
+        assert!(transient(&refused(503)));
+        assert!(transient(&refused(502)));
+        assert!(!transient(&refused(401)));
+        assert!(!transient(&refused(400)));
+        assert!(!transient(&Error::WaitImpossible { why: String::new() }));
     }
 
     #[test]
