@@ -145,7 +145,8 @@ fn every_flag_env_and_default_is_still_there() {
 
 /// Taken from `windvane <verb> --help` of the binary before the refactoring (commit 39e8adb). Added since, on
 /// purpose (issue 51, CLI conventions): `-o` as the short form of `status` and `rollout status`'s `--output`,
-/// with `yaml` beside `table` and `json` (the long flag, its variable and default unchanged); the verbs
+/// with `yaml` beside `table` and `json` (the long flag, its variable and default unchanged), and the same
+/// `-o, --output` on `verify`; the verbs
 /// `get`, `wait`, `history`, `version`, `completion` and `man`.
 const PINNED: &[(&str, &str)] = &[
     (
@@ -202,6 +203,7 @@ usage: windvane verify [OPTIONS]
 --trusted-key <PUB> [env: WINDVANE_TRUSTED_KEYS=]
 -V, --version
 -h, --help
+-o, --output <OUTPUT> [env: WINDVANE_OUTPUT=] [default: table] [possible values: table, json, yaml]
 "#,
     ),
     (

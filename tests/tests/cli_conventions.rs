@@ -441,6 +441,24 @@ fn history_lists_two_publishes_verified_and_an_entry_signed_by_another_key_as_un
         "the signer is the key id of the signature on the pointer"
     );
 
+    // `verify -o json` names the same signer and serial for the channel's current release.
+    let verify = windvane(&[
+        "verify",
+        "--root",
+        store.to_str().expect("utf-8"),
+        "--channel",
+        "prod",
+        "--trusted-key",
+        trusted.to_str().expect("utf-8"),
+        "-o",
+        "json",
+    ]);
+    assert_eq!(verify.status.code(), Some(0), "{}", stderr(&verify));
+    let verified: serde_json::Value = serde_json::from_slice(&verify.stdout).expect("JSON");
+    assert_eq!(verified["pointer"]["serial"], 2);
+    assert_eq!(verified["pointer"]["bundle"], rows[0]["bundle"]);
+    assert_eq!(verified["signer"], rows[0]["signer"]);
+
     let table = history(&store, &trusted, &[]);
     assert_eq!(table.status.code(), Some(0), "{}", stderr(&table));
     let text = stdout(&table);
