@@ -409,6 +409,7 @@ fn history_lists_two_publishes_verified_and_an_entry_signed_by_another_key_as_un
     let publisher = Publisher::new(11).expect("publisher");
     let tree = FleetTree::example().expect("tree");
     publisher.publish_cli(&tree, "prod").expect("first publish");
+    let first_pointer = std::fs::read(publisher.pointer_path("prod")).expect("pointer");
     tree.write(
         "apps/monitoring/settings.yaml",
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\n  namespace: monitoring\ndata:\n  retention: 7d\n",
@@ -469,6 +470,19 @@ fn history_lists_two_publishes_verified_and_an_entry_signed_by_another_key_as_un
             .is_some_and(|l| l.starts_with("2 ") && l.ends_with("current")),
         "{text}"
     );
+
+    // The store serving serial 1's pointer again (a replay): said on the current row, exit 1.
+    let second_pointer = std::fs::read(publisher.pointer_path("prod")).expect("pointer");
+    std::fs::write(publisher.pointer_path("prod"), &first_pointer).expect("replay");
+    let replayed = history(&store, &trusted, &[]);
+    assert_eq!(replayed.status.code(), Some(1), "{}", stdout(&replayed));
+    let text = stdout(&replayed);
+    assert!(
+        text.lines().nth(2).is_some_and(|l| l.starts_with("1 ")
+            && l.ends_with("current, OLDER than the signed history's serial 2")),
+        "{text}"
+    );
+    std::fs::write(publisher.pointer_path("prod"), &second_pointer).expect("restore");
 
     // Serial 1's entry replaced by one another key signed: listed as untrusted, never as signed; exit 1.
     let other = Publisher::new(12).expect("publisher");

@@ -4,7 +4,8 @@
 //! publish). Reads the channel's pointer and its history entries (`channels/<ch>.releases/<serial>.json`,
 //! `windvane_store::history`) from a directory, a bucket or a static host, and verifies each with
 //! `--trusted-key` before anything of it is shown: an entry that does not verify is listed as untrusted, with
-//! why, never shown as if signed, and makes the command exit 1. [`entries`] decides the rows (pure).
+//! why, never shown as if signed, and makes the command exit 1; so does a pointer older than the signed
+//! history (a replayed pointer). [`entries`] decides the rows (pure).
 
 use std::process::ExitCode;
 
@@ -73,6 +74,10 @@ pub struct Entry {
     /// The newest earlier serial listed whose bundle this serial carries again.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub same_bundle_as: Option<u64>,
+    /// On the current row: the signed history has this newer serial, so the store serves an older pointer
+    /// than was published (a replay, or a half-restored store). Agents that saw the newer one refuse it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history_has_newer: Option<u64>,
 }
 
 impl Entry {
@@ -89,14 +94,16 @@ impl Entry {
             halted: false,
             control: 0,
             same_bundle_as: None,
+            history_has_newer: None,
         }
     }
 }
 
 /// The rows of a channel's history (pure): `current` is the channel's pointer, `history` its entries as read,
-/// newest first, each with the serial its file is named for. An entry that holds another channel's or
-/// serial's pointer is untrusted; so is the current serial's entry when the current pointer names another
-/// bundle for it.
+/// newest first, each with the serial its file is named for (entries newer than the current pointer
+/// included). An entry that holds another channel's or serial's pointer is untrusted; so is the current
+/// serial's entry when the current pointer names another bundle for it; and the current row says so when the
+/// history has a newer serial than the pointer.
 pub fn entries(channel: &str, current: &Read, history: Vec<(u64, Read)>) -> Vec<Entry> {
     let current = match current {
         Read::Verified(accepted) => Some(&accepted.pointer),
@@ -111,6 +118,17 @@ pub fn entries(channel: &str, current: &Read, history: Vec<(u64, Read)>) -> Vec<
         .into_iter()
         .map(|(serial, read)| row(channel, serial, read, current))
         .collect();
+    let newest = rows
+        .iter()
+        .filter(|r| r.trusted)
+        .filter_map(|r| r.serial)
+        .max();
+    if let (Some(current), Some(newest)) = (current, newest)
+        && newest > current.serial
+        && let Some(row) = rows.iter_mut().find(|r| r.current)
+    {
+        row.history_has_newer = Some(newest);
+    }
     for i in 0..rows.len() {
         let Some(bundle) = rows[i].bundle.clone() else {
             continue;
@@ -163,6 +181,7 @@ fn row(channel: &str, serial: u64, read: Read, current: Option<&release::Release
         halted: rollout.is_some_and(|r| r.halted),
         control: rollout.map_or(0, |r| r.control),
         same_bundle_as: None,
+        history_has_newer: None,
     }
 }
 
@@ -192,7 +211,13 @@ pub fn history(args: HistoryArgs) -> Result<ExitCode> {
     let current = check(&pointer, &trusted);
     let mut read = Vec::new();
     if let Read::Verified(accepted) = &current {
-        let top = accepted.pointer.serial;
+        let top = newest_entry(
+            &runtime,
+            &location,
+            channel,
+            accepted.pointer.serial,
+            args.limit,
+        )?;
         let oldest = top.saturating_sub(args.limit - 1).max(1);
         for serial in (oldest..=top).rev() {
             let path = store::history::entry_path(channel, serial);
@@ -206,13 +231,43 @@ pub fn history(args: HistoryArgs) -> Result<ExitCode> {
     let rows = entries(channel, &current, read);
     output::print(args.output.output, &rows, "the history", || table(&rows))?;
     let untrusted = rows.iter().filter(|r| !r.trusted).count();
-    if untrusted == 0 {
-        return Ok(ExitCode::SUCCESS);
+    if untrusted > 0 {
+        eprintln!(
+            "{untrusted} of the channel's signed pointers did not verify with the --trusted-key keys (listed as UNTRUSTED)"
+        );
     }
-    eprintln!(
-        "{untrusted} of the channel's signed pointers did not verify with the --trusted-key keys (listed as UNTRUSTED)"
-    );
-    Ok(ExitCode::FAILURE)
+    let behind = rows.iter().find_map(|r| r.history_has_newer);
+    if let Some(newer) = behind {
+        eprintln!(
+            "the channel's pointer is older than its signed history (which has serial {newer}): the store serves a \
+             replayed or restored pointer"
+        );
+    }
+    Ok(if untrusted == 0 && behind.is_none() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The newest serial the signed history has from `current` on: entries after the current pointer's serial
+/// are looked for (at most `limit`), since a store serving an older pointer than it recorded is a finding.
+fn newest_entry(
+    runtime: &tokio::runtime::Runtime,
+    location: &StoreLocation,
+    channel: &str,
+    current: u64,
+    limit: u64,
+) -> Result<u64> {
+    let mut newest = current;
+    while newest - current < limit {
+        let path = store::history::entry_path(channel, newest + 1);
+        if runtime.block_on(read_optional(location, &path))?.is_none() {
+            break;
+        }
+        newest += 1;
+    }
+    Ok(newest)
 }
 
 /// `relative` from `location`; `None` when it is not there.
@@ -266,6 +321,9 @@ fn notes(row: &Entry) -> String {
         notes.push("HALTED".to_owned());
     } else if row.control > 0 {
         notes.push("resumed".to_owned());
+    }
+    if let Some(newer) = row.history_has_newer {
+        notes.push(format!("OLDER than the signed history's serial {newer}"));
     }
     if let Some(serial) = row.same_bundle_as {
         notes.push(format!("bundle of serial {serial} again"));
@@ -336,6 +394,24 @@ mod tests {
                 .is_some_and(|l| l.ends_with("current, HALTED, bundle of serial 1 again")),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_pointer_older_than_the_signed_history_is_said_on_its_row() {
+        let history = vec![(3, verified("prod", 3, 'c')), (2, verified("prod", 2, 'b'))];
+        let rows = entries("prod", &verified("prod", 2, 'b'), history);
+        assert!(!rows[0].current && rows[1].current);
+        assert_eq!(rows[1].history_has_newer, Some(3));
+        assert_eq!(
+            notes(&rows[1]),
+            "current, OLDER than the signed history's serial 3"
+        );
+        let rows = entries(
+            "prod",
+            &verified("prod", 3, 'c'),
+            vec![(3, verified("prod", 3, 'c'))],
+        );
+        assert_eq!(rows[0].history_has_newer, None);
     }
 
     #[test]
