@@ -102,13 +102,28 @@ pub struct ReadTokenArgs {
     pub read_token_file: Option<PathBuf>,
 }
 
-/// Which clusters a verb reads from the server: a label selector and states, checked here (a mistake is a
-/// usage error before anything is sent) and sent as the server's `selector` and `state` query parameters.
+/// The label selector of the clusters a verb reads from the server, checked here (a mistake is a usage error
+/// before anything is sent) and sent as the server's `selector` query parameter.
 #[derive(Debug, Clone, Args)]
-pub struct SelectArgs {
+pub struct SelectorArgs {
     /// Only clusters whose labels match this selector, e.g. "env=prod,region in (eu,us)".
     #[arg(long, env = "WINDVANE_SELECTOR", value_name = "SEL", value_parser = parse_selector)]
     pub selector: Option<String>,
+}
+
+impl SelectorArgs {
+    /// The query string of `/api/v1/fleet` and `/api/v1/clusters` for this selector.
+    pub fn query(&self) -> String {
+        select_query(self.selector.as_deref(), &[])
+    }
+}
+
+/// Which clusters a verb reads from the server: the selector and states (the server's names, any case), sent
+/// as the `selector` and `state` query parameters.
+#[derive(Debug, Clone, Args)]
+pub struct SelectArgs {
+    #[command(flatten)]
+    pub selector: SelectorArgs,
     /// Only clusters in these states (comma-separated or repeated): Failed, Degraded, Contested,
     /// OutOfSync, Unknown, Held, Progressing, Synced, NeverSeen.
     #[arg(
@@ -124,15 +139,19 @@ pub struct SelectArgs {
 impl SelectArgs {
     /// The query string of `/api/v1/fleet` and `/api/v1/clusters` for this selection.
     pub fn query(&self) -> String {
-        let mut query = form_urlencoded::Serializer::new(String::new());
-        if let Some(selector) = &self.selector {
-            query.append_pair("selector", selector);
-        }
-        for state in &self.states {
-            query.append_pair("state", state.as_str());
-        }
-        query.finish()
+        select_query(self.selector.selector.as_deref(), &self.states)
     }
+}
+
+fn select_query(selector: Option<&str>, states: &[ClusterState]) -> String {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    if let Some(selector) = selector {
+        query.append_pair("selector", selector);
+    }
+    for state in states {
+        query.append_pair("state", state.as_str());
+    }
+    query.finish()
 }
 
 /// A label selector as kubectl writes it, checked by the shared core's parser; kept as written.

@@ -438,7 +438,6 @@ usage: windvane wait [OPTIONS] --server <URL> --for <CONDITION>
 --read-token-file <FILE> [env: WINDVANE_READ_TOKEN_FILE=]
 --selector <SEL> [env: WINDVANE_SELECTOR=]
 --server <URL> [env: WINDVANE_SERVER=]
---state <STATE> [env: WINDVANE_STATE=]
 --timeout <DURATION> [env: WINDVANE_WAIT_TIMEOUT=] [default: 5m]
 -V, --version
 -h, --help

@@ -176,13 +176,10 @@ fn apps(args: AppsArgs) -> Result<()> {
         Some(name) => vec![name.clone()],
         None => {
             // The states pick apps here, not clusters: only the selector goes to the server.
-            let select = SelectArgs {
-                states: Vec::new(),
-                ..args.select.clone()
-            };
-            let list: ClusterList = args
-                .source
-                .get(&format!("/api/v1/clusters?{}", select.query()))?;
+            let list: ClusterList = args.source.get(&format!(
+                "/api/v1/clusters?{}",
+                args.select.selector.query()
+            ))?;
             list.clusters.into_iter().map(|c| c.name).collect()
         }
     };
@@ -243,7 +240,7 @@ fn apps_table(rows: &[AppRow]) -> String {
 }
 
 fn drift(args: DriftArgs) -> Result<()> {
-    let picked = !args.select.states.is_empty() || args.select.selector.is_some();
+    let picked = !args.select.states.is_empty() || args.select.selector.selector.is_some();
     let clusters: Option<BTreeSet<String>> = if picked {
         let list: ClusterList = args
             .source

@@ -10,7 +10,7 @@ use clap::Args;
 use windvane_shared::duration::{format_duration, parse_duration};
 use windvane_shared::fleet_api::{ClusterRow, ClusterState, FleetView};
 
-use crate::args::{ReadTokenArgs, SelectArgs, ServerArgs};
+use crate::args::{ReadTokenArgs, SelectorArgs, ServerArgs};
 use crate::error::{self, Error, Result};
 use crate::terminal::clean_line;
 use crate::{http, inputs, output};
@@ -33,7 +33,7 @@ pub struct WaitArgs {
     )]
     condition: Condition,
     #[command(flatten)]
-    select: SelectArgs,
+    select: SelectorArgs,
     /// How long to wait before giving up (exit 1).
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration, env = "WINDVANE_WAIT_TIMEOUT")]
     timeout: Duration,
