@@ -287,7 +287,12 @@ async fn read_optional(location: &StoreLocation, relative: &str) -> Result<Optio
 }
 
 fn table(rows: &[Entry]) -> String {
-    let time = |t: Option<Timestamp>| t.map_or("-".to_owned(), |t| t.to_string());
+    // Seconds and the key id's first 16 hex digits are enough to tell entries apart; -o json has it all.
+    let time = |t: Option<Timestamp>| {
+        t.map_or("-".to_owned(), |t| {
+            t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+        })
+    };
     let cells: Vec<[String; 6]> = rows
         .iter()
         .map(|r| {
@@ -296,7 +301,9 @@ fn table(rows: &[Entry]) -> String {
                 r.bundle
                     .as_ref()
                     .map_or("-".to_owned(), |b| b.sha256.chars().take(12).collect()),
-                r.signer.clone().unwrap_or_else(|| "-".to_owned()),
+                r.signer
+                    .as_ref()
+                    .map_or("-".to_owned(), |k| k.chars().take(16).collect()),
                 time(r.issued_at),
                 time(r.expires_at),
                 notes(r),
