@@ -11,8 +11,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use windvane_shared::spec::selector::LabelSelector;
 use windvane_shared::text::duration::parse_duration;
+use windvane_shared::wire::fleet_api::ClusterState;
 use windvane_store::Store;
+
+use crate::error::Error;
+use crate::output::Format;
 
 /// The `--root` of commands that write to a store: a directory or `s3://BUCKET[/PREFIX]`.
 const ROOT_HELP: &str = "The store: a directory (created if missing; sync it to any static host \
@@ -97,18 +102,83 @@ pub struct ReadTokenArgs {
     pub read_token_file: Option<PathBuf>,
 }
 
-/// How a verb prints what it read from the server.
+/// The label selector of the clusters a verb reads from the server, checked here (a mistake is a usage error
+/// before anything is sent) and sent as the server's `selector` query parameter.
 #[derive(Debug, Clone, Args)]
-pub struct OutputArgs {
-    /// Output format.
-    #[arg(long, env = "WINDVANE_OUTPUT", default_value = "table", value_parser = ["table", "json"])]
-    pub output: String,
+pub struct SelectorArgs {
+    /// Only clusters whose labels match this selector, e.g. "env=prod,region in (eu,us)".
+    #[arg(long, env = "WINDVANE_SELECTOR", value_name = "SEL", value_parser = parse_selector)]
+    pub selector: Option<String>,
 }
 
-impl OutputArgs {
-    pub fn json(&self) -> bool {
-        self.output == "json"
+impl SelectorArgs {
+    /// The query string of `/api/v1/fleet` and `/api/v1/clusters` for this selector.
+    pub fn query(&self) -> String {
+        select_query(self.selector.as_deref(), &[])
     }
+}
+
+/// Which clusters a verb reads from the server: the selector and states (the server's names, any case), sent
+/// as the `selector` and `state` query parameters.
+#[derive(Debug, Clone, Args)]
+pub struct SelectArgs {
+    #[command(flatten)]
+    pub selector: SelectorArgs,
+    /// Only clusters in these states (comma-separated or repeated): Failed, Degraded, Contested,
+    /// OutOfSync, Unknown, Held, Progressing, Synced, NeverSeen.
+    #[arg(
+        long = "state",
+        env = "WINDVANE_STATE",
+        value_name = "STATE",
+        value_delimiter = ',',
+        value_parser = parse_state
+    )]
+    pub states: Vec<ClusterState>,
+}
+
+impl SelectArgs {
+    /// The query string of `/api/v1/fleet` and `/api/v1/clusters` for this selection.
+    pub fn query(&self) -> String {
+        select_query(self.selector.selector.as_deref(), &self.states)
+    }
+}
+
+fn select_query(selector: Option<&str>, states: &[ClusterState]) -> String {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    if let Some(selector) = selector {
+        query.append_pair("selector", selector);
+    }
+    for state in states {
+        query.append_pair("state", state.as_str());
+    }
+    query.finish()
+}
+
+/// A label selector as kubectl writes it, checked by the shared core's parser; kept as written.
+fn parse_selector(text: &str) -> Result<String, windvane_shared::Error> {
+    LabelSelector::parse(text)?;
+    Ok(text.to_owned())
+}
+
+/// A state name as the server writes it (any case).
+pub fn parse_state(text: &str) -> Result<ClusterState, Error> {
+    ClusterState::parse(text).ok_or_else(|| Error::UnknownState {
+        given: text.to_owned(),
+    })
+}
+
+/// How a verb prints the state it read (`output.rs`): the same flag, values and variable on every verb.
+#[derive(Debug, Clone, Args)]
+pub struct OutputArgs {
+    /// Output format: an aligned table for people, or the objects themselves as JSON or YAML for programs.
+    #[arg(
+        short = 'o',
+        long,
+        env = "WINDVANE_OUTPUT",
+        default_value = "table",
+        value_enum
+    )]
+    pub output: Format,
 }
 
 /// How strictly a fleet tree's YAML is read.

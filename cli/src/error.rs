@@ -292,6 +292,24 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    #[error("reading the channel's signed history at {path}")]
+    ReadHistory {
+        path: String,
+        #[source]
+        source: Store,
+    },
+    #[error(
+        "{given:?} is not a cluster state; the states are Failed, Degraded, Contested, OutOfSync, Unknown, \
+         Held, Progressing, Synced, NeverSeen"
+    )]
+    UnknownState { given: String },
+    #[error(
+        "the selection has {count} clusters, more than the {max} that `get apps` reads one by one; narrow it \
+         with --selector or --cluster"
+    )]
+    TooManyClusters { count: usize, max: usize },
+    #[error("cannot wait: {why}")]
+    WaitImpossible { why: String },
     #[error("printing {what} as JSON")]
     PrintJson {
         what: &'static str,
@@ -510,6 +528,34 @@ pub enum Error {
     },
 }
 
+/// The exit status of every `windvane` command, one rule (in `windvane --help` and the README): 0 when the
+/// command did what it was asked and any check it makes passed; 1 when a check it makes answered no — not
+/// every selected cluster Synced (`status`), a rollout not complete (`rollout status`), a condition not met
+/// before the timeout (`wait`), a release or history entry that does not verify (`verify`, `render --root`,
+/// `history`), `promote --require-synced` not met; 2 for a usage error (clap's own) or any other failure
+/// (unreadable files, a server that refuses or cannot be reached, a bad store).
+pub mod exit {
+    /// Done, and every check passed.
+    pub const OK: u8 = 0;
+    /// A check answered no.
+    pub const NOT_MET: u8 = 1;
+    /// A usage error or a failure: the command could not decide.
+    pub const ERROR: u8 = 2;
+}
+
+impl Error {
+    /// This failure's exit status ([`exit`]): [`exit::NOT_MET`] for the refusals that are a check's answer,
+    /// [`exit::ERROR`] for everything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::RefusePointer { .. } | Error::RefuseBundle { .. } | Error::NotSynced { .. } => {
+                exit::NOT_MET
+            }
+            _ => exit::ERROR,
+        }
+    }
+}
+
 /// An error and every error under it on one line, `step: cause: cause…`. A cause whose text the line already
 /// holds is left out: the shared core's and the store's messages quote their own cause.
 pub fn report(error: &dyn std::error::Error) -> String {
@@ -529,6 +575,36 @@ pub fn report(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_check_s_no_exits_1_every_other_failure_2() {
+        let refused = Error::RefusePointer {
+            location: "store".to_owned(),
+            channel: "prod".to_owned(),
+            source: windvane_shared::Error::Malformed {
+                what: "release pointer",
+                detail: "x".to_owned(),
+            },
+        };
+        assert_eq!(refused.exit_code(), exit::NOT_MET);
+        let not_synced = Error::NotSynced {
+            serial: 3,
+            from: "staging".to_owned(),
+            selector: "env=staging".to_owned(),
+            why: "eu is Degraded".to_owned(),
+        };
+        assert_eq!(not_synced.exit_code(), exit::NOT_MET);
+        let unreadable = Error::ReadPointer {
+            location: "store".to_owned(),
+            channel: "prod".to_owned(),
+            source: windvane_store::Error::NoSuchChannel {
+                location: "store".to_owned(),
+                channel: "prod".to_owned(),
+            },
+        };
+        assert_eq!(unreadable.exit_code(), exit::ERROR);
+        assert_eq!(Error::NoTrustedKey.exit_code(), exit::ERROR);
+    }
 
     #[test]
     fn a_report_names_the_step_then_each_cause_once() {

@@ -1,6 +1,7 @@
 //! `windvane`: the release engineer's and SRE's command line. Parses arguments, sets up logging, and hands
 //! each verb to its file under `commands/`; every failure ends as one line on stderr (the step that failed
-//! and each cause, `error::report`) and a non-zero exit.
+//! and each cause, `error::report`). The exit status follows one rule for every verb (`error::exit`): 0 done
+//! and passed, 1 a check answered no, 2 a usage error or a failure.
 
 mod args;
 mod commands;
@@ -10,21 +11,42 @@ mod error;
 mod http;
 mod inputs;
 mod kustomize_check;
+mod output;
 mod stored;
 mod terminal;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::commands::{
-    approve, build, cluster, keys, promote, publish, render, rollback, rollout, seal, status,
-    verify,
+    approve, build, cluster, completion, get, history, keys, promote, publish, render, rollback,
+    rollout, seal, status, verify, version, wait,
 };
+use crate::error::exit;
+
+/// What every verb's exit status means, in `windvane --help`.
+const EXIT_STATUS: &str = "\
+Exit status (every command):
+  0  done, and every check it makes passed
+  1  a check answered no: a selected cluster not Synced (status), a rollout not
+     complete (rollout status), the condition not met in time (wait), a release
+     or history entry that does not verify (verify, render --root, history),
+     promote --require-synced not met
+  2  a usage error, or a failure that kept the command from deciding (a file,
+     the server, the store)";
 
 /// Windvane: pull-mode GitOps for Kubernetes fleets — sign, publish, verify and preview releases.
 #[derive(Debug, Parser)]
-#[command(name = "windvane", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "windvane",
+    version,
+    long_version = version::LONG_VERSION,
+    about,
+    long_about = None,
+    propagate_version = true,
+    after_help = EXIT_STATUS
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -59,6 +81,19 @@ enum Command {
     Seal(seal::SealArgs),
     /// Generate an age identity file (for a cluster's or a group's key Secret) and print its recipient.
     AgeKeygen(keys::AgeKeygenArgs),
+
+    /// Read the fleet from a source server: clusters, one cluster, apps, the drift log (-o table|json|yaml).
+    Get(get::GetArgs),
+    /// Wait until every selected cluster is synced or healthy; exit 1 if the timeout passes first.
+    Wait(wait::WaitArgs),
+    /// A channel's signed history: serials, bundle digests, signers, halts and repeated bundles, verified.
+    History(history::HistoryArgs),
+    /// Print the version, the git commit it was built from and the target.
+    Version(version::VersionArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completion(completion::CompletionArgs),
+    /// Write the man pages (windvane.1 and one per verb) into a directory.
+    Man(completion::ManArgs),
 }
 
 fn main() -> ExitCode {
@@ -74,17 +109,17 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(error) => {
             // An error may quote a server, a store or a cluster: shown, never interpreted.
-            eprintln!("error: {}", terminal::clean(&format!("{error:#}")));
-            ExitCode::FAILURE
+            eprintln!("error: {}", terminal::clean(&error::report(&error)));
+            ExitCode::from(error.exit_code())
         }
     }
 }
 
-/// Runs one verb. Verbs that report a verdict (`status`, `rollout status`) choose the exit code; the others
-/// succeed or fail. The typed error becomes one line here, at the binary's edge.
-fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let done = |()| ExitCode::SUCCESS;
-    let result = match cli.command {
+/// Runs one verb. Verbs that report a verdict (`status`, `rollout status`, `wait`, `history`) choose their
+/// exit status; the others succeed or fail, and a failure's status is [`error::Error::exit_code`].
+fn run(cli: Cli) -> error::Result<ExitCode> {
+    let done = |()| ExitCode::from(exit::OK);
+    match cli.command {
         Command::Keygen(args) => keys::keygen(args).map(done),
         Command::Build(args) => build::build(args).map(done),
         Command::Publish(args) => publish::publish(args).map(done),
@@ -98,8 +133,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Approve(args) => approve::approve(args).map(done),
         Command::Seal(args) => seal::seal(args).map(done),
         Command::AgeKeygen(args) => keys::age_keygen(args).map(done),
-    };
-    result.map_err(|error| anyhow::anyhow!(error::report(&error)))
+        Command::Get(args) => get::get(args).map(done),
+        Command::Wait(args) => wait::wait(args),
+        Command::History(args) => history::history(args),
+        Command::Version(args) => version::version(args).map(done),
+        Command::Completion(args) => completion::completion(args, Cli::command()).map(done),
+        Command::Man(args) => completion::man(args, Cli::command()).map(done),
+    }
 }
 
 #[cfg(test)]

@@ -110,8 +110,18 @@ fn every_verb_is_still_there() {
             "approve",
             "seal",
             "age-keygen",
+            "get",
+            "wait",
+            "history",
+            "version",
+            "completion",
+            "man",
             "help"
         ]
+    );
+    assert_eq!(
+        commands(&["get"]),
+        ["clusters", "cluster", "apps", "drift", "help"]
     );
     assert_eq!(commands(&["cluster"]), ["rekey", "forget", "help"]);
     assert_eq!(commands(&["rollout"]), ["status", "halt", "resume", "help"]);
@@ -133,7 +143,11 @@ fn every_flag_env_and_default_is_still_there() {
     assert!(changed.is_empty(), "{}", changed.join("\n\n"));
 }
 
-/// Taken from `windvane <verb> --help` of the binary before the refactoring (commit 39e8adb).
+/// Taken from `windvane <verb> --help` of the binary before the refactoring (commit 39e8adb). Added since, on
+/// purpose (issue 51, CLI conventions): `-o` as the short form of `status` and `rollout status`'s `--output`,
+/// with `yaml` beside `table` and `json` (the long flag, its variable and default unchanged), and the same
+/// `-o, --output` on `verify`; the verbs
+/// `get`, `wait`, `history`, `version`, `completion` and `man`.
 const PINNED: &[(&str, &str)] = &[
     (
         "keygen",
@@ -189,6 +203,7 @@ usage: windvane verify [OPTIONS]
 --trusted-key <PUB> [env: WINDVANE_TRUSTED_KEYS=]
 -V, --version
 -h, --help
+-o, --output <OUTPUT> [env: WINDVANE_OUTPUT=] [default: table] [possible values: table, json, yaml]
 "#,
     ),
     (
@@ -216,13 +231,13 @@ usage: windvane render [OPTIONS] --cluster <NAME> [SOURCE]
         "status",
         r#"
 usage: windvane status [OPTIONS] --server <URL>
---output <OUTPUT> [env: WINDVANE_OUTPUT=] [default: table] [possible values: table, json]
 --read-token-file <FILE> [env: WINDVANE_READ_TOKEN_FILE=]
 --selector <SEL> [env: WINDVANE_SELECTOR=]
 --server <URL> [env: WINDVANE_SERVER=]
 --state <STATE> [env: WINDVANE_STATE=]
 -V, --version
 -h, --help
+-o, --output <OUTPUT> [env: WINDVANE_OUTPUT=] [default: table] [possible values: table, json, yaml]
 "#,
     ),
     (
@@ -252,11 +267,11 @@ usage: windvane cluster forget --server <URL> --admin-token-file <FILE> <NAME>
         r#"
 usage: windvane rollout status [OPTIONS] --server <URL> --channel <CHANNEL>
 --channel <CHANNEL> [env: WINDVANE_CHANNEL=]
---output <OUTPUT> [env: WINDVANE_OUTPUT=] [default: table] [possible values: table, json]
 --read-token-file <FILE> [env: WINDVANE_READ_TOKEN_FILE=]
 --server <URL> [env: WINDVANE_SERVER=]
 -V, --version
 -h, --help
+-o, --output <OUTPUT> [env: WINDVANE_OUTPUT=] [default: table] [possible values: table, json, yaml]
 "#,
     ),
     (
@@ -358,6 +373,114 @@ usage: windvane age-keygen --output <FILE>
 -V, --version
 -h, --help
 -o, --output <FILE>
+"#,
+    ),
+    (
+        "get clusters",
+        r#"
+usage: windvane get clusters [OPTIONS] --server <URL>
+--read-token-file <FILE> [env: WINDVANE_READ_TOKEN_FILE=]
+--selector <SEL> [env: WINDVANE_SELECTOR=]
+--server <URL> [env: WINDVANE_SERVER=]
+--state <STATE> [env: WINDVANE_STATE=]
+-V, --version
+-h, --help
+-o, --output <OUTPUT> [env: WINDVANE_OUTPUT=] [default: table] [possible values: table, json, yaml]
+"#,
+    ),
+    (
+        "get cluster",
+        r#"
+usage: windvane get cluster [OPTIONS] --server <URL> <NAME>
+<NAME>
+--read-token-file <FILE> [env: WINDVANE_READ_TOKEN_FILE=]
+--server <URL> [env: WINDVANE_SERVER=]
+-V, --version
+-h, --help
+-o, --output <OUTPUT> [env: WINDVANE_OUTPUT=] [default: table] [possible values: table, json, yaml]
+"#,
+    ),
+    (
+        "get apps",
+        r#"
+usage: windvane get apps [OPTIONS] --server <URL>
+--cluster <NAME>
+--read-token-file <FILE> [env: WINDVANE_READ_TOKEN_FILE=]
+--selector <SEL> [env: WINDVANE_SELECTOR=]
+--server <URL> [env: WINDVANE_SERVER=]
+--state <STATE> [env: WINDVANE_STATE=]
+-V, --version
+-h, --help
+-o, --output <OUTPUT> [env: WINDVANE_OUTPUT=] [default: table] [possible values: table, json, yaml]
+"#,
+    ),
+    (
+        "get drift",
+        r#"
+usage: windvane get drift [OPTIONS] --server <URL>
+--cluster <NAME>
+--read-token-file <FILE> [env: WINDVANE_READ_TOKEN_FILE=]
+--selector <SEL> [env: WINDVANE_SELECTOR=]
+--server <URL> [env: WINDVANE_SERVER=]
+--since <DURATION|TIME> [env: WINDVANE_SINCE=]
+--state <STATE> [env: WINDVANE_STATE=]
+-V, --version
+-h, --help
+-o, --output <OUTPUT> [env: WINDVANE_OUTPUT=] [default: table] [possible values: table, json, yaml]
+"#,
+    ),
+    (
+        "wait",
+        r#"
+usage: windvane wait [OPTIONS] --server <URL> --for <CONDITION>
+--for <CONDITION> [env: WINDVANE_WAIT_FOR=] [possible values: synced, healthy]
+--interval <DURATION> [env: WINDVANE_WAIT_INTERVAL=] [default: 2s]
+--read-token-file <FILE> [env: WINDVANE_READ_TOKEN_FILE=]
+--selector <SEL> [env: WINDVANE_SELECTOR=]
+--server <URL> [env: WINDVANE_SERVER=]
+--timeout <DURATION> [env: WINDVANE_WAIT_TIMEOUT=] [default: 5m]
+-V, --version
+-h, --help
+"#,
+    ),
+    (
+        "history",
+        r#"
+usage: windvane history [OPTIONS] --root <DIR|S3|URL> <CHANNEL>
+<CHANNEL>
+--limit <N> [default: 50]
+--root <DIR|S3|URL> [env: WINDVANE_ROOT=]
+--trusted-key <PUB> [env: WINDVANE_TRUSTED_KEYS=]
+-V, --version
+-h, --help
+-o, --output <OUTPUT> [env: WINDVANE_OUTPUT=] [default: table] [possible values: table, json, yaml]
+"#,
+    ),
+    (
+        "version",
+        r#"
+usage: windvane version [OPTIONS]
+-V, --version
+-h, --help
+-o, --output <OUTPUT> [env: WINDVANE_OUTPUT=] [default: table] [possible values: table, json, yaml]
+"#,
+    ),
+    (
+        "completion",
+        r#"
+usage: windvane completion <SHELL>
+<SHELL> [possible values: bash, elvish, fish, powershell, zsh]
+-V, --version
+-h, --help
+"#,
+    ),
+    (
+        "man",
+        r#"
+usage: windvane man --dir <DIR>
+--dir <DIR>
+-V, --version
+-h, --help
 "#,
     ),
 ];

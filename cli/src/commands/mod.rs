@@ -16,10 +16,20 @@
 //! | `promote`                             | `promote.rs`  |
 //! | `approve`                             | `approve.rs`  |
 //! | `seal`                                | `seal.rs`     |
+//! | `get clusters|cluster|apps|drift`     | `get.rs`      |
+//! | `wait`                                | `wait.rs`     |
+//! | `history`                             | `history.rs`  |
+//! | `version`                             | `version.rs`  |
+//! | `completion`, `man`                   | `completion.rs` |
+//!
+//! Verbs that print state print through `output.rs` (`-o table|json|yaml`).
 
 pub mod approve;
 pub mod build;
 pub mod cluster;
+pub mod completion;
+pub mod get;
+pub mod history;
 pub mod keys;
 pub mod promote;
 pub mod publish;
@@ -29,3 +39,5 @@ pub mod rollout;
 pub mod seal;
 pub mod status;
 pub mod verify;
+pub mod version;
+pub mod wait;

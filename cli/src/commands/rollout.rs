@@ -14,6 +14,7 @@ use crate::args::{ChannelArgs, OutputArgs, ReadTokenArgs, ServerArgs, SignArgs};
 use crate::error::{Error, Result};
 use crate::http::{self, block_on};
 use crate::inputs::{self, Signer};
+use crate::output;
 
 /// `windvane rollout …`.
 #[derive(Debug, Args)]
@@ -86,15 +87,7 @@ fn status(args: StatusArgs) -> Result<ExitCode> {
     );
     let token = inputs::read_token_file(args.token.read_token_file.as_ref())?;
     let view: RolloutView = http::get_json(&url, token.as_deref())?;
-    if args.output.json() {
-        let text = serde_json::to_string_pretty(&view).map_err(|source| Error::PrintJson {
-            what: "the rollout",
-            source,
-        })?;
-        println!("{text}");
-    } else {
-        print!("{}", crate::terminal::clean(&render(&view)));
-    }
+    output::print(args.output.output, &view, "the rollout", || render(&view))?;
     if view.complete {
         Ok(ExitCode::SUCCESS)
     } else {

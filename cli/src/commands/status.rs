@@ -7,28 +7,18 @@ use std::process::ExitCode;
 use clap::Args;
 use windvane_shared::wire::fleet_api::{ClusterRow, ClusterState, FleetView};
 
-use crate::args::{OutputArgs, ReadTokenArgs, ServerArgs};
+use crate::args::{OutputArgs, ReadTokenArgs, SelectArgs, ServerArgs};
 use crate::error::{Error, Result};
-use crate::terminal::{clean, clean_line};
-use crate::{http, inputs};
+use crate::terminal::clean_line;
+use crate::{http, inputs, output};
 
 /// `windvane status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
     server: ServerArgs,
-    /// Only clusters whose labels match this selector, e.g. "env=prod,region in (eu,us)".
-    #[arg(long, env = "WINDVANE_SELECTOR", value_name = "SEL")]
-    selector: Option<String>,
-    /// Only clusters in these states (comma-separated or repeated): Failed, Degraded, Contested,
-    /// OutOfSync, Unknown, Held, Progressing, Synced, NeverSeen.
-    #[arg(
-        long = "state",
-        env = "WINDVANE_STATE",
-        value_name = "STATE",
-        value_delimiter = ','
-    )]
-    states: Vec<String>,
+    #[command(flatten)]
+    select: SelectArgs,
     #[command(flatten)]
     token: ReadTokenArgs,
     #[command(flatten)]
@@ -37,32 +27,16 @@ pub struct StatusArgs {
 
 /// Prints the fleet table; exit 0 only when at least one cluster is selected and all are Synced.
 pub fn status(args: StatusArgs) -> Result<ExitCode> {
-    let mut query: Vec<(&str, &str)> = Vec::new();
-    if let Some(selector) = &args.selector {
-        query.push(("selector", selector));
-    }
-    for state in &args.states {
-        query.push(("state", state));
-    }
-    let query: String = form_urlencoded::Serializer::new(String::new())
-        .extend_pairs(query)
-        .finish();
     let url = format!(
-        "{}/api/v1/fleet?{query}",
-        args.server.server.trim_end_matches('/')
+        "{}/api/v1/fleet?{}",
+        args.server.server.trim_end_matches('/'),
+        args.select.query()
     );
     let token = inputs::read_token_file(args.token.read_token_file.as_ref())?;
     let fleet = parse_fleet(&url, &http::get(&url, token.as_deref())?)?;
-    if args.output.json() {
-        // JSON strings escape control characters themselves.
-        let text = serde_json::to_string_pretty(&fleet).map_err(|source| Error::PrintJson {
-            what: "the fleet",
-            source,
-        })?;
-        println!("{text}");
-    } else {
-        print!("{}", clean(&render_table(&fleet)));
-    }
+    output::print(args.output.output, &fleet, "the fleet", || {
+        render_table(&fleet)
+    })?;
     let verdict = verdict(&fleet);
     if let Some(reason) = &verdict {
         eprintln!("not synced: {}", clean_line(reason));
@@ -93,25 +67,11 @@ fn verdict(fleet: &FleetView) -> Option<String> {
         .filter(|r| r.state != ClusterState::Synced)
         .map(|r| format!("{} is {}", r.name, r.state))
         .collect();
-    match not_synced.len() {
-        0 => None,
-        n if n <= 5 => Some(not_synced.join(", ")),
-        n => Some(format!(
-            "{}, and {} more",
-            not_synced[..5].join(", "),
-            n - 5
-        )),
-    }
+    (!not_synced.is_empty()).then(|| output::summarize(&not_synced))
 }
 
 fn age(seconds: Option<u64>) -> String {
-    match seconds {
-        None => "never".to_owned(),
-        Some(s) if s < 120 => format!("{s}s ago"),
-        Some(s) if s < 7200 => format!("{}m ago", s / 60),
-        Some(s) if s < 172_800 => format!("{}h ago", s / 3600),
-        Some(s) => format!("{}d ago", s / 86_400),
-    }
+    seconds.map_or("never".to_owned(), |s| format!("{} ago", output::ago(s)))
 }
 
 /// The fleet as a text table: counts, then one row per cluster.
@@ -131,6 +91,12 @@ fn render_table(fleet: &FleetView) -> String {
             parts.join(" · ")
         }
     );
+    out.push_str(&clusters_table(&fleet.clusters));
+    out
+}
+
+/// One row per cluster, worst first as the server sorted them (`status` and `get clusters`).
+pub fn clusters_table(clusters: &[ClusterRow]) -> String {
     let header = [
         "CLUSTER",
         "STATE",
@@ -140,32 +106,12 @@ fn render_table(fleet: &FleetView) -> String {
         "LABELS",
         "LAST ERROR",
     ];
-    let rows: Vec<[String; 7]> = fleet.clusters.iter().map(table_row).collect();
-    let mut widths = header.map(str::len);
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut text = String::new();
-        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
-            if i + 1 == cells.len() {
-                text.push_str(cell);
-            } else {
-                text.push_str(&format!("{cell:<w$}  "));
-            }
-        }
-        text.trim_end().to_owned() + "\n"
-    };
-    out.push_str(&line(header.to_vec()));
-    for row in &rows {
-        out.push_str(&line(row.iter().map(String::as_str).collect()));
-    }
-    out
+    let rows: Vec<[String; 7]> = clusters.iter().map(table_row).collect();
+    output::table(header, &rows)
 }
 
-/// One cluster's cells, in the order of the table's header.
+/// One cluster's cells, in the order of the table's header (cleaned by `output::table`; the error is cleaned
+/// here, before it is cut to its width).
 fn table_row(row: &ClusterRow) -> [String; 7] {
     let state = match (row.state, row.last_reported) {
         (ClusterState::Unknown, Some(last)) => format!("Unknown (last {last})"),
@@ -191,12 +137,12 @@ fn table_row(row: &ClusterRow) -> [String; 7] {
         error = format!("{}…", error.chars().take(59).collect::<String>());
     }
     [
-        clean_line(&row.name),
-        clean_line(&state),
+        row.name.clone(),
+        state,
         release,
         age(row.heartbeat_age_seconds),
         row.drift_total.to_string(),
-        clean_line(&labels),
+        labels,
         error,
     ]
 }

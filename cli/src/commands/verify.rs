@@ -6,16 +6,19 @@ use std::time::Duration;
 
 use clap::Args;
 use jiff::Timestamp;
+use serde::Serialize;
 use windvane_shared::crypto::keys::TrustedKeys;
 use windvane_shared::format::bundle::{Bundle, BundleLimits};
-use windvane_shared::format::release::{self, AcceptedRelease, PointerExpectations};
+use windvane_shared::format::release::{
+    self, AcceptedRelease, PointerExpectations, ReleasePointer,
+};
 use windvane_shared::text::duration::format_duration;
 use windvane_store::{self as store, StoreLocation};
 
-use crate::args::{FleetArgs, TrustArgs, reword};
+use crate::args::{FleetArgs, OutputArgs, TrustArgs, reword};
 use crate::error::{Error, Result};
 use crate::http::runtime;
-use crate::inputs;
+use crate::{inputs, output};
 
 /// Where a release comes from, verified, for `verify` and `render --root`.
 #[derive(Debug, Args)]
@@ -40,47 +43,79 @@ pub struct ReleaseArgs {
 pub struct VerifyArgs {
     #[command(flatten)]
     release: ReleaseArgs,
+    #[command(flatten)]
+    output: OutputArgs,
+}
+
+/// What `verify -o json|yaml` prints: the verified pointer, the key that signed it, and the bundle's apps.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Verified<'a> {
+    pointer: &'a ReleasePointer,
+    signer: &'a str,
+    apps: Vec<VerifiedApp>,
+}
+
+#[derive(Debug, Serialize)]
+struct VerifiedApp {
+    name: String,
+    objects: usize,
+    selector: String,
 }
 
 pub fn verify(args: VerifyArgs) -> Result<()> {
     let (accepted, bundle) = fetch_verified(&args.release)?;
-    let pointer = &accepted.pointer;
+    let verified = Verified {
+        pointer: &accepted.pointer,
+        signer: &accepted.keyid,
+        apps: bundle
+            .apps
+            .iter()
+            .map(|app| VerifiedApp {
+                name: app.name.clone(),
+                objects: app.object_count(),
+                selector: app.selector.to_string(),
+            })
+            .collect(),
+    };
+    output::print(args.output.output, &verified, "the release", || {
+        describe(&verified)
+    })
+}
+
+/// The release as text, for people.
+fn describe(verified: &Verified<'_>) -> String {
+    let pointer = verified.pointer;
     let left = pointer
         .expires_at
         .duration_since(Timestamp::now())
         .unsigned_abs();
-    println!(
-        "verified: fleet {} channel {}",
-        pointer.fleet, pointer.channel
-    );
-    println!("serial:   {}", pointer.serial);
-    println!(
-        "bundle:   sha256 {} ({} bytes)",
-        pointer.bundle.sha256, pointer.bundle.size
-    );
-    println!("signed:   key {}", accepted.keyid);
-    println!("issued:   {}", pointer.issued_at);
-    println!(
-        "expires:  {} (in {})",
+    let mut text = format!(
+        "verified: fleet {} channel {}\nserial:   {}\nbundle:   sha256 {} ({} bytes)\nsigned:   key {}\n\
+         issued:   {}\nexpires:  {} (in {})\nallow_empty: {}\napps:\n",
+        pointer.fleet,
+        pointer.channel,
+        pointer.serial,
+        pointer.bundle.sha256,
+        pointer.bundle.size,
+        verified.signer,
+        pointer.issued_at,
         pointer.expires_at,
-        format_duration(Duration::from_secs(left.as_secs()))
+        format_duration(Duration::from_secs(left.as_secs())),
+        pointer.allow_empty
     );
-    println!("allow_empty: {}", pointer.allow_empty);
-    println!("apps:");
-    for app in &bundle.apps {
-        let selector = app.selector.to_string();
-        let selector = if selector.is_empty() {
-            "every cluster".to_owned()
+    for app in &verified.apps {
+        let selector = if app.selector.is_empty() {
+            "every cluster"
         } else {
-            selector
+            &app.selector
         };
-        println!(
-            "  {:<24} {:>5} objects  selector: {selector}",
-            app.name,
-            app.object_count()
-        );
+        text.push_str(&format!(
+            "  {:<24} {:>5} objects  selector: {selector}\n",
+            app.name, app.objects
+        ));
     }
-    Ok(())
+    text
 }
 
 /// Fetches a channel's pointer and bundle and verifies both, as an agent with no history would.
