@@ -1,8 +1,8 @@
-//! Every number the agent takes from the network, made safe in one place: the waits a store or the server
-//! asks for (`Retry-After`, `nextIntervalSeconds`), the sizes of the replies it reads, and the deadlines
-//! built from them. The source client ([`crate::source`]), the fetcher's poll loop ([`crate::fetcher`]), the
-//! engine ([`crate::engine`]) and the heartbeat reporter ([`crate::reporter`]) take their numbers from here,
-//! never raw. Pure.
+//! Every number the agent takes from the network, made safe in one place: the waits a store or the server asks
+//! for (`Retry-After`, `nextIntervalSeconds`), the sizes of the replies it reads, and the deadlines built from
+//! them. The source client ([`crate::fetch::source`]), the fetcher's poll loop ([`crate::fetch::fetcher`]), the
+//! engine ([`crate::engine`]) and the heartbeat reporter ([`crate::report::heartbeat`]) take their numbers from
+//! here, never raw. Pure.
 //!
 //! A hostile or broken peer can send any bytes: a wait of `u64::MAX` seconds (which once overflowed
 //! `Instant + Duration` and crash-looped the agent), zero (a hot loop), a date in the past or the far

@@ -10,15 +10,15 @@ use std::time::Duration;
 
 use clap::Args;
 use serde::Deserialize;
-use windvane_shared::duration::parse_duration;
-use windvane_shared::keys::TrustedKeys;
-use windvane_shared::render::ClusterIdentity;
-use windvane_shared::selector::parse_label_assignment;
+use windvane_shared::crypto::keys::TrustedKeys;
+use windvane_shared::decide::render::ClusterIdentity;
+use windvane_shared::spec::selector::parse_label_assignment;
+use windvane_shared::text::duration::parse_duration;
 
-use crate::allowlist::Allowlist;
 use crate::apply::ApplyOptions;
+use crate::apply::allowlist::Allowlist;
 use crate::engine::EngineConfig;
-use crate::source::SourceLimits;
+use crate::fetch::source::SourceLimits;
 use crate::{Error, Result};
 
 /// Flags shared by `run` and `diff`: where releases come from and who this cluster is.
@@ -228,7 +228,7 @@ pub struct RunConfig {
     pub identity: String,
     pub json_logs: bool,
     /// Heartbeats, when a server is configured.
-    pub reporter: Option<crate::reporter::ReporterConfig>,
+    pub reporter: Option<crate::report::heartbeat::ReporterConfig>,
 }
 
 fn read_file_config(path: &Option<PathBuf>) -> Result<FileConfig> {
@@ -240,7 +240,8 @@ fn read_file_config(path: &Option<PathBuf>) -> Result<FileConfig> {
         path: name.clone(),
         detail: e.to_string(),
     })?;
-    let documents = windvane_shared::yaml::documents_to_json(&text, &name, Default::default())?;
+    let documents =
+        windvane_shared::text::yaml::documents_to_json(&text, &name, Default::default())?;
     let value = documents
         .into_iter()
         .next()
@@ -437,7 +438,7 @@ fn read_token(path: &std::path::Path) -> Result<String> {
             "the registration token file is empty".to_owned(),
         ));
     }
-    if windvane_shared::keys::is_placeholder(&token) {
+    if windvane_shared::crypto::keys::is_placeholder(&token) {
         return Err(file_error(
             "the registration token file still holds the example's REPLACE-ME placeholder; put the fleet's \
              registration token in it"
@@ -515,7 +516,9 @@ impl RunArgs {
                     .break_glass_group
                     .clone()
                     .or(file.break_glass_group.clone())
-                    .unwrap_or_else(|| crate::prevent::DEFAULT_BREAK_GLASS_GROUP.to_owned()),
+                    .unwrap_or_else(|| {
+                        crate::prevent::policy::DEFAULT_BREAK_GLASS_GROUP.to_owned()
+                    }),
                 source_url: agent.source_url,
                 channel: agent.channel,
                 fleet: agent.fleet,
@@ -539,7 +542,7 @@ impl RunArgs {
             admin_listen: self
                 .admin_listen
                 .or(file.admin_listen)
-                .unwrap_or(crate::admin::DEFAULT_LISTEN),
+                .unwrap_or(crate::report::admin::DEFAULT_LISTEN),
             identity: identity_name,
         })
     }
@@ -572,7 +575,7 @@ impl RunArgs {
         &self,
         file: &FileConfig,
         agent: &AgentSettings,
-    ) -> Result<Option<crate::reporter::ReporterConfig>> {
+    ) -> Result<Option<crate::report::heartbeat::ReporterConfig>> {
         let Some(server) = self.server.clone().or(file.server.clone()) else {
             return Ok(None);
         };
@@ -587,7 +590,7 @@ impl RunArgs {
                         .to_owned(),
                 )
             })?;
-        Ok(Some(crate::reporter::ReporterConfig {
+        Ok(Some(crate::report::heartbeat::ReporterConfig {
             server,
             token: read_token(&token_file)?,
             fleet: agent.fleet.clone(),
@@ -668,7 +671,7 @@ mod tests {
 
     #[test]
     fn the_approval_floor_must_be_reachable_with_the_approver_keys() {
-        use windvane_shared::keys::signing_key_from_seed;
+        use windvane_shared::crypto::keys::signing_key_from_seed;
         let mut approvers = TrustedKeys::new();
         assert_eq!(require_approvals(None, &approvers).unwrap(), 0);
         assert_eq!(require_approvals(Some(0), &approvers).unwrap(), 0);

@@ -68,6 +68,66 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// A Kubernetes API call failed; the message is the API server's own (its status message and code).
+    #[error("{action}: {}", crate::kube::cluster::api_message(.source))]
+    Api {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The API server answered a call without what the agent asked for.
+    #[error("{action}: {detail}")]
+    Answer { action: String, detail: String },
+    /// A reply or an object is not the JSON it should be.
+    #[error("{object}: not {expected}: {source}")]
+    Json {
+        object: String,
+        expected: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Pruning an object is under way but not finished (finalizers, graceful termination): it stays in the
+    /// inventory and is checked again.
+    #[error("pruning {object}: deletion pending on {waiting}")]
+    PrunePending { object: String, waiting: String },
+    /// The operator's allowlist refuses the object. The message is the reason alone: whoever reports it names
+    /// the object beside it (the status, `diff`).
+    #[error("{reason}")]
+    NotAllowed { object: String, reason: String },
+    /// A cluster-scoped object names a namespace.
+    #[error(
+        "{kind} is cluster-scoped but names namespace {namespace:?}; remove metadata.namespace"
+    )]
+    NamespaceOnClusterScoped {
+        object: String,
+        kind: String,
+        namespace: String,
+    },
+    /// The API server's version (for prevention) does not read as a Kubernetes version.
+    #[error("cannot read the Kubernetes version {version}")]
+    KubeVersion { version: String },
+    /// Prevention is on, but this cluster is too old for ValidatingAdmissionPolicy v1: drift is still
+    /// detected and healed.
+    #[error(
+        "prevent is on, but Kubernetes {version} has no ValidatingAdmissionPolicy v1 (needs 1.{min_minor} or newer): drift is detected and healed, not prevented"
+    )]
+    PreventUnsupported { version: String, min_minor: u32 },
+    /// Prevention is not in force on this cluster, for the reason found when the agent first asked (kept, and
+    /// reported after every sync).
+    #[error(transparent)]
+    PreventionRefused(std::sync::Arc<Error>),
+    /// A field Windvane stops sending is addressed by list position in managedFields: no apply can hand it
+    /// over to another manager.
+    #[error("{pointer} is addressed by list position ({token}); it cannot be handed over")]
+    FieldPath { pointer: String, token: String },
+    /// An operator's `windvane.io/hold-until` annotation is not a time (it holds nothing).
+    #[error("annotation {annotation}={value:?} is not an RFC 3339 time: {source}")]
+    HoldAnnotation {
+        annotation: &'static str,
+        value: String,
+        #[source]
+        source: jiff::Error,
+    },
     /// Leader election failed.
     #[error("leader election on Lease {lease}: {detail}")]
     Lease { lease: String, detail: String },
@@ -89,7 +149,15 @@ impl Error {
             Error::Apply { .. } => "apply",
             Error::Prune { .. } => "prune",
             Error::State { .. } | Error::StateCorrupt { .. } => "state",
-            Error::Kube { .. } => "kube",
+            Error::Kube { .. } | Error::Api { .. } | Error::Answer { .. } => "kube",
+            Error::Json { .. } => "decode",
+            Error::PrunePending { .. } => "prune",
+            Error::NotAllowed { .. } => "refused",
+            Error::NamespaceOnClusterScoped { .. } => "apply",
+            Error::KubeVersion { .. } | Error::PreventUnsupported { .. } => "prevent",
+            Error::FieldPath { .. } => "apply",
+            Error::PreventionRefused(inner) => inner.reason(),
+            Error::HoldAnnotation { .. } => "hold",
             Error::Lease { .. } => "lease",
             Error::Admin { .. } => "admin",
         }

@@ -12,9 +12,9 @@ use tracing::{error, info, warn};
 use windvane_agent::backoff::{full_jitter, random_unit};
 use windvane_agent::config::{DiffArgs, RunArgs, RunConfig};
 use windvane_agent::engine::Engine;
-use windvane_agent::leader::{Elector, LeaseTiming};
-use windvane_agent::metrics::Metrics;
-use windvane_agent::report::{AgentStatus, StatusRx};
+use windvane_agent::kube::leader::{Elector, LeaseTiming};
+use windvane_agent::report::metrics::Metrics;
+use windvane_agent::report::status::{AgentStatus, StatusRx};
 
 /// Windvane agent: keeps this cluster on the release its fleet's signed channel names.
 #[derive(Debug, Parser)]
@@ -101,7 +101,7 @@ fn diff(args: &DiffArgs) -> ExitCode {
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 let client = kube_client(config.kubeconfig.as_ref()).await?;
                 Ok(
-                    windvane_agent::diff::run(&config, client, &mut std::io::stdout().lock())
+                    windvane_agent::heal::diff::run(&config, client, &mut std::io::stdout().lock())
                         .await?,
                 )
             })
@@ -122,7 +122,7 @@ fn diff(args: &DiffArgs) -> ExitCode {
 
 /// `heal`: writes the revert request; exit 0 once written, 2 on any error.
 fn heal(args: &HealArgs) -> ExitCode {
-    let object = match windvane_agent::heal_cli::parse_object(&args.object) {
+    let object = match windvane_agent::heal::cli::parse_object(&args.object) {
         Ok(object) => object,
         Err(error) => {
             eprintln!("error: {error}");
@@ -137,7 +137,7 @@ fn heal(args: &HealArgs) -> ExitCode {
             runtime.block_on(async {
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 let client = kube_client(args.kubeconfig.as_ref()).await?;
-                Ok(windvane_agent::heal_cli::request(client, &object).await?)
+                Ok(windvane_agent::heal::cli::request(client, &object).await?)
             })
         });
     match outcome {
@@ -185,15 +185,6 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
 
     let (status_tx, status) = watch::channel(AgentStatus::default());
     let metrics = Arc::new(Metrics::default());
-    let (_, admin) = windvane_agent::admin::serve(
-        config.admin_listen,
-        status.clone(),
-        metrics.clone(),
-        shutdown.clone(),
-    )
-    .await?;
-    tokio::spawn(admin);
-
     let elector = Elector::new(
         client.clone(),
         &config.engine.namespace,
@@ -201,6 +192,16 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
         &config.identity,
         LeaseTiming::default(),
     );
+    let sources = windvane_agent::report::admin::Sources {
+        status: status.clone(),
+        metrics: metrics.clone(),
+        replica: elector.replica(),
+    };
+    let (_, admin) =
+        windvane_agent::report::admin::serve(config.admin_listen, sources, shutdown.clone())
+            .await?;
+    tokio::spawn(admin);
+
     // Built on another thread while the lease is acquired: it is CPU work, and the lease requests are not.
     let source_config = config.engine.clone();
     let source = tokio::task::spawn_blocking(move || Engine::source_client(&source_config));
@@ -224,7 +225,7 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
         config
             .reporter
             .as_ref()
-            .map(|r| windvane_agent::wave::GateServer {
+            .map(|r| windvane_agent::gates::wave::GateServer {
                 url: r.server.clone(),
                 token: r.token.clone(),
             });
@@ -243,7 +244,7 @@ async fn run(config: RunConfig) -> anyhow::Result<()> {
 /// key cannot be loaded, the server misbehaves or the reporter panics, the engine keeps applying and
 /// healing; the reporter's end is logged.
 fn spawn_reporter(
-    config: windvane_agent::reporter::ReporterConfig,
+    config: windvane_agent::report::heartbeat::ReporterConfig,
     client: kube::Client,
     status: StatusRx,
     metrics: Arc<Metrics>,
@@ -252,7 +253,9 @@ fn spawn_reporter(
     let reporter = tokio::spawn(async move {
         let mut attempt = 0;
         let key = loop {
-            match windvane_agent::reporter::identity_key(client.clone(), &config.namespace).await {
+            match windvane_agent::report::heartbeat::identity_key(client.clone(), &config.namespace)
+                .await
+            {
                 Ok(key) => break key,
                 Err(error) => {
                     let wait = full_jitter(
@@ -273,11 +276,11 @@ fn spawn_reporter(
         };
         let public = key.verifying_key();
         info!(
-            keyid = %windvane_shared::keys::keyid(&public),
-            age_recipient = %windvane_shared::sops::cluster_recipient(&public),
+            keyid = %windvane_shared::crypto::keys::keyid(&public),
+            age_recipient = %windvane_shared::format::sops::cluster_recipient(&public),
             "cluster identity (windvane seal --to-cluster seals to this recipient)"
         );
-        windvane_agent::reporter::run(config, key, status, metrics, shutdown).await;
+        windvane_agent::report::heartbeat::run(config, key, status, metrics, shutdown).await;
     });
     tokio::spawn(async move {
         if let Err(error) = reporter.await
@@ -301,7 +304,7 @@ async fn kube_client(kubeconfig: Option<&std::path::PathBuf>) -> anyhow::Result<
             "finding Kubernetes credentials ($KUBECONFIG, ~/.kube/config, or in-cluster)",
         )?,
     };
-    windvane_agent::kube_client::client(kube_config).context("creating the Kubernetes client")
+    windvane_agent::kube::client::client(kube_config).context("creating the Kubernetes client")
 }
 
 async fn wait_for_signal() {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use windvane_shared::bundle::{App, Bundle, ObjectRef};
+use windvane_shared::format::bundle::{App, Bundle, ObjectRef};
 
 /// Most objects listed per app; the rest are counted.
 const MAX_LISTED: usize = 20;
@@ -108,7 +108,7 @@ mod tests {
 
     fn bundle(apps: serde_json::Value) -> Bundle {
         serde_json::from_value(serde_json::json!({
-            "apiVersion": windvane_shared::bundle::BUNDLE_API_VERSION, "fleet": "acme", "apps": apps
+            "apiVersion": windvane_shared::format::bundle::BUNDLE_API_VERSION, "fleet": "acme", "apps": apps
         }))
         .expect("bundle")
     }

@@ -8,7 +8,9 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use windvane_shared::yaml::{YamlLimits, documents_to_json};
+use windvane_shared::text::yaml::{YamlLimits, documents_to_json};
+
+use crate::error::{Error, Result};
 
 /// The file names kustomize reads as a kustomization, in its order.
 const KUSTOMIZATION_FILES: [&str; 3] = ["kustomization.yaml", "kustomization.yml", "Kustomization"];
@@ -24,22 +26,28 @@ const MAX_KUSTOMIZATIONS: usize = 256;
 const MAX_KUSTOMIZATION_BYTES: u64 = 1 << 20;
 
 /// Refuses a symbolic link under `dir` (recursively) that does not resolve to a path inside `root`.
-pub fn check_links(dir: &Path, root: &Path) -> Result<(), String> {
+pub fn check_links(dir: &Path, root: &Path) -> Result<()> {
     let mut pending = vec![dir.to_path_buf()];
     let mut seen = 0usize;
     while let Some(current) = pending.pop() {
-        let entries =
-            std::fs::read_dir(&current).map_err(|e| format!("{}: {e}", current.display()))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| format!("{}: {e}", current.display()))?;
+        let unreadable = |source| Error::ReadFile {
+            path: current.clone(),
+            source,
+        };
+        for entry in std::fs::read_dir(&current).map_err(unreadable)? {
+            let entry = entry.map_err(unreadable)?;
             seen += 1;
             if seen > MAX_ENTRIES {
-                return Err(format!("{}: more than {MAX_ENTRIES} files", dir.display()));
+                return Err(Error::TooManyFiles {
+                    dir: dir.to_path_buf(),
+                    max: MAX_ENTRIES,
+                });
             }
             let path = entry.path();
-            let kind = entry
-                .file_type()
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let kind = entry.file_type().map_err(|source| Error::ReadFile {
+                path: path.clone(),
+                source,
+            })?;
             if kind.is_symlink() {
                 inside(&path, root)?;
             } else if kind.is_dir() {
@@ -51,18 +59,17 @@ pub fn check_links(dir: &Path, root: &Path) -> Result<(), String> {
 }
 
 /// Checks that `path` resolves (through any links) to a path inside `root`; the path it resolves to.
-pub fn inside(path: &Path, root: &Path) -> Result<PathBuf, String> {
+pub fn inside(path: &Path, root: &Path) -> Result<PathBuf> {
     match path.canonicalize() {
         Ok(real) if real.starts_with(root) => Ok(real),
-        Ok(real) => Err(format!(
-            "{} is a symbolic link to {}, outside the fleet tree; the engines read only the fleet tree",
-            path.display(),
-            real.display()
-        )),
-        Err(e) => Err(format!(
-            "{}: {e} (a link that does not resolve inside the fleet tree is refused)",
-            path.display()
-        )),
+        Ok(real) => Err(Error::LinkOutside {
+            path: path.to_path_buf(),
+            target: real,
+        }),
+        Err(source) => Err(Error::LinkUnresolved {
+            path: path.to_path_buf(),
+            source,
+        }),
     }
 }
 
@@ -92,7 +99,7 @@ pub fn is_pinned(entry: &str) -> bool {
 
 /// Checks the kustomization in `directory` and every local kustomization it leads to: links confined to
 /// `root`, local references inside `root`, remote ones only when `allow_remote` and pinned.
-pub fn check_tree(directory: &Path, root: &Path, allow_remote: bool) -> Result<(), String> {
+pub fn check_tree(directory: &Path, root: &Path, allow_remote: bool) -> Result<()> {
     let mut pending = vec![inside(directory, root)?];
     let mut visited = BTreeSet::new();
     while let Some(dir) = pending.pop() {
@@ -100,10 +107,10 @@ pub fn check_tree(directory: &Path, root: &Path, allow_remote: bool) -> Result<(
             continue;
         }
         if visited.len() > MAX_KUSTOMIZATIONS {
-            return Err(format!(
-                "{}: more than {MAX_KUSTOMIZATIONS} kustomizations",
-                directory.display()
-            ));
+            return Err(Error::TooManyKustomizations {
+                dir: directory.to_path_buf(),
+                max: MAX_KUSTOMIZATIONS,
+            });
         }
         check_links(&dir, root)?;
         let Some(file) = KUSTOMIZATION_FILES
@@ -116,19 +123,7 @@ pub fn check_tree(directory: &Path, root: &Path, allow_remote: bool) -> Result<(
         for entry in references(&file)? {
             let local = dir.join(&entry);
             if is_remote(&entry, local.exists()) {
-                if !allow_remote {
-                    return Err(format!(
-                        "{}: {entry:?} is a remote resource; windvane builds only from the fleet tree — vendor \
-                         it into the tree, or pass --kustomize-remote and pin it to a commit (?ref=<40 hex digits>)",
-                        file.display()
-                    ));
-                }
-                if !is_pinned(&entry) {
-                    return Err(format!(
-                        "{}: remote resource {entry:?} is not pinned to a commit; add ?ref=<40 hex digits>",
-                        file.display()
-                    ));
-                }
+                check_remote(&file, entry, allow_remote)?;
                 continue;
             }
             if local.exists() {
@@ -142,14 +137,41 @@ pub fn check_tree(directory: &Path, root: &Path, allow_remote: bool) -> Result<(
     Ok(())
 }
 
+/// A remote resource `entry` of the kustomization `file`: allowed only by `--kustomize-remote`, and pinned.
+fn check_remote(file: &Path, entry: String, allow_remote: bool) -> Result<()> {
+    if !allow_remote {
+        return Err(Error::RemoteResource {
+            file: file.to_path_buf(),
+            entry,
+        });
+    }
+    if !is_pinned(&entry) {
+        return Err(Error::RemoteNotPinned {
+            file: file.to_path_buf(),
+            entry,
+        });
+    }
+    Ok(())
+}
+
 /// The entries of a kustomization's reference fields.
-fn references(file: &Path) -> Result<Vec<String>, String> {
+fn references(file: &Path) -> Result<Vec<String>> {
     let bytes = windvane_store::read_capped_file(file, MAX_KUSTOMIZATION_BYTES, "kustomization")
-        .map_err(|e| e.to_string())?;
-    let text = String::from_utf8(bytes).map_err(|e| format!("{}: {e}", file.display()))?;
+        .map_err(|source| Error::ReadKustomization {
+            file: file.to_path_buf(),
+            source,
+        })?;
+    let text = String::from_utf8(bytes).map_err(|source| Error::KustomizationNotUtf8 {
+        file: file.to_path_buf(),
+        source,
+    })?;
     let shown = file.display().to_string();
-    let documents =
-        documents_to_json(&text, &shown, YamlLimits::default()).map_err(|e| e.to_string())?;
+    let documents = documents_to_json(&text, &shown, YamlLimits::default()).map_err(|source| {
+        Error::ParseKustomization {
+            file: file.to_path_buf(),
+            source,
+        }
+    })?;
     let mut out = Vec::new();
     for (_, document) in documents {
         for field in REFERENCE_FIELDS {

@@ -519,3 +519,89 @@ fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
+
+/// The last line of a failed run's stderr: the one error line (a build may print warnings before it).
+fn error_line(stderr: &str) -> &str {
+    let line = stderr.lines().last().unwrap_or_default();
+    assert!(line.starts_with("error: "), "{stderr}");
+    line
+}
+
+#[test]
+fn a_failure_names_its_step_flag_and_file_and_each_cause_once() {
+    let ws = Workspace::new();
+    let (key, public) = ws.keygen("release");
+    let junk = ws.p("junk.pem");
+    std::fs::write(&junk, "not a key\n").unwrap();
+    let root = ws.p("store");
+    let publish = |key: &Path| {
+        windvane(&[
+            "publish",
+            EXAMPLE_FLEET,
+            "--root",
+            path(&root),
+            "--channel",
+            "stable",
+            "--key",
+            path(key),
+        ])
+    };
+
+    let out = publish(&junk);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = error_line(&err);
+    assert!(
+        line.starts_with("error: the signing key (--key): ") && line.contains("junk.pem"),
+        "{line}"
+    );
+    assert!(publish(&key).status.success());
+
+    let verify = |trusted: &Path| {
+        fails(&[
+            "verify",
+            "--root",
+            path(&root),
+            "--channel",
+            "stable",
+            "--trusted-key",
+            &format!("{},{}", path(&public), path(trusted)),
+        ])
+    };
+    let err = verify(&junk);
+    let line = error_line(&err);
+    assert!(
+        line.starts_with("error: a trusted key (--trusted-key): ") && line.contains("junk.pem"),
+        "{line}"
+    );
+    let missing = ws.p("missing.pub");
+    let err = verify(&missing);
+    let line = error_line(&err);
+    assert!(line.contains("missing.pub"), "{line}");
+    assert_eq!(
+        line.matches("No such file").count(),
+        1,
+        "the cause once: {line}"
+    );
+
+    // An empty token file is refused before anything is sent, whichever verb reads it.
+    let empty = ws.p("empty-token");
+    std::fs::write(&empty, "\n").unwrap();
+    for verb in [
+        &["status"][..],
+        &["rollout", "status", "--channel", "stable"],
+    ] {
+        let mut run = verb.to_vec();
+        run.extend([
+            "--server",
+            "http://127.0.0.1:9",
+            "--read-token-file",
+            path(&empty),
+        ]);
+        let err = fails(&run);
+        assert!(
+            error_line(&err).ends_with("empty-token: empty token"),
+            "{verb:?}: {err}"
+        );
+    }
+}

@@ -10,7 +10,7 @@ use common::{fails, ok};
 use std::path::Path;
 
 use tempfile::TempDir;
-use windvane_shared::dsse::Envelope;
+use windvane_shared::crypto::dsse::Envelope;
 
 fn pointer(store: &Path, channel: &str) -> serde_json::Value {
     let bytes = std::fs::read(store.join(format!("channels/{channel}.json"))).expect("pointer");

@@ -8,6 +8,9 @@
 #                                              ...); no entrypoint, `sh` as the command
 #     docker.io/windvane-test/pause:local     the pod sandbox ("pause") image localkube --real-node configures in
 #                                              containerd: the same layer, a shell that sleeps until SIGTERM
+#     registry.example.com/acme/api:1.4.2 and quay.io/prometheus/prometheus:v2.55.1
+#                                              stand-ins for the example fleet's images (./demo --real-node):
+#                                              the same layer, busybox httpd on the example's ports
 #   target/images/busybox.tar    that layout as one archive, what `ctr images import` reads
 #   target/images/windvane-agent/ and windvane-agent.tar (only with the argument `agent`):
 #     docker.io/library/windvane-agent:local  the agent from the release binary (`cargo build --release
@@ -17,12 +20,23 @@
 #                                              binary needs and nothing else, taken from this Debian machine:
 #                                              the shared libraries `ldd` names (glibc, libgcc) and Debian's CA
 #                                              certificates, as distroless "cc" has them; no shell.
+#   target/images/windvane-server/ and windvane-server.tar (only with the argument `server`):
+#     docker.io/library/windvane-server:local the server and the `windvane` command line, with
+#                                              deploy/source-server/Dockerfile's layout: both in
+#                                              /usr/local/bin, user 65532:65532, entrypoint windvane-server,
+#                                              command `serve --listen=0.0.0.0:8080 --root=… --data=…`, port 8080;
+#                                              the same base as the agent's.
+#
+# The binaries come from target/release (`cargo build --release --locked -p windvane-agent
+# -p windvane-source-server -p windvane-cli`), or from the directory `--binaries DIR` names: the tests build
+# their images from target/debug, which they build anyway (a release build would add minutes to CI).
 #
 # Kubernetes names `windvane-test/busybox:local` expand to `docker.io/windvane-test/busybox:local`, the name
 # stored here, so pods use the short name. The tag is not `latest`, so pods pull IfNotPresent by default: the
 # node never tries a registry for them.
 #
-# Usage: deploy/images/build.sh [busybox] [agent]   (default: busybox; prints how to load the images)
+# Usage: deploy/images/build.sh [--binaries DIR] [busybox] [agent] [server]
+#        (default: busybox; prints how to load the images)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -83,50 +97,90 @@ build_busybox() {
 		--config.entrypoint /bin/sh --config.entrypoint -c \
 		--config.entrypoint 'trap "exit 0" TERM INT; while :; do sleep 3600 & wait $!; done' \
 		--clear config.cmd
+	# Stand-ins for the example fleet's two images (deploy/examples/fleet), for `./demo --real-node`: the same
+	# layer, serving HTTP with busybox's httpd on the port the example's manifests name, and ignoring the
+	# arguments those manifests pass (they become the shell's $0, $1, ...). Tagged with the example's names so
+	# that its manifests run unchanged on a real node, which never pulls.
+	umoci config --image "$layout:$busybox_ref" --tag "registry.example.com/acme/api:1.4.2" \
+		--history.created "$created" --created "$created" \
+		--config.entrypoint /bin/sh --config.entrypoint -c --config.entrypoint 'exec httpd -f -p 8080 -h /tmp' \
+		--clear config.cmd
+	umoci config --image "$layout:$busybox_ref" --tag "quay.io/prometheus/prometheus:v2.55.1" \
+		--history.created "$created" --created "$created" \
+		--config.entrypoint /bin/sh --config.entrypoint -c --config.entrypoint 'exec httpd -f -p 9090 -h /tmp' \
+		--clear config.cmd
 	umoci gc --layout "$layout"
 
 	publish busybox "$layout"
 }
 
-# The agent: the release binary, the shared libraries it loads (with the paths `ldd` gives, so the dynamic
-# loader finds them as on Debian), the CA certificates, and the distroless "nonroot" user.
-build_agent() {
-	local binary="$root/target/release/windvane-agent"
-	if [ ! -x "$binary" ]; then
-		echo "deploy/images/build.sh: $binary not found: build it with cargo build --release --locked -p windvane-agent" >&2
-		exit 2
-	fi
+# base_rootfs DIR BINARY...: a root file system with the binaries in /usr/local/bin, the shared libraries they
+# load (with the paths `ldd` gives, so the dynamic loader finds them as on Debian), the CA certificates and the
+# distroless "nonroot" user: what the Dockerfiles' distroless "cc" base holds that the binaries use.
+base_rootfs() {
+	local rootfs="$1" binary lib
+	shift
 	if [ ! -f /etc/ssl/certs/ca-certificates.crt ]; then
 		echo "deploy/images/build.sh: /etc/ssl/certs/ca-certificates.crt not found: apt-get install ca-certificates" >&2
 		exit 2
 	fi
-	local rootfs="$work/agent-rootfs" lib
 	mkdir -p "$rootfs/usr/local/bin" "$rootfs/etc/ssl/certs" "$rootfs/tmp" "$rootfs/home/nonroot"
 	chmod 1777 "$rootfs/tmp"
 	chown 65532:65532 "$rootfs/home/nonroot"
-	install -m 0755 "$binary" "$rootfs/usr/local/bin/windvane-agent"
-	for lib in $(ldd "$binary" | grep -o '/[^ ]*'); do
-		mkdir -p "$rootfs$(dirname "$lib")"
-		cp -L "$lib" "$rootfs$lib"
+	for binary in "$@"; do
+		if [ ! -x "$binaries/$binary" ]; then
+			echo "deploy/images/build.sh: $binaries/$binary not found: build it with cargo build --release --locked (or give --binaries DIR)" >&2
+			exit 2
+		fi
+		install -m 0755 "$binaries/$binary" "$rootfs/usr/local/bin/$binary"
+		for lib in $(ldd "$binaries/$binary" | grep -o '/[^ ]*'); do
+			mkdir -p "$rootfs$(dirname "$lib")"
+			cp -L "$lib" "$rootfs$lib"
+		done
 	done
 	install -m 0644 /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
 	printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' \
 		>"$rootfs/etc/passwd"
 	printf 'root:x:0:\nnonroot:x:65532:\n' >"$rootfs/etc/group"
 	find "$rootfs" -exec touch -h -d @0 {} +
-
-	local layout="$work/windvane-agent" ref="docker.io/library/windvane-agent:local"
-	umoci init --layout "$layout"
-	umoci new --image "$layout:$ref"
-	umoci insert --image "$layout:$ref" --history.created "$created" --history.comment "windvane-agent" "$rootfs" /
-	umoci config --image "$layout:$ref" --history.created "$created" --created "$created" \
-		--config.user 65532:65532 --config.entrypoint /usr/local/bin/windvane-agent --config.cmd run \
-		--config.exposedports 8481/tcp --config.workingdir /home/nonroot \
-		--config.env PATH=/usr/local/bin:/usr/bin:/bin --config.env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
-	umoci gc --layout "$layout"
-	publish windvane-agent "$layout"
 }
 
+# layered NAME ROOTFS CONFIG-ARGS...: the image docker.io/library/NAME:local from ROOTFS, as user 65532 with
+# the given umoci config arguments, published as target/images/NAME.
+layered() {
+	local name="$1" rootfs="$2" layout="$work/$1" ref="docker.io/library/$1:local"
+	shift 2
+	umoci init --layout "$layout"
+	umoci new --image "$layout:$ref"
+	umoci insert --image "$layout:$ref" --history.created "$created" --history.comment "$name" "$rootfs" /
+	umoci config --image "$layout:$ref" --history.created "$created" --created "$created" \
+		--config.user 65532:65532 --config.workingdir /home/nonroot \
+		--config.env PATH=/usr/local/bin:/usr/bin:/bin --config.env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+		"$@"
+	umoci gc --layout "$layout"
+	publish "$name" "$layout"
+}
+
+# The agent, as deploy/agent/Dockerfile lays it out.
+build_agent() {
+	base_rootfs "$work/agent-rootfs" windvane-agent
+	layered windvane-agent "$work/agent-rootfs" --config.entrypoint /usr/local/bin/windvane-agent \
+		--config.cmd run --config.exposedports 8481/tcp
+}
+
+# The server and the command line, as deploy/source-server/Dockerfile lays them out.
+build_server() {
+	base_rootfs "$work/server-rootfs" windvane-server windvane
+	layered windvane-server "$work/server-rootfs" --config.entrypoint /usr/local/bin/windvane-server \
+		--config.cmd serve --config.cmd --listen=0.0.0.0:8080 --config.cmd --root=/var/lib/windvane/store \
+		--config.cmd --data=/var/lib/windvane/data --config.exposedports 8080/tcp
+}
+
+binaries="$root/target/release"
+if [ "${1:-}" = --binaries ]; then
+	binaries="$(cd "${2:?--binaries needs a directory}" && pwd)"
+	shift 2
+fi
 images=("$@")
 [ "${#images[@]}" -gt 0 ] || images=(busybox)
 start=$(date +%s)
@@ -137,8 +191,9 @@ for image in "${images[@]}"; do
 	case "$image" in
 	busybox) build_busybox ;;
 	agent) build_agent ;;
+	server) build_server ;;
 	*)
-		echo "deploy/images/build.sh: unknown image $image (busybox, agent)" >&2
+		echo "deploy/images/build.sh: unknown image $image (busybox, agent, server)" >&2
 		exit 2
 		;;
 	esac

@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 use windvane_fuzz::{CHANNEL, CLUSTER, FLEET, HIGHEST_ACCEPTED, cluster_key, now, release_key};
-use windvane_shared::bundle::BundleLimits;
-use windvane_shared::digest::sha256_hex;
-use windvane_shared::dsse;
-use windvane_shared::heartbeat::HEARTBEAT_PAYLOAD_TYPE;
-use windvane_shared::keys::verifying_key_to_pem;
-use windvane_shared::release::{BundleRef, RELEASE_PAYLOAD_TYPE, ReleasePointer};
-use windvane_shared::source::load_fleet_dir;
+use windvane_shared::format::bundle::BundleLimits;
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::crypto::dsse;
+use windvane_shared::wire::heartbeat::HEARTBEAT_PAYLOAD_TYPE;
+use windvane_shared::crypto::keys::verifying_key_to_pem;
+use windvane_shared::format::release::{BundleRef, RELEASE_PAYLOAD_TYPE, ReleasePointer};
+use windvane_publisher::source::load_fleet_dir;
 
 fn main() {
     let fuzz = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -3,7 +3,7 @@
 //! agent takes from the parsed reply before any other I/O — the pointer poll's judgement
 //! (`source::judge_pointer`: 304, busy with `Retry-After`, failure, or a body and its ETag), the bundle
 //! fetch's (`source::judge`), the capped body read (`http::check_length`, `http::append_capped`), the
-//! enrolment and heartbeat replies (`reporter::enroll_reply`, `http::busy`, `reporter::heartbeat_reply`), and
+//! enrolment and heartbeat replies (`heartbeat::enroll_reply`, `http::busy`, `heartbeat::heartbeat_reply`), and
 //! the waits and deadlines built from them (`clamp`, `backoff`).
 //!
 //! The input is a raw HTTP response, as a hostile store or server would send it. Whatever it says, nothing
@@ -21,8 +21,10 @@ use hyper_util::rt::TokioIo;
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use windvane_agent::backoff::{after_busy, full_jitter, jittered};
-use windvane_agent::source::{PointerAnswer, judge, judge_pointer};
-use windvane_agent::{Error, clamp, http, reporter};
+use windvane_agent::fetch::source::{PointerAnswer, judge, judge_pointer};
+use windvane_agent::fetch::http;
+use windvane_agent::report::heartbeat;
+use windvane_agent::{Error, clamp};
 use windvane_fuzz::now;
 
 /// A cap small enough that inputs reach it.
@@ -113,14 +115,14 @@ async fn interpret(response: hyper::Response<hyper::body::Incoming>) {
         assert!(read.len() as u64 <= CAP);
     }
 
-    match reporter::enroll_reply(URL, status, &read) {
+    match heartbeat::enroll_reply(URL, status, &read) {
         Ok(reply) => {
             assert!(status.is_success());
             let _ = reply.last_sequence.saturating_add(1);
         }
         Err(error) => check_quoted(&error),
     }
-    match reporter::heartbeat_reply(URL, status, &read) {
+    match heartbeat::heartbeat_reply(URL, status, &read) {
         Ok(reply) => {
             let interval = clamp::heartbeat_interval(reply.next_interval_seconds);
             assert!(

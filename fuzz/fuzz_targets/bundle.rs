@@ -9,12 +9,10 @@
 
 use libfuzzer_sys::fuzz_target;
 use windvane_fuzz::{CHANNEL, FLEET, cluster, mode, now};
-use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::desired::cluster_share;
-use windvane_shared::digest::sha256_hex;
-use windvane_shared::release::{
-    BundleRef, DEFAULT_MAX_BUNDLE_BYTES, ReleasePointer, verify_bundle,
-};
+use windvane_shared::format::bundle::{Bundle, BundleLimits};
+use windvane_shared::decide::desired::cluster_share;
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::format::release::{BundleRef, DEFAULT_MAX_BUNDLE_BYTES, ReleasePointer, verify_bundle};
 
 fuzz_target!(|data: &[u8]| {
     let Some((mode, data)) = mode(data, 2) else {

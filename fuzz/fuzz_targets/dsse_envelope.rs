@@ -9,9 +9,9 @@
 use libfuzzer_sys::fuzz_target;
 use windvane_fuzz::{mode, release_key, trusting};
 use windvane_shared::Error;
-use windvane_shared::dsse::{self, Envelope};
-use windvane_shared::keys::{keyid, signing_key_from_seed};
-use windvane_shared::release::RELEASE_PAYLOAD_TYPE;
+use windvane_shared::crypto::dsse::{self, Envelope};
+use windvane_shared::crypto::keys::{keyid, signing_key_from_seed};
+use windvane_shared::format::release::RELEASE_PAYLOAD_TYPE;
 
 fuzz_target!(|data: &[u8]| {
     let Some((mode, data)) = mode(data, 2) else {

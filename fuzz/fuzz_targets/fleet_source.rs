@@ -12,9 +12,9 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use windvane_fuzz::cluster;
-use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::desired::cluster_share;
-use windvane_shared::source::load_fleet_dir;
+use windvane_shared::format::bundle::{Bundle, BundleLimits};
+use windvane_shared::decide::desired::cluster_share;
+use windvane_publisher::source::load_fleet_dir;
 
 /// Where each NUL-separated part of an input goes, relative to the fleet root.
 const FILES: [&str; 4] = [

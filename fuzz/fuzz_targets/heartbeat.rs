@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use windvane_fuzz::{CLUSTER, FLEET, cluster_key, mode, now};
-use windvane_shared::dsse;
-use windvane_shared::heartbeat::{
+use windvane_shared::crypto::dsse;
+use windvane_shared::wire::heartbeat::{
     EnrollRequest, HEARTBEAT_PAYLOAD_TYPE, MAX_DRIFT_RECORDS_PER_HEARTBEAT,
 };
-use windvane_shared::keys::{keyid, verifying_key_from_pem, verifying_key_to_pem};
+use windvane_shared::crypto::keys::{keyid, verifying_key_from_pem, verifying_key_to_pem};
 use windvane_source_server::db::{ClusterSummary, DriftEntry, VerifiedHeartbeat};
 use windvane_source_server::ingest::{
     ClusterKey, MAX_INTERVAL_SECONDS, check_enroll, check_heartbeat,

@@ -25,10 +25,10 @@ use hyper_util::rt::TokioIo;
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use windvane_fuzz::{CLUSTER, FLEET, cluster_key, now};
-use windvane_shared::digest::is_sha256_hex;
-use windvane_shared::heartbeat::{EnrollRequest, MAX_HEARTBEAT_BYTES};
-use windvane_shared::keys::verifying_key_to_pem;
-use windvane_shared::selector::LabelSelector;
+use windvane_shared::crypto::digest::is_sha256_hex;
+use windvane_shared::wire::heartbeat::{EnrollRequest, MAX_HEARTBEAT_BYTES};
+use windvane_shared::crypto::keys::verifying_key_to_pem;
+use windvane_shared::spec::selector::LabelSelector;
 use windvane_source_server::http::auth::credential;
 use windvane_source_server::ingest::{ClusterKey, check_enroll, check_heartbeat};
 use windvane_source_server::http::route::{

@@ -8,12 +8,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use windvane_fuzz::{CHANNEL, FLEET, HIGHEST_ACCEPTED, mode, now, release_key, trusting};
-use windvane_shared::digest::{is_sha256_hex, sha256_hex};
-use windvane_shared::dsse;
-use windvane_shared::release::{
-    AcceptedRelease, DEFAULT_MAX_POINTER_BYTES, PointerExpectations, RELEASE_PAYLOAD_TYPE,
-    verify_known_good, verify_pointer, verify_signed_pointer,
-};
+use windvane_shared::crypto::digest::{is_sha256_hex, sha256_hex};
+use windvane_shared::crypto::dsse;
+use windvane_shared::format::release::{AcceptedRelease, DEFAULT_MAX_POINTER_BYTES, PointerExpectations, RELEASE_PAYLOAD_TYPE, verify_known_good, verify_pointer, verify_signed_pointer};
 
 fuzz_target!(|data: &[u8]| {
     let Some((mode, data)) = mode(data, 2) else {

@@ -1,4 +1,4 @@
-//! SOPS files as an agent opens them ([`windvane_shared::sops`]): the documents of one manifest file.
+//! SOPS files as an agent opens them ([`windvane_shared::format::sops`]): the documents of one manifest file.
 //!
 //! Mode 0: the YAML stream's documents are opened as one SOPS file with a keyring that holds one identity:
 //! any input is refused or opened without a panic. Mode 1: documents without SOPS metadata are sealed to that
@@ -9,10 +9,8 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
-use windvane_shared::sops::{
-    KUBERNETES_ENCRYPTED_REGEX, Keyring, open_file, parse_recipient, seal,
-};
-use windvane_shared::yaml::{YamlLimits, documents_to_json};
+use windvane_shared::format::sops::{KUBERNETES_ENCRYPTED_REGEX, Keyring, open_file, parse_recipient, seal};
+use windvane_shared::text::yaml::{YamlLimits, documents_to_json};
 
 /// One identity for the whole run (what fails or opens does not depend on which).
 fn keys() -> &'static (Keyring, String) {

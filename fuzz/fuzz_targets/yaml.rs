@@ -11,8 +11,8 @@
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use windvane_fuzz::mode;
-use windvane_shared::yaml::{Yaml11, YamlLimits, documents_to_json, json_to_value, read_documents};
-use windvane_shared::yaml_out::to_yaml_string;
+use windvane_shared::text::yaml::{Yaml11, YamlLimits, documents_to_json, json_to_value, read_documents};
+use windvane_shared::text::yaml_out::to_yaml_string;
 
 fuzz_target!(|data: &[u8]| {
     let Some((mode, data)) = mode(data, 2) else {

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use ed25519_dalek::SigningKey;
 use jiff::Timestamp;
-use windvane_shared::keys::{TrustedKeys, signing_key_from_seed};
-use windvane_shared::render::ClusterIdentity;
+use windvane_shared::crypto::keys::{TrustedKeys, signing_key_from_seed};
+use windvane_shared::decide::render::ClusterIdentity;
 
 /// The fleet every target expects.
 pub const FLEET: &str = "acme";

@@ -15,10 +15,10 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use jiff::Timestamp;
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use windvane_shared::bundle::{BUNDLE_API_VERSION, Bundle, BundleLimits};
-use windvane_shared::digest::sha256_hex;
-use windvane_shared::keys::{TrustedKeys, signing_key_from_seed};
-use windvane_shared::release::{
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::crypto::keys::{TrustedKeys, signing_key_from_seed};
+use windvane_shared::format::bundle::{BUNDLE_API_VERSION, Bundle, BundleLimits};
+use windvane_shared::format::release::{
     BundleRef, DEFAULT_MAX_BUNDLE_BYTES, PointerExpectations, ReleasePointer, verify_bundle,
     verify_pointer,
 };

@@ -81,7 +81,7 @@ pub enum Error {
         detail: String,
     },
 
-    // ---- SOPS-encrypted manifests (crate::sops); no message ever holds a decrypted value ----
+    // ---- SOPS-encrypted manifests (crate::format::sops); no message ever holds a decrypted value ----
     /// An age identity (`AGE-SECRET-KEY-1…`) or a recipient (`age1…`) could not be read.
     #[error("{source_name}: {detail}")]
     AgeKey { source_name: String, detail: String },
@@ -147,6 +147,17 @@ pub enum Error {
         document: usize,
         detail: String,
     },
+    /// A Windvane annotation on an object has a value it cannot take (`rule` says what it takes).
+    #[error("{object}: annotation {annotation} {rule}, got {found:?}")]
+    BadAnnotation {
+        object: String,
+        annotation: String,
+        rule: &'static str,
+        found: String,
+    },
+    /// A field of an object that must be a mapping is not.
+    #[error("{object}: {field} must be a mapping")]
+    NotAMapping { object: String, field: &'static str },
     /// The same object appears twice within one app.
     #[error("app {app}: {object} is defined twice: {first} and {second}")]
     DuplicateObject {
@@ -164,6 +175,18 @@ pub enum Error {
         pointer: String,
         detail: String,
     },
+    /// A fleet, app or namespace name is not a DNS label.
+    #[error(
+        "{name:?} is not a valid name: use at most 63 lower-case letters, digits and '-', starting and ending \
+         with a letter or digit"
+    )]
+    InvalidName { name: String },
+    /// An approval file already in the store signs another statement than the release being approved.
+    #[error(
+        "the approval file in the store for serial {serial} of channel {channel:?} signs something else; remove \
+         it or check the store"
+    )]
+    ApprovalSignsOther { channel: String, serial: u64 },
     /// An app's `namespace:` is not a namespace name.
     #[error("app {app}: namespace: {detail}")]
     InvalidNamespace { app: String, detail: String },
@@ -177,6 +200,20 @@ pub enum Error {
         found: usize,
         limit: usize,
     },
+    /// A maintenance window's field is out of bounds; `index` is its place in the app's `windows:` when known.
+    #[error("{}{field} {value}: {detail}", window_index(.index))]
+    InvalidWindow {
+        index: Option<usize>,
+        field: &'static str,
+        value: String,
+        detail: String,
+    },
+    /// A window's cron schedule cannot be read.
+    #[error("schedule {schedule:?}: {detail}")]
+    InvalidSchedule { schedule: String, detail: String },
+    /// One field of a cron schedule (`minute`, `hour`, …) is not what cron takes.
+    #[error("{field} {detail}")]
+    CronField { field: &'static str, detail: String },
     /// A duration like `30s` could not be read.
     #[error("invalid duration {value:?}: {detail}")]
     InvalidDuration { value: String, detail: String },
@@ -226,6 +263,40 @@ pub enum Error {
         pointer: String,
         variable: String,
     },
+    /// A `${` that looks like a variable of ours is never closed.
+    #[error("unterminated ${{ in {text:?}; close it with }} or write $${{ for a literal ${{")]
+    UnterminatedVariable { text: String },
+    /// `${cluster.…}` that is neither `cluster.name` nor `cluster.labels.KEY`; `meant` is the variable it is
+    /// closest to.
+    #[error(
+        "unknown variable ${{{expression}}}: {}the variables are ${{cluster.name}}, ${{cluster.labels.KEY}} and \
+         ${{values.NAME}}; write $${{ for a literal ${{",
+        did_you_mean(.meant)
+    )]
+    UnknownVariable {
+        expression: String,
+        meant: Option<String>,
+    },
+    /// `${cluster.labels}` or `${cluster.labels.}`: no label key.
+    #[error("${{{expression}}} names no label; write ${{cluster.labels.KEY}}")]
+    NoLabelKey { expression: String },
+    /// A label key in `${cluster.labels.KEY}` with a character a label key cannot have.
+    #[error(
+        "${{{expression}}}: a label key has letters, digits, '.', '_', '-' and '/' only, not {found:?}"
+    )]
+    BadLabelKeyChar { expression: String, found: char },
+    /// `${values.a..b}`: an empty name between dots.
+    #[error("${{{expression}}} has an empty name between dots")]
+    EmptyValuesName { expression: String },
+    /// A name in `${values.…}` with a character a name cannot have.
+    #[error(
+        "${{{expression}}}: a name in ${{values.…}} has letters, digits, '_' and '-' only, not {found:?}; write \
+         $${{ for a literal ${{"
+    )]
+    BadValuesNameChar { expression: String, found: char },
+    /// `${values.PATH}` names no value, but a defined one is close to it (`meant`).
+    #[error("${{values.{path}}} is not defined; did you mean ${{{meant}}}?")]
+    UndefinedValue { path: String, meant: String },
     /// A `${...}` expression is malformed or its value cannot stand where it is used.
     #[error("app {app}, {file} document {document} ({object}) at {pointer}: {detail}")]
     Template {
@@ -242,6 +313,17 @@ fn source_hint(source_name: &Option<String>) -> String {
     source_name
         .as_ref()
         .map(|s| format!(" ({s})"))
+        .unwrap_or_default()
+}
+
+fn window_index(index: &Option<usize>) -> String {
+    index.map(|i| format!("windows[{i}].")).unwrap_or_default()
+}
+
+fn did_you_mean(meant: &Option<String>) -> String {
+    meant
+        .as_ref()
+        .map(|meant| format!("did you mean ${{{meant}}}? "))
         .unwrap_or_default()
 }
 
@@ -282,20 +364,35 @@ impl Error {
             Error::FleetConfig { .. }
             | Error::Manifest { .. }
             | Error::DuplicateObject { .. }
+            | Error::BadAnnotation { .. }
+            | Error::NotAMapping { .. }
             | Error::InvalidPointer { .. }
             | Error::InvalidNamespace { .. }
+            | Error::InvalidName { .. }
+            | Error::ApprovalSignsOther { .. }
             | Error::InvalidSelector { .. }
             | Error::TooMany { .. }
             | Error::InvalidDuration { .. }
+            | Error::InvalidWindow { .. }
+            | Error::InvalidSchedule { .. }
+            | Error::CronField { .. }
             | Error::NoVariant { .. } => "invalid",
             Error::Engine { .. } => "engine",
             Error::UndefinedVariable { .. }
             | Error::NeverDefined { .. }
-            | Error::Template { .. } => "render",
+            | Error::Template { .. }
+            | Error::UnterminatedVariable { .. }
+            | Error::UnknownVariable { .. }
+            | Error::NoLabelKey { .. }
+            | Error::BadLabelKeyChar { .. }
+            | Error::EmptyValuesName { .. }
+            | Error::BadValuesNameChar { .. }
+            | Error::UndefinedValue { .. } => "render",
         }
     }
 
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    /// A failed read of `path`: what the publisher's fleet-tree reader reports for a file or directory.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
             source,

@@ -3,9 +3,9 @@
 //! running a fuzzer. How a crash becomes one of these: `fuzz/README.md`.
 
 use serde_json::{Value, json};
-use windvane_shared::selector::LabelSelector;
-use windvane_shared::yaml::{YamlLimits, documents_to_json, json_to_value};
-use windvane_shared::yaml_out::to_yaml_string;
+use windvane_shared::spec::selector::LabelSelector;
+use windvane_shared::text::yaml::{YamlLimits, documents_to_json, json_to_value};
+use windvane_shared::text::yaml_out::to_yaml_string;
 
 /// The `yaml` target's property: a value written by `yaml_out` reads back unchanged.
 fn assert_yaml_round_trip(value: &Value) {

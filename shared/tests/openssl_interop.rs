@@ -13,12 +13,12 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ed25519_dalek::Signer as _;
 use jiff::Timestamp;
-use windvane_shared::dsse::{self, Envelope, Signature};
-use windvane_shared::keys::{
+use windvane_shared::crypto::dsse::{self, Envelope, Signature};
+use windvane_shared::crypto::keys::{
     TrustedKeys, keyid, signing_key_from_pem, signing_key_from_seed, signing_key_to_pem,
     verifying_key_from_pem, verifying_key_to_pem,
 };
-use windvane_shared::release::{
+use windvane_shared::format::release::{
     BundleRef, PointerExpectations, RELEASE_PAYLOAD_TYPE, ReleasePointer, verify_pointer,
 };
 
@@ -65,7 +65,7 @@ fn pointer() -> ReleasePointer {
         issued_at: now(),
         expires_at: now() + jiff::SignedDuration::from_hours(24),
         bundle: BundleRef {
-            sha256: windvane_shared::digest::sha256_hex(b"bundle"),
+            sha256: windvane_shared::crypto::digest::sha256_hex(b"bundle"),
             size: 6,
         },
         allow_empty: false,

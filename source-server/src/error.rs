@@ -32,6 +32,12 @@ pub enum Error {
         "the admin token (--admin-token-file) is the read token (--read-token-file): give admin actions a token of their own (e.g. `head -c 32 /dev/urandom | base64`)"
     )]
     AdminTokenIsReadToken,
+    /// The read token is the registration token: every cluster would read the whole fleet's view, and every
+    /// browser given the read token could enrol clusters.
+    #[error(
+        "the read token (--read-token-file) is the registration token (--registration-token-file), which every cluster holds: give readers a token of their own (e.g. `head -c 32 /dev/urandom | base64`)"
+    )]
+    ReadTokenIsRegistrationToken,
     /// The notifications config file could not be read or is invalid.
     #[error("notifications config {}: {detail}", path.display())]
     NotificationConfig { path: PathBuf, detail: String },

@@ -1,5 +1,5 @@
 //! `windvane approve`: adds an approver's signature over the channel's current release to
-//! `approvals/<channel>/<serial>.json` in the store ([`windvane_shared::approval`] says what is signed and
+//! `approvals/<channel>/<serial>.json` in the store ([`windvane_shared::decide::approval`] says what is signed and
 //! what counts). The current pointer is verified with the release keys the approver trusts first, and
 //! checked to be the channel's own, unexpired and not older than its signed history, so an approver signs
 //! only a release they could check; the publisher's own key is refused (it would not count).
@@ -7,10 +7,10 @@
 //! as read, so two approvers never lose each other's signature.
 
 use ed25519_dalek::SigningKey;
-use windvane_shared::approval::{self, ApprovalStatement, MAX_APPROVAL_BYTES};
-use windvane_shared::dsse::Envelope;
-use windvane_shared::keys::{TrustedKeys, keyid};
-use windvane_shared::release::{self, ReleasePointer};
+use windvane_shared::crypto::dsse::Envelope;
+use windvane_shared::crypto::keys::{TrustedKeys, keyid};
+use windvane_shared::decide::approval::{self, ApprovalStatement, MAX_APPROVAL_BYTES};
+use windvane_shared::format::release::{self, ReleasePointer};
 
 use crate::{Error, Put, Result, Store, channel_path};
 
@@ -87,7 +87,7 @@ pub async fn approve(
         None => None,
     };
     let envelope = approval::add_signature(envelope, &ApprovalStatement::of(&pointer), key)
-        .map_err(file_error)?;
+        .map_err(|e| file_error(e.to_string()))?;
     // Two approvers at once: in a bucket the later write finds the file changed and is refused, so no
     // signature is silently lost (the approver runs the command again).
     let put = Put::IfUnchanged(existing.as_ref().map(|stored| &stored.version));

@@ -18,13 +18,13 @@ pub(crate) struct ProfileSettings {
     pub settings: Vec<(String, String)>,
 }
 
-/// The named profile's keys and region from the two files' texts (`None`: no such file). `Err` with the
-/// reason when the profile exists but cannot be used here (role assumption or SSO).
+/// The named profile's keys and region from the two files' texts (`None`: no such file). An error when the
+/// profile exists but cannot be used here (role assumption or SSO).
 pub(crate) fn profile_settings(
     profile: &str,
     credentials: Option<&str>,
     config: Option<&str>,
-) -> std::result::Result<Option<ProfileSettings>, String> {
+) -> Result<Option<ProfileSettings>> {
     let config_section = if profile == "default" {
         "default".to_owned()
     } else {
@@ -59,11 +59,9 @@ pub(crate) fn profile_settings(
         .iter()
         .any(|key| lookup(key).is_some()) =>
         {
-            return Err(format!(
-                "profile {profile:?} assumes a role, uses SSO or runs a credential process, which windvane \
-                 does not do; export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (e.g. from `aws configure \
-                 export-credentials --format env`) or use web identity or instance credentials"
-            ));
+            return Err(Error::AwsProfileUnsupported {
+                profile: profile.to_owned(),
+            });
         }
         _ => {}
     }
@@ -130,9 +128,7 @@ pub(crate) fn from_files(explicit: &[(String, String)]) -> Result<Vec<(String, S
         profile: profile.clone(),
         detail,
     };
-    let Some(found) =
-        profile_settings(&profile, credentials.as_deref(), config.as_deref()).map_err(refused)?
-    else {
+    let Some(found) = profile_settings(&profile, credentials.as_deref(), config.as_deref())? else {
         return match named {
             Some(_) => Err(refused(format!(
                 "not found in {} or {}",
@@ -222,13 +218,15 @@ region = eu-central-1
 
     #[test]
     fn a_role_profile_is_refused_with_what_to_do_and_a_missing_one_is_none() {
-        let refused = profile_settings("admin", Some(CREDENTIALS), Some(CONFIG)).unwrap_err();
+        let refused = profile_settings("admin", Some(CREDENTIALS), Some(CONFIG))
+            .unwrap_err()
+            .to_string();
         assert!(refused.contains("export-credentials"), "{refused}");
         assert_eq!(
-            profile_settings("nope", Some(CREDENTIALS), Some(CONFIG)),
-            Ok(None)
+            profile_settings("nope", Some(CREDENTIALS), Some(CONFIG)).unwrap(),
+            None
         );
-        assert_eq!(profile_settings("default", None, None), Ok(None));
+        assert_eq!(profile_settings("default", None, None).unwrap(), None);
     }
 
     #[test]

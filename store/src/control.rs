@@ -7,8 +7,8 @@
 
 use ed25519_dalek::SigningKey;
 use jiff::Timestamp;
-use windvane_shared::keys::TrustedKeys;
-use windvane_shared::release::{self, ReleasePointer};
+use windvane_shared::crypto::keys::TrustedKeys;
+use windvane_shared::format::release::{self, ReleasePointer};
 
 use crate::{Error, Put, Result, Store, channel_path, history};
 
@@ -70,9 +70,9 @@ mod tests {
     use std::time::Duration;
 
     use jiff::Timestamp;
-    use windvane_shared::bundle::{App, BUNDLE_API_VERSION, Bundle};
-    use windvane_shared::keys::signing_key_from_seed;
-    use windvane_shared::rollout::{Rollout, Wave};
+    use windvane_shared::crypto::keys::signing_key_from_seed;
+    use windvane_shared::format::bundle::{App, BUNDLE_API_VERSION, Bundle};
+    use windvane_shared::spec::rollout::{Rollout, Wave};
 
     use std::path::Path;
 

@@ -117,9 +117,36 @@ pub enum Error {
         "{location}: changed by someone else after it was read (another publish, halt or approval ran at the same time); nothing of this change took effect — run the command again"
     )]
     ChangedConcurrently { location: String },
-    /// The pointer read back after publishing is not the one written.
-    #[error("{location}: read back after writing: {detail}")]
-    PointerNotAsWritten { location: String, detail: String },
+    /// The pointer read back after publishing is not there at all.
+    #[error("{location}: read back after writing: the pointer is gone right after it was written")]
+    PointerGoneAfterWrite { location: String },
+    /// The pointer read back after publishing is another release of the same or an earlier serial: the object
+    /// store let two publishers both win.
+    #[error(
+        "{location}: read back after writing: serial {found_serial} with bundle {found_bundle} is there instead of \
+         the serial {written_serial} just written: another publisher wrote at the same time and the object store \
+         did not honour the conditional write (If-Match); this release did not land — use a store that supports \
+         conditional writes, then publish again"
+    )]
+    PointerOvertaken {
+        location: String,
+        found_serial: u64,
+        found_bundle: String,
+        written_serial: u64,
+    },
+    /// What was read back after publishing is not a pointer signed by a trusted key.
+    #[error(
+        "{location}: read back after writing: what is there is not a release pointer signed by a trusted key; \
+         the store was changed by someone else right after the write"
+    )]
+    PointerNotTrusted { location: String },
+    /// The AWS profile assumes a role, uses SSO or runs a credential process, which windvane does not do.
+    #[error(
+        "AWS profile {profile:?}: profile {profile:?} assumes a role, uses SSO or runs a credential process, which \
+         windvane does not do; export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (e.g. from `aws configure \
+         export-credentials --format env`) or use web identity or instance credentials"
+    )]
+    AwsProfileUnsupported { profile: String },
     /// Fetching from a store URL failed.
     #[error("GET {url}: {detail}")]
     Http { url: String, detail: String },

@@ -14,8 +14,8 @@
 //! decides (pure) which entry a rollback goes back to.
 
 use jiff::Timestamp;
-use windvane_shared::keys::TrustedKeys;
-use windvane_shared::release::{self, ReleasePointer};
+use windvane_shared::crypto::keys::TrustedKeys;
+use windvane_shared::format::release::{self, ReleasePointer};
 
 use crate::{CHANNELS_DIR, Error, Put, Result, Store, channel_path};
 
@@ -324,7 +324,7 @@ pub async fn earlier_entries(
 mod tests {
     use std::path::Path;
 
-    use windvane_shared::release::BundleRef;
+    use windvane_shared::format::release::BundleRef;
 
     use super::*;
 

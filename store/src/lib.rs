@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use ed25519_dalek::SigningKey;
 use jiff::Timestamp;
-use windvane_shared::bundle::Bundle;
-use windvane_shared::digest::sha256_hex;
-use windvane_shared::keys::TrustedKeys;
-use windvane_shared::release::{self, BundleRef, ReleasePointer};
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::crypto::keys::TrustedKeys;
+use windvane_shared::format::bundle::Bundle;
+use windvane_shared::format::release::{self, BundleRef, ReleasePointer};
 
 mod approval;
 mod aws_profile;
@@ -238,26 +238,25 @@ impl PreparedPublish<'_> {
             &self.envelope_bytes,
             found.as_deref(),
             &self.trusted,
+            &self.store.describe(&path).display().to_string(),
         )
-        .map_err(|detail| Error::PointerNotAsWritten {
-            location: self.store.describe(&path).display().to_string(),
-            detail,
-        })
     }
 }
 
 /// Whether the pointer read back after writing `written` (`written_bytes`) shows the write held (pure):
 /// the same bytes, or a pointer of a later serial (another publisher followed already). Anything else —
-/// nothing, another pointer of the same or an earlier serial, bytes that are not a pointer — says what is
-/// there instead.
+/// nothing, another pointer of the same or an earlier serial, bytes that are not a pointer — is an error that
+/// says what is there instead, at `location` (the channel pointer as shown).
 pub fn read_back_verdict(
     written: &ReleasePointer,
     written_bytes: &[u8],
     found: Option<&[u8]>,
     trusted: &TrustedKeys,
-) -> std::result::Result<(), String> {
+    location: &str,
+) -> Result<()> {
+    let location = location.to_owned();
     let Some(found) = found else {
-        return Err("the pointer is gone right after it was written".to_owned());
+        return Err(Error::PointerGoneAfterWrite { location });
     };
     if found == written_bytes {
         return Ok(());
@@ -267,15 +266,13 @@ pub fn read_back_verdict(
         .map(|accepted| accepted.pointer);
     match other {
         Some(other) if other.serial > written.serial && other.channel == written.channel => Ok(()),
-        Some(other) => Err(format!(
-            "serial {} with bundle {} is there instead of the serial {} just written: another publisher wrote              at the same time and the object store did not honour the conditional write (If-Match); this              release did not land — use a store that supports conditional writes, then publish again",
-            other.serial, other.bundle.sha256, written.serial
-        )),
-        None => Err(
-            "what is there is not a release pointer signed by a trusted key; the store was changed by someone \
-             else right after the write"
-                .to_owned(),
-        ),
+        Some(other) => Err(Error::PointerOvertaken {
+            location,
+            found_serial: other.serial,
+            found_bundle: other.bundle.sha256,
+            written_serial: written.serial,
+        }),
+        None => Err(Error::PointerNotTrusted { location }),
     }
 }
 
@@ -529,7 +526,7 @@ mod tests {
 
     #[test]
     fn a_pointer_read_back_must_be_the_one_written_or_a_later_one() {
-        let key = windvane_shared::keys::signing_key_from_seed([5; 32]);
+        let key = windvane_shared::crypto::keys::signing_key_from_seed([5; 32]);
         let mut trusted = TrustedKeys::new();
         trusted.insert(key.verifying_key()).expect("key");
         let now = Timestamp::now();
@@ -548,31 +545,29 @@ mod tests {
         };
         let ours = pointer(4, 'a');
         let bytes = ours.sign(&key).to_json_bytes();
-        assert_eq!(
-            read_back_verdict(&ours, &bytes, Some(&bytes), &trusted),
-            Ok(())
-        );
+        assert!(read_back_verdict(&ours, &bytes, Some(&bytes), &trusted, "at").is_ok());
         let later = pointer(5, 'c').sign(&key).to_json_bytes();
-        assert_eq!(
-            read_back_verdict(&ours, &bytes, Some(&later), &trusted),
-            Ok(())
-        );
+        assert!(read_back_verdict(&ours, &bytes, Some(&later), &trusted, "at").is_ok());
         // What an object store that ignores If-Match leaves: the other publisher's serial 4.
         let theirs = pointer(4, 'b').sign(&key).to_json_bytes();
-        let lost = read_back_verdict(&ours, &bytes, Some(&theirs), &trusted).expect_err("lost");
+        let lost = read_back_verdict(&ours, &bytes, Some(&theirs), &trusted, "at")
+            .expect_err("lost")
+            .to_string();
         assert!(
             lost.contains("did not honour the conditional write (If-Match)"),
             "{lost}"
         );
         assert!(lost.contains(&"b".repeat(64)), "{lost}");
-        let other_key = windvane_shared::keys::signing_key_from_seed([6; 32]);
+        let other_key = windvane_shared::crypto::keys::signing_key_from_seed([6; 32]);
         let forged = pointer(9, 'd').sign(&other_key).to_json_bytes();
-        let error = read_back_verdict(&ours, &bytes, Some(&forged), &trusted).expect_err("forged");
+        let error = read_back_verdict(&ours, &bytes, Some(&forged), &trusted, "at")
+            .expect_err("forged")
+            .to_string();
         assert!(
             error.contains("not a release pointer signed by a trusted key"),
             "{error}"
         );
-        assert!(read_back_verdict(&ours, &bytes, None, &trusted).is_err());
+        assert!(read_back_verdict(&ours, &bytes, None, &trusted, "at").is_err());
     }
 
     #[test]

@@ -14,9 +14,9 @@ use anyhow::Context;
 use ed25519_dalek::SigningKey;
 use serde_json::Value;
 use tempfile::TempDir;
-use windvane_shared::bundle::BundleLimits;
-use windvane_shared::keys::{TrustedKeys, signing_key_from_seed, verifying_key_to_pem};
-use windvane_shared::release::ReleasePointer;
+use windvane_shared::crypto::keys::{TrustedKeys, signing_key_from_seed, verifying_key_to_pem};
+use windvane_shared::format::bundle::BundleLimits;
+use windvane_shared::format::release::ReleasePointer;
 use windvane_store::{self as store, PublishRequest};
 
 use crate::localkube::LocalKube;
@@ -151,7 +151,8 @@ impl Publisher {
         expires_in: Duration,
         allow_empty: bool,
     ) -> anyhow::Result<ReleasePointer> {
-        let bundle = windvane_shared::source::load_fleet_dir(tree.path(), BundleLimits::default())?;
+        let bundle =
+            windvane_publisher::source::load_fleet_dir(tree.path(), BundleLimits::default())?;
         let request = PublishRequest {
             channel,
             bundle: &bundle,
@@ -192,7 +193,10 @@ impl Publisher {
     pub fn key_path(&self) -> anyhow::Result<PathBuf> {
         use std::os::unix::fs::PermissionsExt;
         let path = self.dir.path().join("release.key");
-        std::fs::write(&path, windvane_shared::keys::signing_key_to_pem(&self.key))?;
+        std::fs::write(
+            &path,
+            windvane_shared::crypto::keys::signing_key_to_pem(&self.key),
+        )?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
         Ok(path)
     }

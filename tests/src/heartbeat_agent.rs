@@ -11,13 +11,13 @@ use ed25519_dalek::SigningKey;
 use jiff::Timestamp;
 use windvane_agent::backoff::{jittered, random_unit};
 use windvane_agent::clamp;
-use windvane_agent::reporter::retry_wait;
-use windvane_shared::dsse;
-use windvane_shared::heartbeat::{
+use windvane_agent::report::heartbeat::retry_wait;
+use windvane_shared::crypto::dsse;
+use windvane_shared::crypto::keys::{signing_key_from_seed, verifying_key_to_pem};
+use windvane_shared::wire::heartbeat::{
     AppReport, EnrollRequest, HEARTBEAT_PAYLOAD_TYPE, Heartbeat, ObjectReport, SourceReport,
 };
-use windvane_shared::keys::{signing_key_from_seed, verifying_key_to_pem};
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::status::SyncState;
 
 use crate::server::{CHANNEL, FLEET, TOKEN};
 
@@ -37,7 +37,7 @@ pub enum Answer {
 impl Answer {
     /// When the real agent sends its next heartbeat after this answer, with `failures` failed ones in a row
     /// before it, heartbeating every `interval`: the interval ±20 % after an acknowledgement, the reporter's
-    /// own back-off after a failure ([`windvane_agent::reporter::retry_wait`]).
+    /// own back-off after a failure ([`windvane_agent::report::heartbeat::retry_wait`]).
     pub fn wait(&self, failures: u32, interval: Duration) -> Duration {
         match self {
             Answer::Acknowledged => jittered(interval, 0.2, random_unit()),

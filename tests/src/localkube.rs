@@ -133,6 +133,12 @@ impl LocalKube {
     /// what to build or install, where containerd or the images are missing or
     /// the machine cannot run the node.
     pub async fn start_real_node() -> Result<Self> {
+        Self::start_real_node_with(&[]).await
+    }
+
+    /// [`start_real_node`](Self::start_real_node), with the images `deploy/images/build.sh` built as
+    /// `<name>.tar` (e.g. `windvane-agent`, `windvane-server`) loaded too.
+    pub async fn start_real_node_with(images: &[&str]) -> Result<Self> {
         let workspace = workspace_dir();
         let containerd = env_path(CONTAINERD_ENV, workspace.join("target/tools/containerd"));
         if !containerd.is_file() {
@@ -141,21 +147,32 @@ impl LocalKube {
                 containerd.display()
             );
         }
-        let images = env_path(IMAGES_ENV, workspace.join("target/images"));
-        let busybox = images.join("busybox.tar");
+        let images_dir = env_path(IMAGES_ENV, workspace.join("target/images"));
+        let busybox = images_dir.join("busybox.tar");
         if !busybox.is_file() {
             bail!(
                 "image archive {} not found (set {IMAGES_ENV} or build it: run deploy/images/build.sh)",
                 busybox.display()
             );
         }
-        let args = vec![
+        let mut args = vec![
             "--real-node".to_owned(),
             "--containerd".to_owned(),
             containerd.display().to_string(),
             "--load-image".to_owned(),
             busybox.display().to_string(),
         ];
+        for name in images {
+            let archive = images_dir.join(format!("{name}.tar"));
+            if !archive.is_file() {
+                bail!(
+                    "image archive {} not found (set {IMAGES_ENV} or build it: run deploy/images/build.sh --binaries target/debug {})",
+                    archive.display(),
+                    name.trim_start_matches("windvane-")
+                );
+            }
+            args.extend(["--load-image".to_owned(), archive.display().to_string()]);
+        }
         Self::start_args(args).await
     }
 

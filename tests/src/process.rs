@@ -190,3 +190,28 @@ impl Drop for ChildProcess {
         self.kill();
     }
 }
+
+/// Set by `tests/loopback-only` inside the namespace it makes.
+pub const LOOPBACK_ONLY_ENV: &str = "WINDVANE_LOOPBACK_ONLY";
+
+/// Whether this process runs inside `tests/loopback-only`'s namespace.
+pub fn in_loopback_namespace() -> bool {
+    std::env::var_os(LOOPBACK_ONLY_ENV).is_some_and(|v| v == "1")
+}
+
+/// Runs this same command again inside a network namespace that holds only loopback (`tests/loopback-only`),
+/// so that nothing it starts (servers, agents, control planes, a real node) can send traffic off the
+/// machine. Returns only if that could not be started; `what` names the program in the error.
+pub fn reexec_in_loopback_namespace(what: &str) -> std::process::ExitCode {
+    use std::os::unix::process::CommandExt;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("loopback-only");
+    let error = Command::new(&script)
+        .arg(std::env::current_exe().unwrap_or_else(|_| what.into()))
+        .args(std::env::args_os().skip(1))
+        .exec();
+    eprintln!(
+        "error: running the {what} in a loopback-only network namespace through {}: {error}",
+        script.display()
+    );
+    std::process::ExitCode::from(2)
+}

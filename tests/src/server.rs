@@ -21,8 +21,8 @@ use anyhow::Context;
 use jiff::Timestamp;
 use serde_json::Value;
 use tempfile::TempDir;
-use windvane_shared::keys::signing_key_from_seed;
-use windvane_shared::release::{BundleRef, ReleasePointer};
+use windvane_shared::crypto::keys::signing_key_from_seed;
+use windvane_shared::format::release::{BundleRef, ReleasePointer};
 
 use crate::poll::wait_for;
 use crate::process::{ChildProcess, STOP_GRACE, binary, free_port, open_log, tail};
@@ -195,7 +195,7 @@ pub fn write_store(root: &Path, serial: u64) -> (Vec<u8>, String) {
         "x".repeat(4000)
     )
     .into_bytes();
-    let sha256 = windvane_shared::digest::sha256_hex(&bundle);
+    let sha256 = windvane_shared::crypto::digest::sha256_hex(&bundle);
     std::fs::write(root.join(format!("bundles/{sha256}.json")), &bundle).expect("write bundle");
     let now = Timestamp::now();
     let pointer = ReleasePointer {

@@ -338,7 +338,7 @@ fn answer(
 
 /// The ETag the server gives a file: its SHA-256, quoted.
 pub fn etag_of(bytes: &[u8]) -> String {
-    format!("\"{}\"", windvane_shared::digest::sha256_hex(bytes))
+    format!("\"{}\"", windvane_shared::crypto::digest::sha256_hex(bytes))
 }
 
 /// The whole file announced, then sent one byte every [`TRICKLE_EVERY`]: every read gets a byte long before

@@ -711,7 +711,7 @@ async fn an_object_of_the_broken_group_holds_back_only_itself(
     drift_is_healed(kube, agent).await?;
     let warnings = unavailable_warnings(agent);
     let bound =
-        started.elapsed().as_secs() / windvane_agent::cluster::UNAVAILABLE_FOR.as_secs() + 2;
+        started.elapsed().as_secs() / windvane_agent::kube::cluster::UNAVAILABLE_FOR.as_secs() + 2;
     eprintln!(
         "{:?}: {warnings} unavailable-group warnings",
         started.elapsed()

@@ -197,7 +197,7 @@ fn incompressible(seed: u8, len: usize) -> Vec<u8> {
 /// names, and the release reads back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_saves_leave_only_the_chunks_in_use() -> anyhow::Result<()> {
-    use windvane_agent::state::{KnownGood, StateStore};
+    use windvane_agent::kube::state::{KnownGood, StateStore};
     let kube = LocalKube::start().await?;
     let namespace = state_namespace(&kube).await?;
     let store = StateStore::new(kube.client(), namespace, "windvane");
@@ -248,7 +248,7 @@ async fn state_saves_leave_only_the_chunks_in_use() -> anyhow::Result<()> {
 #[tokio::test]
 async fn state_saves_land_whatever_the_store_believes_exists() -> anyhow::Result<()> {
     use k8s_openapi::api::core::v1::Secret;
-    use windvane_agent::state::{KnownGood, StateStore};
+    use windvane_agent::kube::state::{KnownGood, StateStore};
     let kube = LocalKube::start().await?;
     let namespace = state_namespace(&kube).await?;
     let release = |seed: u8| KnownGood {

@@ -29,7 +29,7 @@ use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tempfile::TempDir;
-use windvane_shared::yaml::{YamlLimits, documents_to_json};
+use windvane_shared::text::yaml::{YamlLimits, documents_to_json};
 use windvane_tests::fleet::{
     AGENT_NAMESPACE, Agent, AgentOptions, FleetTree, Publisher, object_state,
 };
@@ -247,7 +247,8 @@ fn kustomization(dir: &Path) -> anyhow::Result<(String, BTreeSet<PathBuf>)> {
     Ok((kind, used))
 }
 
-/// Under `dir` (the example fleet apart): into `out` every directory that holds a `kustomization.yaml`, into
+/// Under `dir` (the example fleet and the Helm charts apart: `deploy_charts.rs` holds the charts to what the
+/// kustomizations here install): into `out` every directory that holds a `kustomization.yaml`, into
 /// `yaml` every other YAML file.
 fn walk(dir: &Path, out: &mut Vec<PathBuf>, yaml: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
@@ -255,7 +256,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>, yaml: &mut Vec<PathBuf>) -> anyhow::
     for entry in entries {
         let path = entry.path();
         if path.is_dir() {
-            if path.ends_with("examples/fleet") {
+            if path.ends_with("examples/fleet") || path.ends_with("charts") {
                 continue;
             }
             walk(&path, out, yaml)?;

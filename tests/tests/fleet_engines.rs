@@ -9,7 +9,7 @@
 
 mod fault_support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use fault_support::{SYNC, config_map, data};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
-use windvane_shared::yaml::{YamlLimits, documents_to_json};
+use windvane_shared::text::yaml::{YamlLimits, documents_to_json};
 use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, metric_sum};
 use windvane_tests::localkube::LocalKube;
 use windvane_tests::poll::wait_for;
@@ -253,19 +253,7 @@ spec:
 /// The real engine `name` (`helm`, `kustomize`): `WINDVANE_HELM`/`WINDVANE_KUSTOMIZE` (set by tests/run),
 /// else the one tests/tools/build.sh writes into the workspace's target directory.
 fn engine(name: &str) -> anyhow::Result<PathBuf> {
-    let env = format!("WINDVANE_{}", name.to_ascii_uppercase());
-    let path = match std::env::var_os(&env) {
-        Some(path) => PathBuf::from(path),
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../target/tools")
-            .join(name),
-    };
-    ensure!(
-        path.is_file(),
-        "{} is missing: run tests/tools/build.sh (or set {env})",
-        path.display()
-    );
-    Ok(path)
+    windvane_tests::install::tool(name)
 }
 
 fn tree() -> anyhow::Result<FleetTree> {
@@ -627,7 +615,10 @@ async fn a_chart_from_a_repository_is_pinned_by_digest() -> anyhow::Result<()> {
         url.clone(),
     ])?;
     let archive = std::fs::read(repo_dir.join("web-1.4.0.tgz"))?;
-    let digest = format!("sha256:{}", windvane_shared::digest::sha256_hex(&archive));
+    let digest = format!(
+        "sha256:{}",
+        windvane_shared::crypto::digest::sha256_hex(&archive)
+    );
 
     let fleet = |pin: &str| {
         format!(

@@ -13,7 +13,7 @@ use windvane_tests::localkube::LocalKube;
 use windvane_tests::poll::wait_for;
 use windvane_tests::process::{ChildProcess, binary};
 
-/// The agent's connection cap and header timeout (agent/src/admin.rs).
+/// The agent's connection cap and header timeout (agent/src/report/admin.rs).
 const MAX_CONNECTIONS: usize = 32;
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use tempfile::TempDir;
-use windvane_shared::digest::sha256_hex;
-use windvane_shared::dsse::Envelope;
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::crypto::dsse::Envelope;
 use windvane_tests::process::binary;
 
 fn windvane(args: &[&str]) -> Output {
@@ -347,7 +347,7 @@ fn engine(name: &str) -> PathBuf {
 /// `windvane build` of `tree` with the given helm and the real kustomize; its stderr when it fails.
 fn build_fails(tree: &Path, helm: &Path, env: &[(&str, &str)]) -> String {
     // Its own output directory: tests run at once, and a shared path would make two builds race on one file.
-    let out_dir = tempfile::TempDir::new().expect("a temporary directory");
+    let out_dir = TempDir::new().expect("a temporary directory");
     let out = Command::new(binary("windvane").expect("the windvane binary"))
         .args([
             "build",
@@ -513,6 +513,83 @@ fn links_out_of_the_tree_and_remote_kustomize_resources_are_refused() {
     .expect("link");
     let error = build_fails(&kustomized, &engine("helm"), &[]);
     assert!(error.contains("outside the fleet tree"), "{error}");
+}
+
+/// A kustomization that names an exec function (a KRM function run as a local program) or a legacy exec
+/// plugin never runs it: windvane passes kustomize neither `--enable-exec` nor `--enable-alpha-plugins`,
+/// and a plugin directory in the fleet tree is not searched (the engine's environment is cleared). The
+/// program would leave a file behind if it ran.
+#[test]
+fn kustomize_exec_functions_and_plugins_in_the_tree_never_run() {
+    let dir = TempDir::new().expect("dir");
+    let tree = dir.path().join("tree");
+    let app = tree.join("apps/shop");
+    std::fs::create_dir_all(&app).expect("dirs");
+    std::fs::write(
+        tree.join("fleet.yaml"),
+        "fleet: acme\napps:\n  - name: shop\n    path: apps/shop\n",
+    )
+    .expect("fleet.yaml");
+    let ran = dir.path().join("the-plugin-ran");
+    let script = app.join("generate.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ntouch {}\necho 'apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: made}}'\n",
+            ran.display()
+        ),
+    )
+    .expect("script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    std::fs::write(
+        app.join("function.yaml"),
+        "apiVersion: example.com/v1\nkind: Generate\nmetadata:\n  name: make\n  annotations:\n    \
+         config.kubernetes.io/function: |\n      exec:\n        path: ./generate.sh\n",
+    )
+    .expect("function");
+    std::fs::write(
+        app.join("kustomization.yaml"),
+        "generators: [function.yaml]\nresources: [cm.yaml]\n",
+    )
+    .expect("kustomization");
+    std::fs::write(
+        app.join("cm.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: shop}\n",
+    )
+    .expect("cm");
+    let error = build_fails(&tree, &engine("helm"), &[]);
+    assert!(
+        error.contains("apps/shop") || error.contains("shop"),
+        "{error}"
+    );
+    assert!(!ran.exists(), "the exec function ran: {error}");
+
+    // A legacy exec plugin laid in the tree where kustomize looks for plugins (KUSTOMIZE_PLUGIN_HOME, or
+    // $XDG_CONFIG_HOME/kustomize/plugin): the environment that would point there is not passed on.
+    let plugin = tree.join("plugins/example.com/v1/generate");
+    std::fs::create_dir_all(&plugin).expect("plugin dir");
+    std::fs::copy(&script, plugin.join("Generate")).expect("plugin");
+    std::fs::set_permissions(
+        plugin.join("Generate"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    std::fs::write(
+        app.join("function.yaml"),
+        "apiVersion: example.com/v1\nkind: Generate\nmetadata: {name: make}\n",
+    )
+    .expect("plugin config");
+    let home = tree.join("plugins").display().to_string();
+    let error = build_fails(
+        &tree,
+        &engine("helm"),
+        &[
+            ("KUSTOMIZE_PLUGIN_HOME", home.as_str()),
+            ("XDG_CONFIG_HOME", home.as_str()),
+        ],
+    );
+    assert!(!ran.exists(), "the exec plugin ran: {error}");
 }
 
 /// A hostile stand-in for a source server on loopback: answers every request with `head` and then `body`

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use serde_json::Value;
-use windvane_shared::heartbeat::{DriftAction, DriftRecord};
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::heartbeat::{DriftAction, DriftRecord};
+use windvane_shared::wire::status::SyncState;
 use windvane_tests::heartbeat_agent::SimulatedAgent;
 use windvane_tests::http::{assert_refused, client, client_from, json_of};
 use windvane_tests::poll::eventually;
@@ -463,7 +463,7 @@ fn path_in(dir: &Path, flag: &str) -> String {
 }
 
 #[test]
-fn short_tokens_and_an_admin_token_equal_to_the_read_token_are_refused_at_start() {
+fn short_tokens_and_tokens_shared_between_roles_are_refused_at_start() {
     let registration = (
         "--registration-token-file",
         "0123456789abcdef-registration\n",
@@ -490,6 +490,16 @@ fn short_tokens_and_an_admin_token_equal_to_the_read_token_are_refused_at_start(
         stderr
             .contains("the admin token (--admin-token-file) is the read token (--read-token-file)"),
         "{stderr}"
+    );
+    let (stderr, _dir) = serve_refused(&[
+        registration,
+        ("--read-token-file", "0123456789abcdef-registration"),
+    ]);
+    assert!(
+        stderr.contains(
+            "the read token (--read-token-file) is the registration token (--registration-token-file)"
+        ),
+        "a read token every cluster holds is refused: {stderr}"
     );
 }
 

@@ -1,7 +1,7 @@
 //! What differs between the Kubernetes minors Windvane supports (1.34 to 1.37), where a user of Windvane can
 //! see it. Each check asks the real API server of the localkube under test (`WINDVANE_LOCALKUBE`, its minor
 //! in `WINDVANE_LOCALKUBE_MINOR`, else go.mod's) the way the agent asks it: a server-side apply dry run, which
-//! is what the agent's apply, `windvane-agent diff` and the periodic backstop (agent/src/compare.rs) compare
+//! is what the agent's apply, `windvane-agent diff` and the periodic backstop (agent/src/heal/compare.rs) compare
 //! against, and API discovery. `tests/matrix` runs this suite on every minor, so the table in
 //! docs/kubernetes-matrix.md is also the proof that the list below is right for each.
 //!

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use windvane_shared::approval::{ApprovalStatement, add_signature, approval_path};
-use windvane_shared::keys::signing_key_from_pem;
-use windvane_shared::release::ReleasePointer;
+use windvane_shared::crypto::keys::signing_key_from_pem;
+use windvane_shared::decide::approval::{ApprovalStatement, add_signature, approval_path};
+use windvane_shared::format::release::ReleasePointer;
 use windvane_tests::fleet::{AgentOptions, Cluster, FleetTree, Publisher, metric};
 use windvane_tests::poll::wait_for;
 use windvane_tests::process::binary;
@@ -251,6 +251,14 @@ async fn a_release_that_requires_approval_waits_for_a_second_persons_key() -> an
         approved.status.success(),
         "{}",
         String::from_utf8_lossy(&approved.stderr)
+    );
+    // What the approver is told counts both sides: the rollout's threshold and an agent's own floor.
+    let told = String::from_utf8_lossy(&approved.stdout);
+    assert!(
+        told.contains(
+            "the release requires 1 approval(s); agents started with --require-approvals N"
+        ),
+        "{told}"
     );
     let started = Instant::now();
     wait_for("release 2 applied after approval", WAIT, || async {

@@ -6,8 +6,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use windvane_shared::dsse::Envelope;
-use windvane_shared::status::SyncState;
+use windvane_shared::crypto::dsse::Envelope;
+use windvane_shared::wire::status::SyncState;
 use windvane_tests::heartbeat_agent::SimulatedAgent;
 use windvane_tests::http::client;
 use windvane_tests::process::binary;

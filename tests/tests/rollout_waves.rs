@@ -25,7 +25,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use serde_json::Value;
-use windvane_shared::rollout::{BUCKETS, bucket};
+use windvane_shared::decide::rollout::{BUCKETS, bucket};
 use windvane_tests::fleet::{AgentOptions, Cluster, FleetTree, Publisher};
 use windvane_tests::poll::wait_for;
 use windvane_tests::process::binary;

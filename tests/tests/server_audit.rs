@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use serde_json::Value;
-use windvane_shared::heartbeat::{BreakGlassRecord, DriftAction, DriftRecord};
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::heartbeat::{BreakGlassRecord, DriftAction, DriftRecord};
+use windvane_shared::wire::status::SyncState;
 use windvane_tests::heartbeat_agent::SimulatedAgent;
 use windvane_tests::http::{client, get_json};
 use windvane_tests::poll::eventually;

@@ -1,11 +1,12 @@
 //! `windvane status` and `windvane cluster rekey|forget` against a real `windvane-server`: the table, the
-//! exit code a pipeline relies on (0 only when every selected cluster is Synced), the read token, and the
+//! exit code a pipeline relies on (0 only when every selected cluster is Synced, 1 when one is not, 2 when the
+//! command fails: a refused token, a bad selector, a refused admin action), the read token, and the
 //! admin actions (authorised by the admin token only; refused by a server without one, which also refuses to
 //! start with an admin token that is the registration token or too short).
 
 use std::process::{Command, Output};
 
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::status::SyncState;
 use windvane_tests::heartbeat_agent::SimulatedAgent;
 use windvane_tests::http::client;
 use windvane_tests::process::binary;
@@ -103,7 +104,7 @@ async fn status_exits_zero_only_when_every_selected_cluster_is_synced() {
     );
 
     let unauthorised = windvane(&["status", "--server", &server.url]);
-    assert_eq!(unauthorised.status.code(), Some(1));
+    assert_eq!(unauthorised.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&unauthorised.stderr).contains("401"));
 
     let bad_selector = windvane(&[
@@ -115,7 +116,7 @@ async fn status_exits_zero_only_when_every_selected_cluster_is_synced() {
         "--read-token-file",
         token,
     ]);
-    assert_eq!(bad_selector.status.code(), Some(1));
+    assert_eq!(bad_selector.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad_selector.stderr).contains("selector"));
 }
 
@@ -142,7 +143,7 @@ async fn cluster_rekey_and_forget() {
         "--admin-token-file",
         registration,
     ]);
-    assert_eq!(as_a_cluster.status.code(), Some(1));
+    assert_eq!(as_a_cluster.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&as_a_cluster.stderr).contains("401"),
         "{}",
@@ -202,7 +203,7 @@ async fn cluster_rekey_and_forget() {
         "--admin-token-file",
         token,
     ]);
-    assert_eq!(again.status.code(), Some(1));
+    assert_eq!(again.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&again.stderr).contains("not enrolled"));
 
     std::fs::write(server.dir.join("wrong"), "nope").expect("write");
@@ -216,7 +217,7 @@ async fn cluster_rekey_and_forget() {
         "--admin-token-file",
         wrong.to_str().expect("utf-8"),
     ]);
-    assert_eq!(denied.status.code(), Some(1));
+    assert_eq!(denied.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&denied.stderr).contains("401"));
 }
 
@@ -246,7 +247,7 @@ async fn admin_actions_are_refused_by_a_server_without_an_admin_token() {
             file.to_str().expect("utf-8"),
         ]);
         let stderr = String::from_utf8_lossy(&refused.stderr);
-        assert_eq!(refused.status.code(), Some(1), "{stderr}");
+        assert_eq!(refused.status.code(), Some(2), "{stderr}");
         assert!(
             stderr.contains("403") && stderr.contains("--admin-token-file"),
             "{stderr}"

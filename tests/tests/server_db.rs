@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use windvane_shared::heartbeat::{DriftAction, DriftRecord};
-use windvane_shared::keys::{keyid, verifying_key_to_pem};
-use windvane_shared::status::SyncState;
+use windvane_shared::crypto::keys::{keyid, verifying_key_to_pem};
+use windvane_shared::wire::heartbeat::{DriftAction, DriftRecord};
+use windvane_shared::wire::status::SyncState;
 use windvane_source_server::db::EpisodeClaim::{self, Close, Open, Within};
 use windvane_source_server::db::postgres::PostgresDb;
 use windvane_source_server::db::sqlite::SqliteDb;

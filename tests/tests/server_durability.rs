@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::status::SyncState;
 use windvane_tests::heartbeat_agent::SimulatedAgent;
 use windvane_tests::http::client;
 use windvane_tests::poll::eventually;

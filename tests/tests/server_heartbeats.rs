@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use serde_json::Value;
-use windvane_shared::heartbeat::{DriftAction, DriftRecord, MAX_HEARTBEAT_BYTES};
-use windvane_shared::keys::signing_key_from_seed;
-use windvane_shared::status::SyncState;
+use windvane_shared::crypto::keys::signing_key_from_seed;
+use windvane_shared::wire::heartbeat::{DriftAction, DriftRecord, MAX_HEARTBEAT_BYTES};
+use windvane_shared::wire::status::SyncState;
 use windvane_tests::heartbeat_agent::SimulatedAgent;
 use windvane_tests::http::{client, get_json, json_body, json_of};
 use windvane_tests::poll::eventually;
@@ -230,8 +230,8 @@ async fn heartbeats_are_refused_for_every_reason_and_nothing_is_stored() {
     for body in [&b""[..], b"{", b"null", b"{\"payload\":\"!!\",\"payloadType\":\"application/vnd.windvane.heartbeat.v1+json\",\"signatures\":[{\"keyid\":\"x\",\"sig\":\"y\"}]}"] {
         refused(agent.post(&http, &server.url, body.to_vec()).await, 400, "malformed").await;
     }
-    let not_a_heartbeat = windvane_shared::dsse::sign(
-        windvane_shared::heartbeat::HEARTBEAT_PAYLOAD_TYPE,
+    let not_a_heartbeat = windvane_shared::crypto::dsse::sign(
+        windvane_shared::wire::heartbeat::HEARTBEAT_PAYLOAD_TYPE,
         b"{\"hello\":1}",
         &agent.key,
     );

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use jiff::Timestamp;
-use windvane_shared::heartbeat::{DriftAction, DriftRecord};
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::heartbeat::{DriftAction, DriftRecord};
+use windvane_shared::wire::status::SyncState;
 use windvane_tests::heartbeat_agent::SimulatedAgent;
 use windvane_tests::http::client;
 use windvane_tests::poll::eventually;
@@ -300,7 +300,7 @@ async fn a_break_glass_change_notifies_when_opened_before_it_ends_and_when_rever
     assert_eq!(agent.enroll(&http, &server.url).await.status(), 201);
     let mut record = rbac_drift();
     record.action = DriftAction::Held;
-    record.break_glass = Some(windvane_shared::heartbeat::BreakGlassRecord {
+    record.break_glass = Some(windvane_shared::wire::heartbeat::BreakGlassRecord {
         by: "alice".into(),
         approver: "bob".into(),
         ticket: "INC-7".into(),
@@ -369,7 +369,7 @@ async fn a_break_glass_change_a_release_took_in_notifies_that_and_never_expires(
     let mut record = rbac_drift();
     record.action = DriftAction::TakenIn;
     record.reverted_at = Some(Timestamp::now());
-    record.break_glass = Some(windvane_shared::heartbeat::BreakGlassRecord {
+    record.break_glass = Some(windvane_shared::wire::heartbeat::BreakGlassRecord {
         by: "alice".into(),
         approver: "bob".into(),
         ticket: "INC-7".into(),

@@ -2,8 +2,8 @@
 //! `--data`, it enrols agents, takes their signed heartbeats, refuses a replay, keeps everything across a
 //! `kill -9` and restart, and serves the fleet from the database.
 
-use windvane_shared::rollout::PendingReport;
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::heartbeat::PendingReport;
+use windvane_shared::wire::status::SyncState;
 use windvane_tests::heartbeat_agent::SimulatedAgent;
 use windvane_tests::http::{client, get_json};
 use windvane_tests::postgres::Postgres;

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::status::SyncState;
 use windvane_source_server::notify::outbox;
 use windvane_tests::haproxy::{LoadBalancer, PROXY_SOURCE};
 use windvane_tests::heartbeat_agent::{Answer, SimulatedAgent};

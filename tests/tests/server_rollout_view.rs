@@ -8,8 +8,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use windvane_shared::rollout::PendingReport;
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::heartbeat::PendingReport;
+use windvane_shared::wire::status::SyncState;
 use windvane_tests::fleet::metric;
 use windvane_tests::heartbeat_agent::SimulatedAgent;
 use windvane_tests::http::client;

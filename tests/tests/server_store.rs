@@ -22,7 +22,10 @@ async fn pointers_answer_304_to_their_etag_and_change_after_a_publish() {
     let etag = headers["etag"].to_str().expect("etag").to_owned();
     assert_eq!(
         etag,
-        format!("\"{}\"", windvane_shared::digest::sha256_hex(&pointer)),
+        format!(
+            "\"{}\"",
+            windvane_shared::crypto::digest::sha256_hex(&pointer)
+        ),
         "strong ETag = sha256"
     );
     assert_eq!(headers["cache-control"], "no-cache");

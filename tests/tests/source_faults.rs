@@ -21,8 +21,8 @@ use fault_support::{
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
-use windvane_shared::dsse::Envelope;
-use windvane_shared::keys::keyid;
+use windvane_shared::crypto::dsse::Envelope;
+use windvane_shared::crypto::keys::keyid;
 use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher};
 use windvane_tests::localkube::LocalKube;
 use windvane_tests::poll::wait_for;
@@ -391,7 +391,7 @@ async fn unknown_and_weak_keys_other_channels_replays_and_future_pointers_are_re
     );
     // ...and a pointer whose signature claims the weak key is a signature by an unknown key.
     let mut envelope = Envelope::from_json_slice(&good)?;
-    let weak_id = windvane_shared::digest::sha256_hex(&{
+    let weak_id = windvane_shared::crypto::digest::sha256_hex(&{
         let mut identity = [0u8; 32];
         identity[0] = 1;
         identity

@@ -10,11 +10,13 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use fault_support::{SYNC, config_map, data};
-use windvane_shared::approval::{self, ApprovalStatement, approval_path};
-use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::digest::sha256_hex;
-use windvane_shared::keys::{TrustedKeys, signing_key_from_seed};
-use windvane_shared::release::{DEFAULT_MAX_POINTER_BYTES, ReleasePointer, verify_signed_pointer};
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::crypto::keys::{TrustedKeys, signing_key_from_seed};
+use windvane_shared::decide::approval::{self, ApprovalStatement, approval_path};
+use windvane_shared::format::bundle::{Bundle, BundleLimits};
+use windvane_shared::format::release::{
+    DEFAULT_MAX_POINTER_BYTES, ReleasePointer, verify_signed_pointer,
+};
 use windvane_store::{self as store, PublishRequest, Store};
 use windvane_tests::fleet::{Agent, AgentOptions, FleetTree, Publisher, metric};
 use windvane_tests::localkube::LocalKube;
@@ -381,7 +383,7 @@ async fn every_store_command_takes_a_bucket_as_its_root() -> anyhow::Result<()> 
 fn bundle(version: &str) -> anyhow::Result<(FleetTree, Bundle)> {
     let tree = FleetTree::new()?;
     release(&tree, version)?;
-    let bundle = windvane_shared::source::load_fleet_dir(tree.path(), BundleLimits::default())?;
+    let bundle = windvane_publisher::source::load_fleet_dir(tree.path(), BundleLimits::default())?;
     Ok((tree, bundle))
 }
 
@@ -454,7 +456,10 @@ async fn of_two_publishers_of_one_serial_exactly_one_wins() -> anyhow::Result<()
     let trees = [bundle("e")?.0, bundle("f")?.0];
     let key_dir = tempfile::tempdir()?;
     let key_path = key_dir.path().join("release.key");
-    std::fs::write(&key_path, windvane_shared::keys::signing_key_to_pem(&key))?;
+    std::fs::write(
+        &key_path,
+        windvane_shared::crypto::keys::signing_key_to_pem(&key),
+    )?;
     let root = s3.store_url("race");
     let runs: Vec<_> = trees
         .iter()

@@ -5,7 +5,9 @@
 //! - A Job with `ttlSecondsAfterFinished: 0` (ingress controllers' and operators' admission-certificate
 //!   Jobs) is deleted by Kubernetes' TTL controller when it completes: that is not drift. It ran for its
 //!   release and is not run again — not by the healer, not after a restart — until a release changes it. The
-//!   same for an object the release marks `windvane.io/run-once: "true"`.
+//!   same for an object the release marks `windvane.io/run-once: "true"`. Also when it finishes and is removed
+//!   during a long first sync (found with all eleven projects of the README's trial in one release): the
+//!   Jobs' watch starts before they are applied.
 //! - One object refused for a long time (its `failurePolicy: Fail` admission webhook has no backend) is retried
 //!   alone with its own back-off: the rest of the release is applied, healed and never sent again meanwhile,
 //!   the status says what is retried, why and when next, and once the blocker is gone the object lands
@@ -440,6 +442,128 @@ async fn an_empty_annotations_map_is_no_drift_when_a_controller_annotates_the_ob
         metric(&text, "windvane_apply_total{result=\"written\"}"),
         Some(1.0),
         "written once: {text}"
+    );
+    Ok(())
+}
+
+/// A validating webhook at a loopback address that accepts connections and never answers (`failurePolicy:
+/// Ignore`, `timeoutSeconds` each): every ConfigMap labelled `slow: "true"` takes that long to create, as on
+/// a cluster whose webhook backend hangs.
+fn hanging_webhook(port: u16, timeout_seconds: u32) -> String {
+    format!(
+        r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata: {{name: hanging}}
+webhooks:
+  - name: hanging.example.com
+    clientConfig: {{url: "https://127.0.0.1:{port}/validate"}}
+    rules: [{{apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [configmaps]}}]
+    objectSelector: {{matchLabels: {{slow: "true"}}}}
+    failurePolicy: Ignore
+    timeoutSeconds: {timeout_seconds}
+    sideEffects: None
+    admissionReviewVersions: [v1]
+"#
+    )
+}
+
+/// A ConfigMap in `wave` whose creation waits for the hanging webhook.
+fn slow_config_map(wave: i64) -> String {
+    format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: slow-{wave}\n  namespace: default\n  labels: {{slow: \
+         \"true\"}}\n  annotations: {{windvane.io/wave: \"{wave}\"}}\ndata: {{wave: \"{wave}\"}}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_finishes_and_is_removed_during_a_long_first_sync_is_not_run_again()
+-> anyhow::Result<()> {
+    // Holds every connection open without a word: the API server waits out each webhook call.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let held: Arc<Mutex<Vec<tokio::net::TcpStream>>> = Arc::default();
+    let holder = Arc::clone(&held);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            holder.lock().expect("lock").push(stream);
+        }
+    });
+    let publisher = Publisher::new(44)?;
+    let tree = FleetTree::new()?;
+    tree.write("fleet.yaml", FLEET_YAML)?;
+    // The Job first (wave -1, as a pre-install hook), then three waves that take 8 s each to create: the
+    // Job completes and Kubernetes removes it long before the first sync ends.
+    let job = certgen_job("create").replace(
+        "metadata: {name: admission-create, namespace: default}",
+        "metadata: {name: admission-create, namespace: default, annotations: {windvane.io/wave: \"-1\"}}",
+    );
+    tree.write("apps/ingress/job.yaml", &job)?;
+    tree.write("apps/ingress/webhook.yaml", &hanging_webhook(port, 8))?;
+    for wave in 0..3 {
+        tree.write(
+            &format!("apps/ingress/slow-{wave}.yaml"),
+            &slow_config_map(wave),
+        )?;
+    }
+    publisher.publish(&tree, "stable")?;
+    let server = StoreServer::start(publisher.store()).await?;
+    let options = AgentOptions::new(&server.url(), &publisher.public_key_path(), "prod-eu");
+    let cluster = Cluster::start(options).await?;
+    let runs = record_runs(&cluster.kube, "admission-create");
+
+    cluster
+        .agent()?
+        .wait_status(
+            "the first sync done, the Job reported completed and removed",
+            Duration::from_secs(180),
+            |s| {
+                s["enforced"] == true
+                    && message(s, JOB).is_some_and(|m| m.starts_with("completed for this release"))
+            },
+        )
+        .await?;
+    let jobs = Api::<Job>::namespaced(cluster.kube.client(), "default");
+    holds_for(Duration::from_secs(10), async || {
+        Ok(run_count(&runs) == 1 && jobs.get_opt("admission-create").await?.is_none())
+    })
+    .await
+    .map_err(|e| {
+        e.context(format!(
+            "the Job ran {} times (once is right: it finished for this release)",
+            run_count(&runs)
+        ))
+    })?;
+    ensure_slow_waves_took_long(&cluster.agent_log())?;
+    drop(held);
+    Ok(())
+}
+
+/// The sync took as long as the webhook made it (else the test proved nothing about a long sync).
+fn ensure_slow_waves_took_long(log: &str) -> anyhow::Result<()> {
+    // Without the terminal's colour codes, which the log may carry around `=`.
+    let mut plain = String::with_capacity(log.len());
+    let mut in_escape = false;
+    for c in log.chars() {
+        match (in_escape, c) {
+            (false, '\u{1b}') => in_escape = true,
+            (false, c) => plain.push(c),
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+        }
+    }
+    let finished = plain
+        .lines()
+        .find(|line| line.contains("sync finished"))
+        .ok_or_else(|| anyhow::anyhow!("no finished sync in the agent's log"))?;
+    let elapsed: u64 = finished
+        .split("elapsed_ms=")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|ms| ms.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no elapsed_ms in {finished:?}"))?;
+    anyhow::ensure!(
+        elapsed >= 16_000,
+        "the first sync took {elapsed} ms; the hanging webhook should have made it at least 16 s"
     );
     Ok(())
 }

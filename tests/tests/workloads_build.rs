@@ -17,7 +17,7 @@ use std::process::{Command, Output, Stdio};
 
 use anyhow::{Context, ensure};
 use serde_json::Value;
-use windvane_shared::yaml::{Yaml11, YamlLimits, read_documents};
+use windvane_shared::text::yaml::{Yaml11, YamlLimits, read_documents};
 use windvane_tests::fleet::FleetTree;
 use windvane_tests::process::binary;
 
@@ -515,7 +515,7 @@ data:
         written.contains("cluster=\\\"${cluster}\\\"") && written.contains("${__data.fields.pod}")
     );
     let rendered_docs =
-        windvane_shared::yaml::documents_to_json(&rendered, "render", YamlLimits::default())?;
+        windvane_shared::text::yaml::documents_to_json(&rendered, "render", YamlLimits::default())?;
     let rendered_dashboard = rendered_docs
         .iter()
         .map(|(_, v)| v)

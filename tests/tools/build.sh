@@ -4,9 +4,11 @@
 # <repo>/target/tools/kustomize; and the real `sops` (github.com/getsops/sops/v3) and `age-keygen`
 # (filippo.io/age) that the secrets tests encrypt with, into <repo>/target/tools/sops and age-keygen; and SeaweedFS's
 # `weed` (github.com/seaweedfs/seaweedfs), the S3-protocol server that the object-storage store tests publish to,
-# into <repo>/target/tools/weed; and yaml2json (./yaml2json, on sigs.k8s.io/yaml as helm's go.mod pins it), the
+# into <repo>/target/tools/weed; the CNCF distribution registry (github.com/distribution/distribution/v3,
+# cmd/registry), the OCI registry that the tests push charts to and `windvane build` pulls `oci://` charts
+# from, into <repo>/target/tools/registry; and yaml2json (./yaml2json, on sigs.k8s.io/yaml as helm's go.mod pins it), the
 # reference YAML reader the differential test compares Windvane's with, into <repo>/target/tools/yaml2json.
-# sops and SeaweedFS have modules of their own (sops/go.mod, seaweedfs/go.mod):
+# sops, SeaweedFS and the registry have modules of their own (sops/go.mod, seaweedfs/go.mod, registry/go.mod):
 # their cloud dependencies would otherwise move helm's pinned dependencies (and each other's). Nothing is
 # re-implemented and no prebuilt binary is downloaded: Go fetches
 # the modules from its module proxy into the usual GOMODCACHE and keeps compiled packages in the usual
@@ -25,12 +27,13 @@ cd "$here"
 # Up to date when both binaries exist and were built from these very inputs (go.mod, go.sum, this script,
 # the Go version): checking a stamp takes no time, where asking go to check its cache takes seconds.
 stamp="$out/.inputs"
-inputs="$(cat go.mod go.sum yaml2json/main.go sops/go.mod sops/go.sum seaweedfs/go.mod seaweedfs/go.sum "$here/build.sh" |
+inputs="$(cat go.mod go.sum yaml2json/main.go sops/go.mod sops/go.sum seaweedfs/go.mod seaweedfs/go.sum \
+	registry/go.mod registry/go.sum "$here/build.sh" |
 	sha256sum | cut -d' ' -f1) $(go env GOVERSION)"
 if [[ "${1:-}" != "--force" && -x "$out/helm" && -x "$out/kustomize" && -x "$out/sops" && -x "$out/age-keygen" &&
-	-x "$out/weed" && -x "$out/yaml2json" && -f "$stamp" ]] &&
+	-x "$out/weed" && -x "$out/registry" && -x "$out/yaml2json" && -f "$stamp" ]] &&
 	[[ "$(cat "$stamp")" == "$inputs" ]]; then
-	echo "target/tools/{helm,kustomize,sops,age-keygen,weed,yaml2json} are up to date" >&2
+	echo "target/tools/{helm,kustomize,sops,age-keygen,weed,registry,yaml2json} are up to date" >&2
 	exit 0
 fi
 rm -f "$stamp"
@@ -70,6 +73,13 @@ cd "$here/seaweedfs"
 weed_version="$(version github.com/seaweedfs/seaweedfs)"
 build weed github.com/seaweedfs/seaweedfs/weed ""
 
+# distribution stamps its version in its own version package (`registry --version` tells the truth).
+cd "$here/registry"
+registry_version="$(version github.com/distribution/distribution/v3)"
+build registry github.com/distribution/distribution/v3/cmd/registry \
+	"-X github.com/distribution/distribution/v3/version.version=$registry_version"
+
 echo "$inputs" >"$stamp"
 echo "built $out/helm ($helm_version), $out/kustomize ($kustomize_version), $out/sops ($sops_version)," \
-	"$out/age-keygen, $out/weed ($weed_version) and $out/yaml2json in $(($(date +%s) - start))s" >&2
+	"$out/age-keygen, $out/weed ($weed_version), $out/registry ($registry_version) and $out/yaml2json" \
+	"in $(($(date +%s) - start))s" >&2

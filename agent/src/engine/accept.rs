@@ -1,18 +1,19 @@
 //! Taking releases in: what the fetcher task found (nothing new, a refusal, the source unavailable, or a
-//! verified release) becomes the source's status and metrics; a new release is persisted as last known
-//! good before anything of it is applied. Also the re-verification of the release the cluster remembers,
-//! at start. The network side (polls, fetches, verification of what arrives) is the fetcher's
-//! ([`crate::fetcher`]).
+//! verified release) goes to the report stage; a verified release goes to the gates, which hold it or let it
+//! through, and what they let through is persisted as last known good before anything of it is applied.
+//! Also the re-verification of the release the cluster remembers, at start. The network side (polls,
+//! fetches, verification of what arrives) is the fetcher's ([`crate::fetch::fetcher`]).
 
-use jiff::Timestamp;
 use tracing::{Instrument, info, info_span, warn};
-use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::release::{self, AcceptedRelease};
+use windvane_shared::format::bundle::{Bundle, BundleLimits};
+use windvane_shared::format::release::{self, AcceptedRelease};
 
 use super::{Enforced, Engine, Fresh};
-use crate::fetcher::{Fetched, FetcherConfig, NewRelease};
-use crate::state::KnownGood;
-use crate::{Error, Result};
+use crate::Result;
+use crate::fetch::fetcher::{Fetched, FetcherConfig, NewRelease};
+use crate::gates::pending::GateStep;
+use crate::gates::wave::GateEvent;
+use crate::kube::state::KnownGood;
 
 impl Engine {
     /// Re-verifies a persisted release: signature, fleet, channel and digest. Expiry is not checked — an
@@ -40,42 +41,59 @@ impl Engine {
     pub(super) async fn on_fetched(&mut self, fetched: Fetched) -> bool {
         match fetched {
             Fetched::NotModified => {
-                self.metrics.source_fetch("not_modified");
-                self.mark_source_fresh();
+                self.report.fetched("not_modified");
+                self.report.source_fresh();
                 false
             }
             Fetched::Current(accepted) => {
-                self.on_control(&accepted);
-                self.metrics.source_fetch("ok");
-                self.clear_refusal();
-                self.mark_source_fresh();
+                self.gates.on_control(&accepted);
+                self.report.fetched("ok");
+                self.report.clear_refusal();
+                self.report.source_fresh();
                 false
             }
-            Fetched::Release(release) => match self.gate_plan(&release) {
+            Fetched::Release(release) => match self.gates.plan(&release) {
                 Some(plan) => {
-                    self.hold(*release, plan);
-                    self.clear_refusal();
-                    self.mark_source_fresh();
+                    self.gates.hold(*release, plan, self.apply.inventory());
+                    self.report.fetched("ok");
+                    self.report.clear_refusal();
+                    self.report.source_fresh();
                     false
                 }
                 None => {
-                    self.pending = None;
+                    self.gates.drop_held();
                     self.accept(*release).await
                 }
             },
             Fetched::Unavailable(error) => {
-                self.metrics.source_fetch(error.reason());
+                self.report.fetched(error.reason());
                 warn!(%error, "source unavailable; enforcing the last known good release");
-                self.mark_source_stale(&error);
+                self.report.source_stale(&error);
                 false
             }
             Fetched::Refused(error) => {
-                self.metrics.source_fetch(error.reason());
                 warn!(reason = error.reason(), %error, "refusing the release; enforcing the last known good one");
-                self.status.send_modify(|status| {
-                    status.refuse(error.reason(), error.to_string(), Timestamp::now());
-                });
+                self.report.refused(&error);
                 false
+            }
+        }
+    }
+
+    /// What the gate said: report the wait, or take the release. True when a release was taken.
+    pub(super) async fn on_gate(&mut self, event: GateEvent) -> bool {
+        match self.gates.on_gate(event) {
+            GateStep::Nothing | GateStep::Expired(_) => false,
+            GateStep::Waiting(report) => {
+                self.report.gate_waiting(report);
+                false
+            }
+            GateStep::Window(report) => {
+                self.report.window_waiting(report);
+                false
+            }
+            GateStep::Open(release) => {
+                self.report.gate_opened();
+                self.accept(*release).await
             }
         }
     }
@@ -97,49 +115,31 @@ impl Engine {
         // Rendered while the write that persists it is out: nothing of it is applied before that write
         // succeeded, but the rendering no longer waits for it. The render is polled first: it hands its work
         // to a blocking thread, so that it runs beside the compression of the write on the agent's own one.
-        let enforced_apps = crate::windows::app_digests(&bundle, &self.config.identity.labels);
+        let enforced_apps =
+            crate::gates::windows::app_digests(&bundle, &self.config.identity.labels);
         let state = self.state.clone();
         let render = self
             .render_bundle(bundle)
             .instrument(info_span!("render", serial = accepted.pointer.serial));
         let (rendered, saved) = futures::join!(render, state.save_known_good(&known_good));
         if let Err(error) = saved {
-            self.metrics.source_fetch(error.reason());
+            self.report.fetched(error.reason());
             warn!(%error, "cannot persist the new release; enforcing the last known good one");
-            self.mark_source_stale(&error);
+            self.report.source_stale(&error);
             let _ = taken.send(false);
             return false;
         }
         let accepted_serial = accepted.pointer.serial;
         info!(serial = accepted.pointer.serial, sha256 = %accepted.pointer.bundle.sha256, keyid = %accepted.keyid, "accepted a new release");
-        self.metrics.source_fetch("ok");
-        self.metrics.set_release_serial(accepted.pointer.serial);
         self.enforced = Some(Enforced {
             accepted,
-            bundle: crate::packed::PackedBundle::new(known_good.bundle),
+            bundle: crate::fetch::packed::PackedBundle::new(known_good.bundle),
         });
-        self.enforced_apps = enforced_apps;
+        self.gates.enforcing(enforced_apps);
         self.fresh = Some(Fresh::Rendered(rendered));
-        self.clear_refusal();
-        self.mark_source_fresh();
-        self.status.send_modify(|status| {
-            if status
-                .source
-                .pending
-                .as_ref()
-                .is_some_and(|p| p.serial <= accepted_serial)
-            {
-                status.source.pending = None;
-            }
-        });
+        self.report.accepted(accepted_serial);
         let _ = taken.send(true);
         true
-    }
-
-    /// A release verified: any earlier refusal is over, the source is good again.
-    fn clear_refusal(&self) {
-        self.status
-            .send_modify(|status| status.source.last_refusal = None);
     }
 
     pub(super) fn fetcher_config(&self) -> FetcherConfig {
@@ -151,19 +151,5 @@ impl Engine {
             max_pointer_bytes: self.config.source_limits.max_pointer_bytes,
             max_bundle_bytes: self.config.source_limits.max_bundle_bytes,
         }
-    }
-
-    fn mark_source_fresh(&self) {
-        self.status
-            .send_modify(|status| status.source.stale_since = None);
-        self.metrics.set_source_stale(false);
-    }
-
-    fn mark_source_stale(&self, error: &Error) {
-        self.metrics.set_source_stale(true);
-        self.status.send_modify(|status| {
-            status.source.stale_since.get_or_insert_with(Timestamp::now);
-            status.last_error = Some(error.to_string());
-        });
     }
 }

@@ -1,44 +1,53 @@
-//! The agent's sync engine: a level-based loop over four inputs — a new release from the fetcher task, a
-//! change seen by a watch, the healer's timers, and the engine's own (the backstop and the retry of an
-//! incomplete sync, [`timers`]). A new release is persisted as last known good before anything of it is
-//! applied ([`accept`]); a sync renders this cluster's share, applies it in stages and prunes what left the
-//! release ([`reconcile`]); drift goes to the healer ([`crate::heal`]). A refused release never stops
-//! enforcement: the last known good keeps being applied and healed, and the refusal is reported.
+//! The agent's sync engine: a level-based loop over its inputs — a new release from the fetcher task, an
+//! event of the gate holding a release, a change seen by a watch, a change of the prevention policy, the
+//! healer's timers, and the engine's own (the backstop and the retry of an incomplete sync, [`timers`]). A new
+//! release is persisted as last known good before anything of it is applied ([`accept`]); a sync renders this
+//! cluster's share, applies it in stages and prunes what left the release ([`reconcile`]); drift goes to the
+//! healer ([`crate::heal`]). A refused release never stops enforcement: the last known good keeps being
+//! applied and healed, and the refusal is reported.
+//!
+//! Each stage owns its state, and the loop passes values between them, after kube-runtime's reconcilers
+//! (which return what to do next) and linkerd's policy controller (an index that only decides, a loop that
+//! writes): [`Gates`] (a held release, the windows), [`ApplyState`] (the inventory, the retry queue),
+//! [`Healer`] (drift), [`Prevention`] (the admission policy) and [`Reporting`] (status and metrics). The
+//! engine itself keeps only the release it enforces, its timers and the handles of the cluster.
 
 mod accept;
-mod ordered;
-mod pending;
-mod prevent;
 mod reconcile;
 mod retry;
 mod timers;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
-use windvane_shared::bundle::Bundle;
-use windvane_shared::keys::TrustedKeys;
-use windvane_shared::release::AcceptedRelease;
-use windvane_shared::render::ClusterIdentity;
-use windvane_shared::status::SyncState;
+use windvane_shared::crypto::keys::TrustedKeys;
+use windvane_shared::decide::render::ClusterIdentity;
+use windvane_shared::format::bundle::Bundle;
+use windvane_shared::format::release::AcceptedRelease;
+use windvane_shared::wire::status::SyncState;
 
-use crate::allowlist::Allowlist;
+use crate::apply::state::ApplyState;
+use crate::gates::pending::{GateSettings, Gates};
+use crate::prevent::keeper::{PreventSettings, Prevention, next_prevention_change};
+use crate::report::reporting::Reporting;
+
 use crate::apply::ApplyOptions;
+use crate::apply::allowlist::Allowlist;
+use crate::apply::inventory::ObjectKey;
 use crate::backoff::random_unit;
-use crate::cluster::Cluster;
-use crate::drift::ContestTracker;
-use crate::fetcher::Fetcher;
+use crate::fetch::fetcher::Fetcher;
+use crate::fetch::packed::PackedBundle;
+use crate::fetch::source::{SourceClient, SourceLimits};
 use crate::heal::Healer;
-use crate::inventory::{Inventory, ObjectKey};
-use crate::metrics::Metrics;
-use crate::packed::PackedBundle;
-use crate::report::StatusTx;
-use crate::source::{SourceClient, SourceLimits};
-use crate::state::StateStore;
-use crate::watch::{Change, LiveCache};
+use crate::heal::drift::ContestTracker;
+use crate::kube::cluster::Cluster;
+use crate::kube::state::{KnownGood, StateStore};
+use crate::live::watch::{Change, LiveCache};
+use crate::report::metrics::Metrics;
+use crate::report::status::StatusTx;
 use crate::{Error, Result};
 use timers::Timers;
 
@@ -71,8 +80,8 @@ pub struct EngineConfig {
     pub backstop_interval: Duration,
     /// Where a `gate: healthy` reads the rollout view (the heartbeat server); without one such a gate
     /// stays closed.
-    pub rollout_server: Option<crate::wave::GateServer>,
-    /// The Secret (in `namespace`) holding the age identities that open SOPS objects ([`crate::secrets`]).
+    pub rollout_server: Option<crate::gates::wave::GateServer>,
+    /// The Secret (in `namespace`) holding the age identities that open SOPS objects ([`crate::apply::secrets`]).
     pub age_key_secret: Option<String>,
     /// The group whose members may make a two-person break-glass change to a prevented object.
     pub break_glass_group: String,
@@ -95,44 +104,29 @@ const INITIAL_LIST_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub struct Engine {
     config: EngineConfig,
+    /// The cluster's handles (cheap clones), through which the engine's own steps talk to the API server.
     cluster: Cluster,
     state: StateStore,
+    live: LiveCache,
     /// The store's client, until `run` hands it to the fetcher task.
     source: Option<SourceClient>,
-    live: LiveCache,
     changes: mpsc::UnboundedReceiver<Change>,
+    /// The release being enforced.
     enforced: Option<Enforced>,
     /// The enforced release as last taken in, until the next sync uses it.
     fresh: Option<Fresh>,
-    inventory: Inventory,
     /// The backstop and the retry of an incomplete sync.
     timers: Timers,
-    status: StatusTx,
-    /// What of the status the metrics and the drift records were last published from (see
-    /// [`Engine::publish_drift`]).
-    published: Published,
-    metrics: Arc<Metrics>,
+    /// What holds a new release back: its wave, approvals, windows.
+    gates: Gates,
+    /// The inventory and the objects retried alone.
+    apply: ApplyState,
+    /// Drift, by policy.
     healer: Healer,
-    /// A verified release waiting for this cluster's rollout wave.
-    pending: Option<pending::Pending>,
-    /// The digest of each app with windows of the enforced release ([`crate::windows::app_digests`]): a new
-    /// release's maintenance windows hold it only for the apps it changes.
-    enforced_apps: BTreeMap<String, String>,
     /// The prevention policy kept in the cluster.
-    prevention: prevent::Prevention,
-    /// The apps whose drift is only reported now, in a `heal: report` deny window.
-    report_only: BTreeSet<String>,
-    /// Objects that failed to apply, each retried alone on its own back-off.
-    retries: crate::retry::ObjectRetries,
-}
-
-/// What [`Engine::publish_drift`] last published from.
-#[derive(Debug)]
-struct Published {
-    /// The healer's drift records' revision then (`None`: not yet published).
-    records: Option<u64>,
-    /// The status, seen once for every change: the object counts are counted again only after one.
-    status: crate::report::StatusRx,
+    prevention: Prevention,
+    /// The status and the metrics.
+    report: Reporting,
 }
 
 /// A release just taken in, before the next sync renders it again from its bytes.
@@ -180,7 +174,17 @@ impl Engine {
             futures::join!(state.load_inventory(), state.load_known_good());
         let inventory = inventory?;
         let timers = Timers::new(config.backstop_interval, Instant::now(), random_unit());
-        status.send_modify(|status| status.source.channel = config.channel.clone());
+        let gates = Gates::new(gate_settings(&config, &metrics));
+        let prevention = Prevention::new(
+            cluster.clone(),
+            live.clone(),
+            PreventSettings {
+                fleet: config.fleet.clone(),
+                namespace: config.namespace.clone(),
+                break_glass_group: config.break_glass_group.clone(),
+            },
+        );
+        let report = Reporting::new(status, metrics, &config.channel);
         let mut engine = Self {
             config,
             cluster,
@@ -190,45 +194,42 @@ impl Engine {
             changes,
             enforced: None,
             fresh: None,
-            inventory,
             timers,
-            published: Published {
-                records: None,
-                status: status.subscribe(),
-            },
-            status,
-            metrics,
+            gates,
+            apply: ApplyState::new(inventory),
             healer,
-            pending: None,
-            enforced_apps: BTreeMap::new(),
-            prevention: prevent::Prevention::default(),
-            report_only: BTreeSet::new(),
-            retries: crate::retry::ObjectRetries::default(),
+            prevention,
+            report,
         };
         match known_good {
-            Ok(Some(known_good)) => match engine.verify_known_good(&known_good) {
-                Ok(bundle) => {
-                    let enforced = Enforced {
-                        accepted: bundle.0,
-                        bundle: PackedBundle::new(known_good.bundle),
-                    };
-                    info!(
-                        serial = enforced.accepted.pointer.serial,
-                        "loaded the last known good release from the cluster"
-                    );
-                    engine.enforced = Some(enforced);
-                    engine.enforced_apps =
-                        crate::windows::app_digests(&bundle.1, &engine.config.identity.labels);
-                    engine.fresh = Some(Fresh::Parsed(bundle.1));
-                }
-                Err(error) => {
-                    error!(%error, "the persisted last known good release does not verify; ignoring it")
-                }
-            },
+            Ok(Some(known_good)) => engine.take_known_good(known_good),
             Ok(None) => info!("no last known good release in the cluster yet"),
             Err(error) => error!(%error, "cannot read the last known good release"),
         }
         Ok(engine)
+    }
+
+    /// Enforces the release the cluster remembers, once it verifies again.
+    fn take_known_good(&mut self, known_good: KnownGood) {
+        let (accepted, bundle) = match self.verify_known_good(&known_good) {
+            Ok(verified) => verified,
+            Err(error) => {
+                return error!(%error, "the persisted last known good release does not verify; ignoring it");
+            }
+        };
+        info!(
+            serial = accepted.pointer.serial,
+            "loaded the last known good release from the cluster"
+        );
+        self.enforced = Some(Enforced {
+            accepted,
+            bundle: PackedBundle::new(known_good.bundle),
+        });
+        self.gates.enforcing(crate::gates::windows::app_digests(
+            &bundle,
+            &self.config.identity.labels,
+        ));
+        self.fresh = Some(Fresh::Parsed(bundle));
     }
 
     /// Runs until `shutdown` turns true.
@@ -254,7 +255,7 @@ impl Engine {
         let _fetcher = AbortOnDrop(fetcher);
         loop {
             self.run_due_timers().await;
-            let heal = [self.healer.next_timer(), self.retries.next_at()];
+            let heal = [self.healer.next_timer(), self.apply.next_retry()];
             let wake = self.timers.next_wake(heal.into_iter().flatten().min());
             tokio::select! {
                 _ = tokio::time::sleep_until(wake.into()) => self.on_heal_timers().await,
@@ -265,15 +266,15 @@ impl Engine {
                         self.sync().await;
                     }
                 }
-                Some(()) = prevent::next_prevention_change(&mut self.prevention) => {
-                    self.restore_prevention().await;
+                Some(()) = next_prevention_change(&mut self.prevention) => {
+                    self.prevention.restore().await;
                 }
-                event = pending::next_gate_event(&mut self.pending) => {
+                event = self.gates.next_event() => {
                     let opened = match event {
                         Some(event) => self.on_gate(event).await,
                         None => {
                             error!("the rollout wave gate stopped; dropping the held release");
-                            self.pending = None;
+                            self.gates.drop_held();
                             false
                         }
                     };
@@ -307,8 +308,8 @@ impl Engine {
     /// The backstop and the retry of an incomplete sync, when they are due.
     async fn run_due_timers(&mut self) {
         if self.timers.backstop_due(Instant::now()) {
-            self.healer.backstop(&self.status).await;
-            self.reassert_prevention().await;
+            self.healer.backstop(self.report.status()).await;
+            self.prevention.reassert().await;
             self.publish_drift();
             self.timers.backstop_ran(Instant::now(), random_unit());
         }
@@ -323,7 +324,7 @@ impl Engine {
         let started = Instant::now();
         let mut resolved_kinds = HashSet::new();
         let mut listing = HashSet::new();
-        for entry in self.inventory.managed() {
+        for entry in self.apply.inventory().managed() {
             if !resolved_kinds.insert((entry.api_version.as_str(), entry.kind.as_str())) {
                 continue;
             }
@@ -360,7 +361,8 @@ impl Engine {
         };
         self.note_finished(&key).await;
         let failed = self
-            .status
+            .report
+            .status()
             .borrow()
             .objects
             .get(&key)
@@ -368,27 +370,23 @@ impl Engine {
         if failed {
             return;
         }
-        self.healer.on_change(&key, &self.status).await;
+        self.healer.on_change(&key, self.report.status()).await;
         self.publish_drift();
     }
 
-    /// A run-once object ([`crate::run_once`]) the watches saw finish is done for the body it was applied
+    /// A run-once object ([`crate::apply::run_once`]) the watches saw finish is done for the body it was applied
     /// with: recorded in the inventory (persisted, so that a restart does not run it again) and told to the
     /// healer, for which its disappearance is no longer drift.
     async fn note_finished(&mut self, key: &ObjectKey) {
         let Some(shape) = self.healer.run_once(key) else {
             return;
         };
-        let Some(entry) = self.inventory.entries.get_mut(key) else {
+        let Some(done) = crate::apply::run_once::done(shape, true, self.live.finished(key)) else {
             return;
         };
-        if entry.done.is_some() {
+        if !self.apply.mark_done(key, done) {
             return;
         }
-        let Some(done) = crate::run_once::done(shape, true, self.live.finished(key)) else {
-            return;
-        };
-        entry.done = Some(done);
         info!(object = ?key, finished = ?done, "run-once object finished; it is not run again for this release");
         self.healer.mark_done(key, done);
         self.persist_inventory().await;
@@ -401,31 +399,34 @@ impl Engine {
             .next_timer()
             .is_some_and(|t| t <= Instant::now())
         {
-            self.healer.on_timers(&self.status).await;
+            self.healer.on_timers(self.report.status()).await;
             self.publish_drift();
         }
     }
 
-    /// Copies the healer's drift records into the status and counts the objects by state for the metrics —
-    /// each only after it changed: this runs after every watch event, and both are as long as the release
-    /// (up to a thousand records, every object).
+    /// The healer's drift records and the object counts, into the status and the metrics when they changed.
     fn publish_drift(&mut self) {
-        let revision = self.healer.records_revision();
-        if self.published.records != Some(revision) {
-            self.published.records = Some(revision);
-            self.status
-                .send_modify(|status| status.drift = self.healer.records());
-        }
-        if self.published.status.has_changed().unwrap_or(false) {
-            let counts = self.published.status.borrow_and_update().counts();
-            self.metrics.set_objects(&counts);
-        }
+        self.report.publish_drift(&self.healer);
     }
 }
 
-/// Stops the fetcher task when the engine stops.
+/// What the gates need of the configuration.
+fn gate_settings(config: &EngineConfig, metrics: &Arc<Metrics>) -> GateSettings {
+    GateSettings {
+        identity: config.identity.clone(),
+        require_approvals: config.require_approvals,
+        source_url: config.source_url.clone(),
+        channel: config.channel.clone(),
+        approvers: config.approvers.clone(),
+        poll_interval: config.poll_interval,
+        rollout_server: config.rollout_server.clone(),
+        metrics: metrics.clone(),
+    }
+}
+
+/// Stops a task (the fetcher, a gate's watchers, the prevention policy's watch) when its owner is dropped.
 #[derive(Debug)]
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

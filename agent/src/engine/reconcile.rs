@@ -5,32 +5,37 @@
 //! should do next ([`Next`]). The steps that decide are pure; the ones here that talk to the cluster are
 //! thin.
 //!
-//! [`AgentStatus::record_sync`]: crate::report::AgentStatus::record_sync
+//! [`AgentStatus::record_sync`]: crate::report::status::AgentStatus::record_sync
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::time::Instant;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 
 use tracing::{Instrument, debug, error, info, info_span, warn};
-use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::desired::cluster_share_into;
-use windvane_shared::release;
-use windvane_shared::render::ClusterIdentity;
+use windvane_shared::decide::desired::cluster_share_into;
+use windvane_shared::decide::render::ClusterIdentity;
+use windvane_shared::format::bundle::{Bundle, BundleLimits};
+use windvane_shared::format::release;
 
 use super::timers::Next;
 use super::{Enforced, Engine, Fresh};
-use crate::apply::{ApplyReport, Hooks, ObjectResult, Outcome, apply_all};
-use crate::cluster::Deletion;
-use crate::desired::Desired;
-use crate::drift::Baseline;
-use crate::inventory::{
+use crate::apply::desired::Desired;
+use crate::apply::inventory::{
     self, Applied, InventoryEntry, ObjectKey, PrunePlan, Pruned, ReleaseOutcome, incomplete_apps,
     plan_prune,
 };
-use crate::report::{ObjectStatus, SyncReport, object_state};
-use crate::watch::LiveCache;
-use windvane_shared::status::SyncState;
+use crate::apply::ordered::{AppOrder, apply_ordered};
+use crate::apply::{ApplyReport, Hooks, ObjectResult, Outcome, apply_all};
+use crate::heal::drift::Baseline;
+use crate::kube::cluster::Deletion;
+use crate::live::watch::LiveCache;
+use crate::report::status::{ObjectStatus, SyncReport, object_state};
+use windvane_shared::wire::status::SyncState;
+
+/// Longest a sync waits for the first lists of its Jobs' and Pods' watches before applying them: a Job
+/// watch lists only this fleet's Jobs, so this is a bound for an API server in trouble, not a usual wait.
+const RUN_ONCE_LIST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// An app that did not render, with why: its objects are missing from this sync, so its prunes wait.
 type RenderError = (String, String);
@@ -42,7 +47,7 @@ pub(super) struct RenderedRelease {
     unrendered: Vec<RenderError>,
     /// SOPS objects that did not open, with why: never sent.
     sealed: Vec<(Desired, String)>,
-    order: super::ordered::AppOrder,
+    order: AppOrder,
     /// Apps a deny window holds to reporting drift.
     report_only: BTreeSet<String>,
     /// When a window next starts or ends, changing which apps only report.
@@ -74,7 +79,7 @@ struct SyncVerdict {
 }
 
 impl SyncVerdict {
-    /// Idle when all is done — objects that failed to apply are retried alone ([`crate::retry`]), never by
+    /// Idle when all is done — objects that failed to apply are retried alone ([`crate::apply::retry`]), never by
     /// sending the release again; a recheck (soon, without back-off) when apps only wait for their
     /// dependencies; otherwise a retry of the whole sync with back-off.
     fn next(self) -> Next {
@@ -111,15 +116,22 @@ impl Engine {
         // earlier agent is deleted while the objects are applied, not after them. The bundle's bytes, read
         // again only to render it once more (a retried sync), are compressed meanwhile too.
         let remove_prevention =
-            self.prevention_may_exist() && !release.desired.iter().any(|object| object.prevent);
+            self.prevention.may_exist() && !release.desired.iter().any(|object| object.prevent);
+        self.watch_run_once(&release.desired).await;
         let (mut report, removed_early, ()) = futures::join!(
-            self.apply_ordered(release.desired, release.order, &release.unready),
-            async { remove_prevention && self.delete_prevention().await.is_ok() },
+            apply_ordered(
+                release.desired,
+                release.order,
+                &release.unready,
+                &self.live,
+                async |objects| self.apply(objects).await
+            ),
+            async { remove_prevention && self.prevention.delete().await.is_ok() },
             enforced.bundle.pack_aside()
         );
         let enforced = &*enforced;
         if removed_early {
-            self.prevention_removed();
+            self.prevention.removed();
         }
         let applied_by = started.elapsed();
         // Objects that did not open are Failed, never sent; their apps' prunes wait like any failure's. They
@@ -133,10 +145,10 @@ impl Engine {
             release
                 .sealed
                 .into_iter()
-                .map(|(object, message)| crate::secrets::failed_result(object, message)),
+                .map(|(object, message)| crate::apply::secrets::failed_result(object, message)),
         );
         // Counted before the status says the sync is done, so that whoever reads both sees them agree.
-        self.count_outcomes(&report);
+        self.report.count_outcomes(&report);
         let concluded = self
             .conclude(
                 enforced,
@@ -147,7 +159,7 @@ impl Engine {
             )
             .await;
         let elapsed = started.elapsed();
-        self.metrics.observe_sync(elapsed);
+        self.report.observe_sync(elapsed);
         let phases = Phases {
             render: rendered,
             apply: applied_by.saturating_sub(rendered),
@@ -186,18 +198,18 @@ impl Engine {
     pub(super) async fn render_bundle(&self, bundle: Bundle) -> RenderedRelease {
         // Read only for a release that has something sealed for this cluster: a request less on every other
         // sync, and no key material in memory that nothing needs.
-        let keyring = if crate::secrets::any_sealed(&bundle, &self.config.identity) {
-            crate::secrets::load_keyring(
+        let keyring = if crate::apply::secrets::any_sealed(&bundle, &self.config.identity) {
+            crate::apply::secrets::load_keyring(
                 self.cluster.client(),
                 &self.config.namespace,
                 self.config.age_key_secret.as_deref(),
             )
             .await
         } else {
-            windvane_shared::sops::Keyring::default()
+            windvane_shared::format::sops::Keyring::default()
         };
-        let order = super::ordered::AppOrder::of(&bundle, &self.config.identity);
-        let (report_only, policy_change) = crate::windows::report_only_apps(
+        let order = AppOrder::of(&bundle, &self.config.identity);
+        let (report_only, policy_change) = crate::gates::windows::report_only_apps(
             &bundle,
             &self.config.identity.labels,
             Timestamp::now(),
@@ -244,7 +256,7 @@ impl Engine {
         let (pruned, prune_errors) = self.prune(&prune).await;
         let complete = report.complete() && unrendered.is_empty();
         let next = inventory::next(
-            &self.inventory,
+            self.apply.inventory(),
             report
                 .results
                 .iter()
@@ -259,11 +271,11 @@ impl Engine {
         // request leaves the process.
         let live = self.live.clone();
         let (prevention, objects) =
-            futures::join!(self.keep_prevention(&report.results, serial), async {
+            futures::join!(self.prevention.keep(&report.results, serial), async {
                 tokio::task::yield_now().await;
                 object_statuses(&live, &next, report)
             });
-        self.inventory = next;
+        self.apply.set_inventory(next);
 
         let mut errors: Vec<String> = unrendered
             .iter()
@@ -278,7 +290,7 @@ impl Engine {
             failed: !unrendered.is_empty() || !prune_errors.is_empty() || !sealed.is_empty(),
             // A prevention policy that could not be written is tried again with the sync's retry; a cluster
             // too old for it is only told so (it still detects and heals).
-            prevention_retry: prevention.is_err() && !self.prevention_refused(),
+            prevention_retry: prevention.is_err() && !self.prevention.refused(),
         };
         errors.extend(prune_errors);
         if let Err(why) = prevention {
@@ -323,7 +335,7 @@ impl Engine {
             allow_empty: enforced.accepted.pointer.allow_empty,
         };
         let prune = plan_prune(
-            &self.inventory,
+            self.apply.inventory(),
             &desired_keys,
             &outcome,
             self.config.prune_budget,
@@ -334,9 +346,8 @@ impl Engine {
     /// Apps whose deny window (`heal: report`) just ended heal again: their drift, only reported so far,
     /// is judged again under the app's own policy.
     async fn heal_after_window(&mut self, report_only: BTreeSet<String>) {
-        self.metrics.set_window_report_only_apps(report_only.len());
-        let ended: BTreeSet<String> = self.report_only.difference(&report_only).cloned().collect();
-        self.report_only = report_only;
+        self.report.report_only_apps(report_only.len());
+        let ended = self.gates.report_only_now(report_only);
         if ended.is_empty() {
             return;
         }
@@ -353,7 +364,8 @@ impl Engine {
             })
             .collect();
         for key in keys {
-            self.on_change(crate::watch::Change::Updated(key)).await;
+            self.on_change(crate::live::watch::Change::Updated(key))
+                .await;
         }
     }
 
@@ -396,10 +408,11 @@ impl Engine {
 
     /// True when an object need not be written: its body is as last applied and the live object still owns
     /// what that apply left it owning; or it runs once, finished for this body and is gone
-    /// ([`crate::run_once::skip_apply`]).
+    /// ([`crate::apply::run_once::skip_apply`]).
     fn unchanged(&self, key: &ObjectKey, hash: &str) -> bool {
         let Some(entry) = self
-            .inventory
+            .apply
+            .inventory()
             .entries
             .get(key)
             .filter(|e| !e.orphaned && e.applied_hash == hash)
@@ -407,7 +420,7 @@ impl Engine {
             return false;
         };
         let done_hash = entry.done.map(|_| entry.applied_hash.as_str());
-        if crate::run_once::skip_apply(done_hash, hash, self.live.contains(key)) {
+        if crate::apply::run_once::skip_apply(done_hash, hash, self.live.contains(key)) {
             return true;
         }
         if self.healer.has_baseline(key) {
@@ -419,16 +432,32 @@ impl Engine {
             .is_some_and(|live| entry.owned_digest.as_deref() == Some(Baseline::of(&live).digest()))
     }
 
-    /// Counts the objects' outcomes (`windvane_apply_total`).
-    pub(super) fn count_outcomes(&self, report: &ApplyReport) {
-        for result in &report.results {
-            self.metrics.apply(match result.outcome {
-                Outcome::Applied { written: true } => "written",
-                Outcome::Applied { written: false } => "unchanged",
-                Outcome::Refused(_) => "refused",
-                Outcome::Failed(_) => "failed",
-                Outcome::Waiting(_) => "waiting",
-            });
+    /// Starts the watches of the kinds of the release's Jobs and Pods ([`crate::apply::run_once`]) before they are
+    /// applied, and waits (bounded) for their first lists. Other kinds are watched once the sync is done
+    /// ([`Self::watch_applied`]), but a Job with `ttlSecondsAfterFinished: 0` in an early wave may finish and be
+    /// removed before a long sync ends: unseen, its disappearance would read as drift and the Job run again.
+    async fn watch_run_once(&self, desired: &[Desired]) {
+        let mut kinds = BTreeSet::new();
+        for object in desired {
+            if object.run_once == Some(crate::apply::run_once::RunOnce::Finishes) {
+                kinds.insert((object.id.api_version.as_str(), object.id.kind.as_str()));
+            }
+        }
+        let mut listing = HashSet::new();
+        for (api_version, kind) in kinds {
+            if let Ok(resolved) = self.cluster.resolve(api_version, kind).await {
+                self.live.ensure_watch(&self.cluster, &resolved, None);
+                listing.insert((
+                    resolved.resource.group.clone(),
+                    resolved.resource.kind.clone(),
+                ));
+            }
+        }
+        if !listing.is_empty() && !self.live.wait_listed(&listing, RUN_ONCE_LIST_TIMEOUT).await {
+            warn!(
+                timeout_s = RUN_ONCE_LIST_TIMEOUT.as_secs(),
+                "the watches of Jobs and Pods did not list in time; applying them all the same"
+            );
         }
     }
 
@@ -459,7 +488,7 @@ impl Engine {
     /// what left — before it takes a newer one.
     pub(super) async fn persist_inventory(&self) {
         let started = Instant::now();
-        match self.state.save_inventory(&self.inventory).await {
+        match self.state.save_inventory(self.apply.inventory()).await {
             Ok(()) => debug!(
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "inventory persisted"
@@ -485,7 +514,7 @@ impl Engine {
                 match self.delete(entry).await {
                     Ok(()) => Pruned::Gone,
                     Err(why) => {
-                        errors.push(why);
+                        errors.push(why.to_string());
                         Pruned::Pending
                     }
                 }
@@ -496,7 +525,7 @@ impl Engine {
     }
 
     /// Deletes one object; `Err` says why it is still there.
-    async fn delete(&self, entry: &InventoryEntry) -> Result<(), String> {
+    async fn delete(&self, entry: &InventoryEntry) -> crate::Result<()> {
         let id = entry.object_ref();
         let deleted = match self.cluster.resolve(&id.api_version, &id.kind).await {
             Ok(resolved) => self.cluster.delete(&id, &resolved).await,
@@ -516,11 +545,14 @@ impl Engine {
                     format!("finalizers {}", finalizers.join(", "))
                 };
                 info!(object = %id, app = %entry.app, %waiting, "prune pending; will check again");
-                Err(format!("pruning {id}: deletion pending on {waiting}"))
+                Err(crate::Error::PrunePending {
+                    object: id.to_string(),
+                    waiting,
+                })
             }
             Err(error) => {
                 warn!(object = %id, %error, "prune failed; will retry");
-                Err(error.to_string())
+                Err(error)
             }
         }
     }
@@ -539,17 +571,15 @@ impl Engine {
             prune_postponed: prune.postponed_apps.clone(),
             objects,
             orphans: self
-                .inventory
+                .apply
+                .inventory()
                 .entries
                 .values()
                 .filter(|e| e.orphaned)
                 .map(|e| e.object_ref().to_string())
                 .collect(),
         };
-        self.status.send_modify(|status| {
-            status.record_sync(sync);
-            self.metrics.set_objects(&status.counts());
-        });
+        self.report.record_sync(sync);
     }
 
     /// Drift is judged from now on against the objects as applied; they move to the healer.
@@ -580,7 +610,8 @@ impl Engine {
             }
         }
         self.healer.set_done(
-            self.inventory
+            self.apply
+                .inventory()
                 .entries
                 .iter()
                 .filter_map(|(key, entry)| Some((key.clone(), entry.done?))),
@@ -591,7 +622,7 @@ impl Engine {
 /// The `Instant` of a wall-clock time (now, when it has passed).
 fn instant_at(at: Timestamp) -> Instant {
     let left = at.duration_since(Timestamp::now());
-    Instant::now() + std::time::Duration::try_from(left).unwrap_or_default()
+    Instant::now() + Duration::try_from(left).unwrap_or_default()
 }
 
 /// The apps with objects held back for their dependencies.
@@ -667,7 +698,7 @@ pub(super) fn inventory_record(result: &ObjectResult, live: &LiveCache) -> Appli
     let done = result
         .object
         .run_once
-        .and_then(|shape| crate::run_once::done(shape, true, live.finished(&result.key())));
+        .and_then(|shape| crate::apply::run_once::done(shape, true, live.finished(&result.key())));
     Applied::Yes(InventoryEntry {
         done,
         app: result.object.app.clone(),
@@ -686,14 +717,14 @@ pub(super) fn inventory_record(result: &ObjectResult, live: &LiveCache) -> Appli
 /// rendered while it was persisted, so only what is left of that shows); applying; pruning, keeping the
 /// prevention policy and recording the status; and in all. The inventory's write follows.
 struct Phases {
-    render: std::time::Duration,
-    apply: std::time::Duration,
-    prune: std::time::Duration,
-    total: std::time::Duration,
+    render: Duration,
+    apply: Duration,
+    prune: Duration,
+    total: Duration,
 }
 
 fn log_sync(report: &ApplyReport, prune: &PrunePlan, complete: bool, phases: Phases) {
-    let ms = |d: std::time::Duration| d.as_millis() as u64;
+    let ms = |d: Duration| d.as_millis() as u64;
     info!(
         objects = report.results.len(),
         written = report.written(),
@@ -713,7 +744,7 @@ fn log_sync(report: &ApplyReport, prune: &PrunePlan, complete: bool, phases: Pha
 async fn render_aside(
     bundle: Bundle,
     identity: &ClusterIdentity,
-    keyring: windvane_shared::sops::Keyring,
+    keyring: windvane_shared::format::sops::Keyring,
 ) -> (Vec<Desired>, Vec<RenderError>, Vec<(Desired, String)>) {
     let identity = identity.clone();
     match tokio::task::spawn_blocking(move || render(bundle, &identity, &keyring)).await {
@@ -729,13 +760,13 @@ async fn render_aside(
 /// compact as soon as it renders, while the bundle is consumed: the release exists once as parsed values,
 /// never twice. An app that fails to render is reported and skipped; the others still apply. Render errors
 /// come back with their app's name: that app's prunes wait until it renders again. SOPS objects are opened
-/// with `keyring` first; those that do not open come back apart, with why ([`crate::secrets`]).
+/// with `keyring` first; those that do not open come back apart, with why ([`crate::apply::secrets`]).
 fn render(
     mut bundle: Bundle,
     identity: &ClusterIdentity,
-    keyring: &windvane_shared::sops::Keyring,
+    keyring: &windvane_shared::format::sops::Keyring,
 ) -> (Vec<Desired>, Vec<RenderError>, Vec<(Desired, String)>) {
-    let sealed = crate::secrets::open_selected(&mut bundle, identity, keyring);
+    let sealed = crate::apply::secrets::open_selected(&mut bundle, identity, keyring);
     for (object, message) in &sealed {
         error!(app = %object.app, object = %object.id, %message, "cannot open SOPS object");
     }

@@ -1,6 +1,6 @@
 //! The healer's decisions as a state machine over data. Each watch event, due timer or backstop finding on
 //! a managed object comes in with the object as live shows it and the time; [`DriftMachine`] judges with
-//! [`crate::drift`] whether Windvane's fields were taken or the object deleted, and answers with the
+//! [`crate::heal::drift`] whether Windvane's fields were taken or the object deleted, and answers with the
 //! [`Action`]s policy asks for: revert (at once, or after the grace period unless the change was taken back),
 //! emit an Event, set the object's state. It keeps the baselines (what Windvane owned after its last write),
 //! the open drift episodes with their timers (grace, hold, contested back-off, retry) and the drift records
@@ -15,16 +15,16 @@ use kube::runtime::events::EventType;
 use serde_json::Value;
 use tokio::time::Instant;
 use tracing::{info, warn};
-use windvane_shared::heartbeat::{BreakGlassRecord, DriftAction, DriftRecord};
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::heartbeat::{BreakGlassRecord, DriftAction, DriftRecord};
+use windvane_shared::wire::status::SyncState;
 
-use crate::desired::Desired;
-use crate::drift::{self, Attribution, Baseline, ContestTracker, resource_version};
-use crate::health::assess;
-use crate::inventory::ObjectKey;
-use crate::prevent;
-use crate::report::object_state;
-use crate::revert_request;
+use crate::apply::desired::Desired;
+use crate::apply::inventory::ObjectKey;
+use crate::heal::drift::{self, Attribution, Baseline, ContestTracker, resource_version};
+use crate::heal::revert_request;
+use crate::live::health::assess;
+use crate::prevent::policy;
+use crate::report::status::object_state;
 
 /// Most drift records kept in memory for the heartbeat and `/status`.
 const MAX_DRIFT_RECORDS: usize = 1_000;
@@ -82,6 +82,9 @@ pub enum Action {
     /// Mark the break-glass approval on the object spent (the change it allowed was made), so that the
     /// policy refuses a further change under it.
     SpendApproval { key: ObjectKey, patch: Value },
+    /// Write on the object when its hold was first seen ([`drift::HOLD_SEEN_ANNOTATION`]), so that the hold
+    /// cap survives an agent restart.
+    RememberHold { key: ObjectKey, patch: Value },
     /// The object's state in the agent's status.
     SetState {
         key: ObjectKey,
@@ -449,8 +452,9 @@ impl DriftMachine {
             .desired
             .get(key)
             .filter(|d| d.prevent)
-            .and_then(|_| prevent::break_glass(live));
-        let until = match self.hold_deadline(key, live, break_glass.as_ref(), now.wall) {
+            .and_then(|_| policy::break_glass(live));
+        let mut out = Vec::new();
+        let until = match self.hold_deadline(key, live, break_glass.as_ref(), now.wall, &mut out) {
             Ok(Some(until)) => until,
             Ok(None) => return None,
             Err(message) => {
@@ -465,7 +469,6 @@ impl DriftMachine {
                 drift::hold_setter(live).unwrap_or_else(|| "unknown".to_owned())
             ),
         };
-        let mut out = Vec::new();
         if !matches!(drift.phase, Phase::Held(_)) {
             let note = format!("{setter} until {until}: drift is not reverted until then");
             out.push(event(key, drift, EventType::Normal, "DriftHeld", note));
@@ -473,11 +476,11 @@ impl DriftMachine {
             info!(%until, %setter, "drift held");
         }
         if let Some(names) = &break_glass
-            && live_annotation_missing(live, prevent::SPENT_ANNOTATION)
+            && live_annotation_missing(live, policy::SPENT_ANNOTATION)
         {
             out.push(Action::SpendApproval {
                 key: key.clone(),
-                patch: prevent::spend_approval(names),
+                patch: policy::spend_approval(names),
             });
         }
         if let Some(names) = break_glass
@@ -508,22 +511,32 @@ impl DriftMachine {
         &mut self,
         key: &ObjectKey,
         live: &Value,
-        break_glass: Option<&prevent::BreakGlass>,
+        break_glass: Option<&policy::BreakGlass>,
         now: Timestamp,
-    ) -> Result<Option<Timestamp>, String> {
+        out: &mut Vec<Action>,
+    ) -> crate::Result<Option<Timestamp>> {
         if let Some(until) = drift::hold_annotation(live)? {
-            let since = self.first_seen(key, format!("hold-until {until}"), now);
+            let since = self.first_seen(key, format!("hold-until {until}"), live, now, out);
             return Ok(drift::capped_hold(until, since, now, self.hold_cap));
         }
         let Some(names) = break_glass else {
             return Ok(None);
         };
-        let since = self.first_seen(key, names.to_string(), now);
-        Ok(prevent::break_glass_until(since, now, self.hold_cap))
+        let since = self.first_seen(key, names.to_string(), live, now, out);
+        Ok(policy::break_glass_until(since, now, self.hold_cap))
     }
 
-    /// When the hold `what` was first seen on `key` (`now` when this is the first time).
-    fn first_seen(&mut self, key: &ObjectKey, what: String, now: Timestamp) -> Timestamp {
+    /// When the hold `what` was first seen on `key`: as remembered in memory, else as the object's own
+    /// [`drift::HOLD_SEEN_ANNOTATION`] says (the agent restarted since), else `now`, which is then written on
+    /// the object.
+    fn first_seen(
+        &mut self,
+        key: &ObjectKey,
+        what: String,
+        live: &Value,
+        now: Timestamp,
+        out: &mut Vec<Action>,
+    ) -> Timestamp {
         let seen = self.holds_seen.entry(key.clone()).or_default();
         if let Some((_, at)) = seen.iter().find(|(w, _)| *w == what) {
             return *at;
@@ -531,8 +544,19 @@ impl DriftMachine {
         if seen.len() >= MAX_HOLDS_REMEMBERED {
             seen.remove(0);
         }
-        seen.push((what, now));
-        now
+        let at = match drift::hold_seen(live, &what, now) {
+            Some(at) => at,
+            None => {
+                let value = drift::hold_seen_value(&what, now);
+                out.push(Action::RememberHold {
+                    key: key.clone(),
+                    patch: serde_json::json!({"metadata": {"annotations": {drift::HOLD_SEEN_ANNOTATION: value}}}),
+                });
+                now
+            }
+        };
+        seen.push((what, at));
+        at
     }
 
     /// What policy does with drift that is not held: report only, back off from a war, wait out the grace
@@ -644,8 +668,14 @@ impl DriftMachine {
             DRIFT_DETECTED,
             note.clone(),
         )];
-        let held =
-            live.is_some_and(|l| matches!(self.hold_deadline(key, l, None, now.wall), Ok(Some(_))));
+        let mut remember = Vec::new();
+        let held = live.is_some_and(|l| {
+            matches!(
+                self.hold_deadline(key, l, None, now.wall, &mut remember),
+                Ok(Some(_))
+            )
+        });
+        out.extend(remember);
         if desired.self_heal && !held {
             let (key, fields) = (key.clone(), Vec::new());
             out.push(Action::Revert { key, fields });

@@ -7,7 +7,13 @@
 //! objects, read from the machine after each batch). The machine keeps the drift records the heartbeat
 //! carries; this executor is the only part that talks to the API.
 
+pub mod cli;
+pub mod compare;
+pub mod diff;
+pub mod drift;
+pub mod handover;
 pub mod machine;
+pub mod revert_request;
 #[cfg(test)]
 mod tests;
 
@@ -20,16 +26,16 @@ use kube::runtime::events::{Event, Recorder, Reporter};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{Instrument, info, info_span, warn};
-use windvane_shared::heartbeat::DriftRecord;
+use windvane_shared::wire::heartbeat::DriftRecord;
 
-use crate::cluster::Cluster;
-use crate::desired::Desired;
-use crate::drift::{Baseline, ContestTracker};
-use crate::inventory::ObjectKey;
-use crate::metrics::Metrics;
-use crate::report::StatusTx;
-use crate::run_once::{Finished, RunOnce};
-use crate::watch::LiveCache;
+use crate::apply::desired::Desired;
+use crate::apply::inventory::ObjectKey;
+use crate::apply::run_once::{Finished, RunOnce};
+use crate::heal::drift::{Baseline, ContestTracker};
+use crate::kube::cluster::Cluster;
+use crate::live::watch::LiveCache;
+use crate::report::metrics::Metrics;
+use crate::report::status::StatusTx;
 use machine::{Action, Cause, DRIFT_DETECTED, DriftMachine, Now};
 
 /// Watches over the managed objects' owned fields and heals drift by policy.
@@ -40,7 +46,7 @@ pub struct Healer {
     metrics: Arc<Metrics>,
     /// Events go out in order from a background task, so emitting one never delays a revert.
     events: mpsc::UnboundedSender<(Event, ObjectReference)>,
-    /// Run-once objects done for the body the release gives them ([`crate::run_once`]): their absence is
+    /// Run-once objects done for the body the release gives them ([`crate::apply::run_once`]): their absence is
     /// not drift.
     done: HashMap<ObjectKey, Finished>,
 }
@@ -115,7 +121,7 @@ impl Healer {
             let Some(object) = status.objects.get_mut(key) else {
                 return false;
             };
-            object.state = windvane_shared::status::SyncState::Synced;
+            object.state = windvane_shared::wire::status::SyncState::Synced;
             object.message = how.gone_message();
             true
         });
@@ -135,8 +141,7 @@ impl Healer {
         // Only a held change (rare) needs the object after the write, to tell taken in from replaced. The
         // apply's response is in the cache, unless a lagging watch event replaced it meanwhile: only an
         // object at least as new as the write shows what the write left; else it is read.
-        let fresh =
-            |live: &Value| crate::drift::resource_version(live) >= baseline.resource_version;
+        let fresh = |live: &Value| drift::resource_version(live) >= baseline.resource_version;
         let live = if self.machine.is_held(key) {
             match self.live.get(key).filter(fresh) {
                 Some(live) => Some(live),
@@ -280,7 +285,22 @@ impl Healer {
                     });
                 }
                 Action::Revert { key, fields } => queue.extend(self.revert(&key, &fields).await),
-                Action::SpendApproval { key, patch } => self.spend_approval(&key, &patch).await,
+                Action::SpendApproval { key, patch } => {
+                    self.annotate(
+                        &key,
+                        &patch,
+                        "break-glass approval spent: a further change needs the revert first",
+                    )
+                    .await
+                }
+                Action::RememberHold { key, patch } => {
+                    self.annotate(
+                        &key,
+                        &patch,
+                        "hold first seen: its cap runs from now, across restarts",
+                    )
+                    .await
+                }
                 Action::RevertUnlessUndone { key, fields } => {
                     let follow = match self.live.get(&key) {
                         Some(live) if self.matches_release(&key, &live).await => {
@@ -299,7 +319,7 @@ impl Healer {
     /// backstop compares). False when it cannot tell: then the drift is reverted.
     async fn matches_release(&self, key: &ObjectKey, live: &Value) -> bool {
         match self.dry_run(key).await {
-            Some(dry_run) => !crate::compare::would_change(Some(live), &dry_run),
+            Some(dry_run) => !compare::would_change(Some(live), &dry_run),
             None => false,
         }
     }
@@ -339,7 +359,7 @@ impl Healer {
             let Some(dry_run) = self.dry_run(&key).await else {
                 continue;
             };
-            if !crate::compare::would_change(live.as_ref(), &dry_run) {
+            if !compare::would_change(live.as_ref(), &dry_run) {
                 if let Some(live) = &live {
                     self.machine.confirmed(&key, live);
                 }
@@ -365,7 +385,9 @@ impl Healer {
 
     /// Marks a break-glass approval spent on the object (the agent is exempt from the policy that keeps
     /// everyone else from writing the mark).
-    async fn spend_approval(&self, key: &ObjectKey, patch: &Value) {
+    /// Merge-patches annotations the agent keeps on a managed object (`done` says what the write means, for
+    /// the log); a failure is logged, not retried: the next look writes it again.
+    async fn annotate(&self, key: &ObjectKey, patch: &Value, done: &'static str) {
         let Some(desired) = self.machine.desired(key) else {
             return;
         };
@@ -374,11 +396,9 @@ impl Healer {
             return;
         };
         match self.cluster.merge_patch(id, &resolved, patch).await {
-            Ok(_) => {
-                info!(object = %id, "break-glass approval spent: a further change needs the revert first")
-            }
+            Ok(_) => info!(object = %id, "{done}"),
             Err(failure) => {
-                warn!(object = %id, error = %failure.message, "cannot mark the break-glass approval spent")
+                warn!(object = %id, error = %failure.message, patch = %patch, "cannot write an annotation the agent keeps")
             }
         }
     }
@@ -392,15 +412,16 @@ impl Healer {
         // A break-glass change ends with its revert: its approval is not to be used again. A manual revert
         // request is consumed by it.
         let clear = self.live.get(key).and_then(|live| {
-            let break_glass = desired.prevent && crate::prevent::break_glass(&live).is_some();
-            let requested = crate::revert_request::requested_by(&live).is_some();
+            let break_glass =
+                desired.prevent && crate::prevent::policy::break_glass(&live).is_some();
+            let requested = revert_request::requested_by(&live).is_some();
             match (break_glass, requested) {
                 (false, false) => None,
-                (true, false) => Some(crate::prevent::clear_break_glass()),
-                (false, true) => Some(crate::revert_request::clear()),
+                (true, false) => Some(crate::prevent::policy::clear_break_glass()),
+                (false, true) => Some(revert_request::clear()),
                 (true, true) => {
-                    let mut patch = crate::prevent::clear_break_glass();
-                    patch["metadata"]["annotations"][crate::revert_request::REVERT_ANNOTATION] =
+                    let mut patch = crate::prevent::policy::clear_break_glass();
+                    patch["metadata"]["annotations"][revert_request::REVERT_ANNOTATION] =
                         Value::Null;
                     Some(patch)
                 }

@@ -7,14 +7,14 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 use tokio::time::{Instant, advance};
-use windvane_shared::bundle::ObjectRef;
-use windvane_shared::desired::DesiredObject;
-use windvane_shared::heartbeat::DriftAction;
+use windvane_shared::decide::desired::DesiredObject;
+use windvane_shared::format::bundle::ObjectRef;
+use windvane_shared::wire::heartbeat::DriftAction;
 
 use super::machine::{Action, Cause, DriftMachine, Now};
-use crate::desired::Desired;
-use crate::drift::{Baseline, ContestTracker};
-use crate::inventory::ObjectKey;
+use crate::apply::desired::Desired;
+use crate::apply::inventory::ObjectKey;
+use crate::heal::drift::{Baseline, ContestTracker};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -152,6 +152,7 @@ fn summary(actions: &[Action]) -> Vec<String> {
             Action::Event { kind, reason, .. } => format!("{kind:?} {reason}"),
             Action::SetState { state, .. } => format!("state {state:?}"),
             Action::SpendApproval { .. } => "spend approval".to_owned(),
+            Action::RememberHold { .. } => "remember hold".to_owned(),
         })
         .collect()
 }
@@ -380,7 +381,12 @@ async fn a_hold_defers_the_revert_until_it_ends_and_is_capped() {
     let actions = machine.on_event(&key(), Some(&held), clock.now(), Cause::Watch);
     assert_eq!(
         summary(&actions),
-        ["Warning DriftDetected", "Normal DriftHeld", "state Held"]
+        [
+            "Warning DriftDetected",
+            "remember hold",
+            "Normal DriftHeld",
+            "state Held"
+        ]
     );
     assert!(message(&actions).starts_with("held by kubectl-annotate until 2026-12-03T11:00:00Z"));
     assert_eq!(machine.records()[0].action, DriftAction::Held);
@@ -416,6 +422,54 @@ async fn a_hold_defers_the_revert_until_it_ends_and_is_capped() {
     assert_eq!(machine.next_timer(), Some(Instant::now() + 24 * HOUR));
 }
 
+/// The hold's first detection is written on the object, so that an agent restarted 20 h later (a new
+/// machine, nothing in memory) ends the hold 4 h later, not 24 h after its own first look.
+#[tokio::test(start_paused = true)]
+async fn a_hold_keeps_its_cap_from_the_first_detection_across_an_agent_restart() {
+    let clock = Clock::new();
+    let forever: Timestamp = "2099-01-01T00:00:00Z".parse().unwrap();
+    let mut held = held_until(forever, 2);
+    let actions =
+        machine(desired(true, None)).on_event(&key(), Some(&held), clock.now(), Cause::Watch);
+    let Some(Action::RememberHold { patch, .. }) = actions.get(1) else {
+        panic!("{actions:?}")
+    };
+    let seen = &patch["metadata"]["annotations"]["windvane.io/hold-seen"];
+    assert!(
+        seen.as_str()
+            .is_some_and(|v| v.starts_with("2026-12-03T10:00:00Z ")),
+        "{seen}"
+    );
+    held["metadata"]["annotations"]["windvane.io/hold-seen"] = seen.clone();
+
+    advance(20 * HOUR).await;
+    let mut restarted = machine(desired(true, None));
+    let actions = restarted.on_event(&key(), Some(&held), clock.now(), Cause::Watch);
+    assert_eq!(
+        summary(&actions),
+        ["Warning DriftDetected", "Normal DriftHeld", "state Held"],
+        "the remembered start is used, not written again"
+    );
+    assert_eq!(restarted.next_timer(), Some(Instant::now() + 4 * HOUR));
+
+    // The annotation times only the hold it was written for: a new hold-until is timed afresh; a start in
+    // the future is read as now.
+    let renewed = held_until("2098-01-01T00:00:00Z".parse().unwrap(), 3);
+    let mut renewed_with_old = renewed.clone();
+    renewed_with_old["metadata"]["annotations"]["windvane.io/hold-seen"] = seen.clone();
+    let mut fresh = machine(desired(true, None));
+    let actions = fresh.on_event(&key(), Some(&renewed_with_old), clock.now(), Cause::Watch);
+    assert_eq!(summary(&actions)[1], "remember hold");
+    assert_eq!(fresh.next_timer(), Some(Instant::now() + 24 * HOUR));
+    let mut future = held.clone();
+    let digest = seen.as_str().unwrap().split_once(' ').unwrap().1;
+    future["metadata"]["annotations"]["windvane.io/hold-seen"] =
+        json!(format!("2090-01-01T00:00:00Z {digest}"));
+    let mut forged = machine(desired(true, None));
+    forged.on_event(&key(), Some(&future), clock.now(), Cause::Watch);
+    assert_eq!(forged.next_timer(), Some(Instant::now() + 24 * HOUR));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_far_future_hold_ends_at_the_cap_from_its_first_detection_however_often_it_is_seen() {
     let clock = Clock::new();
@@ -429,7 +483,12 @@ async fn a_far_future_hold_ends_at_the_cap_from_its_first_detection_however_ofte
     );
     assert_eq!(
         summary(&actions),
-        ["Warning DriftDetected", "Normal DriftHeld", "state Held"]
+        [
+            "Warning DriftDetected",
+            "remember hold",
+            "Normal DriftHeld",
+            "state Held"
+        ]
     );
     let first_end = clock.start + 24 * HOUR;
     assert_eq!(machine.next_timer(), Some(first_end));
@@ -597,7 +656,7 @@ async fn the_backstop_reverts_unless_held_or_report_only() {
         (
             true,
             held_until(clock.wall_after(HOUR), 2),
-            vec!["Warning DriftDetected", "state OutOfSync"],
+            vec!["Warning DriftDetected", "remember hold", "state OutOfSync"],
         ),
     ];
     for (self_heal, live, expected) in cases {
@@ -712,12 +771,13 @@ async fn a_two_person_break_glass_is_held_for_the_cap_naming_both_and_the_ticket
         summary(&actions),
         [
             "Warning DriftDetected",
+            "remember hold",
             "Normal DriftHeld",
             "spend approval",
             "state Held"
         ]
     );
-    let Some(Action::SpendApproval { patch, .. }) = actions.get(2) else {
+    let Some(Action::SpendApproval { patch, .. }) = actions.get(3) else {
         panic!("{actions:?}")
     };
     assert_eq!(

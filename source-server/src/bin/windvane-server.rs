@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use windvane_shared::duration::parse_duration;
+use windvane_shared::text::duration::parse_duration;
 use windvane_source_server::http::auth::TokenHash;
 use windvane_source_server::http::forwarded::AddressBlock;
 use windvane_source_server::{self as server, ServeConfig, Server, notify};

@@ -22,8 +22,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use windvane_shared::heartbeat::Heartbeat;
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::heartbeat::Heartbeat;
+use windvane_shared::wire::status::SyncState;
 
 use crate::Result;
 
@@ -57,8 +57,8 @@ pub(crate) fn rekey_deadline(ms: i64) -> Option<Timestamp> {
     (ms != 0).then(|| from_ms(ms))
 }
 
-pub use windvane_shared::fleet_api::DriftEntry;
-pub use windvane_shared::heartbeat::EnrollOutcome;
+pub use windvane_shared::wire::fleet_api::DriftEntry;
+pub use windvane_shared::wire::heartbeat::EnrollOutcome;
 
 pub use crate::http::auth::RecentFailures;
 

@@ -2,7 +2,7 @@
 //! [`Columns`], which `rusqlite::Row` and `tokio_postgres::Row` both implement. The statements are in
 //! [`super::sql`]; the column order each function reads is the one its statement selects.
 
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::status::SyncState;
 
 use super::{
     Binding, ClusterSummary, DriftEntry, Episode, QueuedDelivery, RecentFailures, SequenceState,

@@ -15,8 +15,8 @@ use maud::{DOCTYPE, Markup, PreEscaped, html};
 use crate::fleet::status::ClusterState;
 use crate::fleet::view::{ClusterDetail, ClusterRow, FleetView, human_age};
 use crate::notify::break_glass::OpenBreakGlass;
-use windvane_shared::fleet_api::DriftEntry;
-use windvane_shared::heartbeat::Heartbeat;
+use windvane_shared::wire::fleet_api::DriftEntry;
+use windvane_shared::wire::heartbeat::Heartbeat;
 
 /// Seconds between automatic refreshes.
 pub const REFRESH_SECONDS: u32 = 15;
@@ -512,7 +512,7 @@ fn drift_row(entry: &DriftEntry) -> Markup {
 
 /// The rollout page of a channel (`/rollouts/{channel}`): each wave with when it opens, its counts, why it is
 /// held, and its clusters.
-pub fn rollout_page(view: &windvane_shared::rollout::RolloutView) -> String {
+pub fn rollout_page(view: &windvane_shared::decide::rollout::RolloutView) -> String {
     let status = if view.complete {
         "complete"
     } else if view.halted {
@@ -564,7 +564,7 @@ mod tests {
     use crate::db::ClusterSummary;
     use crate::fleet::status::Filter;
     use crate::fleet::view::fleet_view;
-    use windvane_shared::status::SyncState;
+    use windvane_shared::wire::status::SyncState;
 
     #[test]
     fn the_fleet_page_shows_counts_and_escapes_cluster_data() {
@@ -629,7 +629,7 @@ mod tests {
     /// agent version, bundle digest, rollout message, refusal, apps, problem objects, drift records and
     /// break-glass changes.
     fn hostile_cluster(now: Timestamp) -> (ClusterDetail, FleetView, Vec<OpenBreakGlass>) {
-        use windvane_shared::heartbeat::{
+        use windvane_shared::wire::heartbeat::{
             AppReport, BreakGlassRecord, DriftAction, DriftRecord, ObjectReport, Refusal,
             SourceReport,
         };
@@ -673,7 +673,7 @@ mod tests {
             }),
             revert_requested_by: None,
         };
-        let pending: windvane_shared::rollout::PendingReport = serde_json::from_value(
+        let pending: windvane_shared::wire::heartbeat::PendingReport = serde_json::from_value(
             serde_json::json!({"serial": 2, "wave": 1, "waves": 2, "halted": false, "message": HOSTILE}),
         )
         .expect("pending report");
@@ -766,13 +766,13 @@ mod tests {
         assert_inert(&fleet_page(&view, HOSTILE, &[], &open), 8);
         // Cluster page: every fact, app, problem and drift cell listed in `hostile_cluster`.
         assert_inert(&cluster_page(&detail, now), 20);
-        let rollout = windvane_shared::rollout::RolloutView {
+        let rollout = windvane_shared::decide::rollout::RolloutView {
             channel: HOSTILE.to_owned(),
             serial: 2,
             issued_at: now,
             halted: false,
             complete: false,
-            waves: vec![windvane_shared::rollout::WaveView {
+            waves: vec![windvane_shared::decide::rollout::WaveView {
                 index: 0,
                 name: HOSTILE.to_owned(),
                 opens_at: now,
@@ -784,11 +784,11 @@ mod tests {
                 pending: 1,
                 failed: 0,
                 unknown: 0,
-                clusters: vec![windvane_shared::rollout::WaveCluster {
+                clusters: vec![windvane_shared::decide::rollout::WaveCluster {
                     name: HOSTILE.to_owned(),
                     state: ClusterState::Failed,
                     applied_serial: Some(1),
-                    phase: windvane_shared::rollout::RolloutPhase::Failed,
+                    phase: windvane_shared::decide::rollout::RolloutPhase::Failed,
                     done: false,
                     waiting: Some(HOSTILE.to_owned()),
                 }],

@@ -4,7 +4,7 @@
 //! releases, and an agent opens a wave only at its own signed time, whatever this says); the clusters and
 //! their states from the database, as the fleet view computes them (Unknown when silent), with what each
 //! waiting cluster's latest heartbeat says it waits for (`source.pending.message`). Built by
-//! [`windvane_shared::rollout::rollout_view`].
+//! [`windvane_shared::decide::rollout::rollout_view`].
 //!
 //! Views are built at most once a second per channel and served as cached bytes with an ETag
 //! ([`crate::serve::rollout_cache`]); `If-None-Match` gets `304`. Agents ask for `?summary=1`: every
@@ -21,8 +21,9 @@ use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use jiff::Timestamp;
-use windvane_shared::release::ReleasePointer;
-use windvane_shared::rollout::{ClusterFacts, Rollout, RolloutView, rollout_view};
+use windvane_shared::decide::rollout::{ClusterFacts, RolloutView, rollout_view};
+use windvane_shared::format::release::ReleasePointer;
+use windvane_shared::spec::rollout::Rollout;
 
 use crate::db::Database;
 use crate::fleet::view::ClusterRow;
@@ -40,7 +41,7 @@ pub(crate) enum Form {
     /// `GET /api/v1/rollouts/CHANNEL`: every cluster of every wave.
     Full,
     /// `GET /api/v1/rollouts/CHANNEL?summary=1`: what a wave gate needs
-    /// ([`windvane_shared::rollout::summary`]).
+    /// ([`windvane_shared::decide::rollout::summary`]).
     Summary,
 }
 
@@ -166,7 +167,7 @@ fn parse_pointer(channel: &str, body: &[u8]) -> crate::Result<ReleasePointer> {
         source,
     };
     let envelope =
-        windvane_shared::dsse::Envelope::from_json_slice(body).map_err(envelope_error)?;
+        windvane_shared::crypto::dsse::Envelope::from_json_slice(body).map_err(envelope_error)?;
     let payload = envelope.payload_bytes().map_err(envelope_error)?;
     serde_json::from_slice(&payload).map_err(|source| crate::Error::PointerPayload {
         channel: channel.to_owned(),
@@ -334,7 +335,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use windvane_shared::fleet_api::ClusterState;
+    use windvane_shared::wire::fleet_api::ClusterState;
 
     fn row(name: &str, state: ClusterState, serial: u64, channel: Option<&str>) -> ClusterRow {
         serde_json::from_value(serde_json::json!({

@@ -12,15 +12,15 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use windvane_shared::selector::LabelSelector;
-use windvane_shared::status::SyncState;
+use windvane_shared::spec::selector::LabelSelector;
+use windvane_shared::wire::status::SyncState;
 
 /// The agent interval assumed when a cluster has not said (it always says in a heartbeat).
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
 /// The grace period is this many of the cluster's own heartbeat intervals.
 pub const GRACE_INTERVALS: u32 = 3;
 
-pub use windvane_shared::fleet_api::ClusterState;
+pub use windvane_shared::wire::fleet_api::ClusterState;
 
 /// States that page someone when a cluster enters them (and whose end is a recovery).
 pub fn is_alerting(state: ClusterState) -> bool {

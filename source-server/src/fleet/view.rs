@@ -1,14 +1,14 @@
 //! What the page, the JSON API and `windvane status` show, built by pure functions from database rows, the
 //! clock and the store: one [`ClusterRow`] per cluster (its [`status::verdict`], applied vs latest serial,
 //! heartbeat age, drift count, last error) and the [`FleetView`] roll-up over a [`Filter`]. The types are the
-//! API's wire format, in `windvane_shared::fleet_api` so that `windvane status` reads the same ones; the API
+//! API's wire format, in `windvane_shared::wire::fleet_api` so that `windvane status` reads the same ones; the API
 //! serialises them as they are, the page renders them as HTML.
 
 use std::time::Duration;
 
 use jiff::Timestamp;
-pub use windvane_shared::fleet_api::{ClusterDetail, ClusterRow, FleetView};
-use windvane_shared::heartbeat::Heartbeat;
+pub use windvane_shared::wire::fleet_api::{ClusterDetail, ClusterRow, FleetView};
+use windvane_shared::wire::heartbeat::Heartbeat;
 
 use crate::db::ClusterSummary;
 use crate::fleet::status::{self, ClusterFacts, Filter};
@@ -44,9 +44,12 @@ pub fn cluster_row(
         last_error: summary.last_error,
         enrolled_at: summary.enrolled_at,
         keyid: summary.keyid,
-        age_recipient: windvane_shared::keys::verifying_key_from_pem(&summary.public_key, "")
-            .ok()
-            .map(|key| windvane_shared::sops::cluster_recipient(&key)),
+        age_recipient: windvane_shared::crypto::keys::verifying_key_from_pem(
+            &summary.public_key,
+            "",
+        )
+        .ok()
+        .map(|key| windvane_shared::format::sops::cluster_recipient(&key)),
         sequence: summary.last_sequence,
     }
 }
@@ -92,7 +95,7 @@ pub fn parse_since(text: &str, now: Timestamp) -> crate::Result<Timestamp> {
         return Ok(t);
     }
     let back =
-        windvane_shared::duration::parse_duration(text).map_err(|_| crate::Error::Since {
+        windvane_shared::text::duration::parse_duration(text).map_err(|_| crate::Error::Since {
             text: text.to_owned(),
         })?;
     let millis = i64::try_from(back.as_millis()).unwrap_or(i64::MAX);
@@ -108,10 +111,11 @@ pub fn human_age(seconds: u64) -> String {
     if seconds < 120 {
         return format!("{seconds}s");
     }
-    let mut text =
-        windvane_shared::duration::format_duration(Duration::from_secs(d.as_secs() / 60 * 60));
+    let mut text = windvane_shared::text::duration::format_duration(Duration::from_secs(
+        d.as_secs() / 60 * 60,
+    ));
     if seconds >= 86_400 {
-        text = windvane_shared::duration::format_duration(Duration::from_secs(
+        text = windvane_shared::text::duration::format_duration(Duration::from_secs(
             d.as_secs() / 3600 * 3600,
         ));
     }
@@ -122,7 +126,7 @@ pub fn human_age(seconds: u64) -> String {
 mod tests {
     use super::*;
     use crate::fleet::status::ClusterState;
-    use windvane_shared::status::SyncState;
+    use windvane_shared::wire::status::SyncState;
 
     fn at(s: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + s).expect("valid")

@@ -61,7 +61,7 @@ impl TokenHash {
         if length == 0 {
             return Err(bad("empty token".to_owned()));
         }
-        if windvane_shared::keys::is_placeholder(&text) {
+        if windvane_shared::crypto::keys::is_placeholder(&text) {
             return Err(bad(
                 "still holds the example's REPLACE-ME placeholder; write the real token into it (make one with \
                  `head -c 32 /dev/urandom | base64`)"

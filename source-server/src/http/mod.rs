@@ -330,8 +330,16 @@ impl Server {
 }
 
 /// Refuses an admin token that is also the registration token (every cluster holds it) or the read token
-/// (whoever may look at the fleet, and every browser given it, would hold it).
+/// (whoever may look at the fleet, and every browser given it, would hold it), and a read token that is the
+/// registration token.
 fn check_tokens(config: &ServeConfig) -> Result<()> {
+    if config
+        .read_token
+        .as_ref()
+        .is_some_and(|read| read.same_as(&config.registration_token))
+    {
+        return Err(Error::ReadTokenIsRegistrationToken);
+    }
     let Some(admin) = &config.admin_token else {
         return Ok(());
     };

@@ -91,7 +91,7 @@ pub fn route(method: &Method, path: &str) -> Route {
             _ => Route::NotFound,
         },
         ["bundles", file] => match file.strip_suffix(".json") {
-            Some(digest) if windvane_shared::digest::is_sha256_hex(digest) => {
+            Some(digest) if windvane_shared::crypto::digest::is_sha256_hex(digest) => {
                 read(Route::Bundle(digest.to_owned()))
             }
             _ => Route::NotFound,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use jiff::Timestamp;
-use windvane_shared::heartbeat::{EnrollReply, EnrollRequest};
+use windvane_shared::wire::heartbeat::{EnrollReply, EnrollRequest};
 
 use crate::db::{Database, EnrollOutcome, Enrollment};
 use crate::http::App;

@@ -8,7 +8,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use jiff::Timestamp;
 use tokio::sync::oneshot;
-use windvane_shared::heartbeat::{HeartbeatReply, MAX_HEARTBEAT_BYTES};
+use windvane_shared::wire::heartbeat::{HeartbeatReply, MAX_HEARTBEAT_BYTES};
 
 use crate::db::{Database, IngestOutcome};
 use crate::fleet::metrics::HeartbeatResult;

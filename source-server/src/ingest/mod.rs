@@ -23,12 +23,12 @@ use std::time::Duration;
 use hyper::StatusCode;
 use jiff::Timestamp;
 use tokio::sync::{mpsc, oneshot};
-use windvane_shared::dsse::{self, Envelope};
-use windvane_shared::heartbeat::{
+use windvane_shared::crypto::dsse::{self, Envelope};
+use windvane_shared::crypto::keys::{self, TrustedKeys};
+use windvane_shared::wire::heartbeat::{
     EnrollRequest, HEARTBEAT_PAYLOAD_TYPE, Heartbeat, MAX_DRIFT_RECORDS_PER_HEARTBEAT,
     MAX_PROBLEMS_PER_HEARTBEAT,
 };
-use windvane_shared::keys::{self, TrustedKeys};
 
 use crate::db::{Database, Db, IngestOutcome, VerifiedHeartbeat};
 use crate::fleet::metrics::{HeartbeatResult, Metrics};
@@ -146,7 +146,7 @@ impl Refusal {
                 max_skew,
             } => format!(
                 "sent_at {sent_at} is more than {} away from the server's clock ({now}): check the cluster's clock",
-                windvane_shared::duration::format_duration(*max_skew)
+                windvane_shared::text::duration::format_duration(*max_skew)
             ),
             Refusal::Replay { sequence, last } => {
                 format!(
@@ -524,7 +524,7 @@ pub async fn run_writer(
 }
 
 /// Counts an accepted heartbeat's drift records by severity (`windvane_drift_events_total`).
-fn count_drift(metrics: &Metrics, drift: &[windvane_shared::heartbeat::DriftRecord]) {
+fn count_drift(metrics: &Metrics, drift: &[windvane_shared::wire::heartbeat::DriftRecord]) {
     let critical = drift
         .iter()
         .filter(|r| notify::drift_severity(r) == notify::Severity::Critical)
@@ -535,9 +535,9 @@ fn count_drift(metrics: &Metrics, drift: &[windvane_shared::heartbeat::DriftReco
 #[cfg(test)]
 mod tests {
     use super::*;
-    use windvane_shared::heartbeat::SourceReport;
-    use windvane_shared::keys::{signing_key_from_seed, verifying_key_to_pem};
-    use windvane_shared::status::SyncState;
+    use windvane_shared::crypto::keys::{signing_key_from_seed, verifying_key_to_pem};
+    use windvane_shared::wire::heartbeat::SourceReport;
+    use windvane_shared::wire::status::SyncState;
 
     fn now() -> Timestamp {
         Timestamp::from_second(1_800_000_000).expect("valid")
@@ -799,7 +799,7 @@ mod tests {
 
     #[test]
     fn accepted_drift_is_counted_by_severity() {
-        let record = |group: &str, kind: &str| windvane_shared::heartbeat::DriftRecord {
+        let record = |group: &str, kind: &str| windvane_shared::wire::heartbeat::DriftRecord {
             app: "a".into(),
             group: group.into(),
             kind: kind.into(),
@@ -812,7 +812,7 @@ mod tests {
             changed_at: None,
             detected_at: Timestamp::from_second(1_800_000_000).expect("valid"),
             reverted_at: None,
-            action: windvane_shared::heartbeat::DriftAction::Reverted,
+            action: windvane_shared::wire::heartbeat::DriftAction::Reverted,
             break_glass: None,
             revert_requested_by: None,
         };

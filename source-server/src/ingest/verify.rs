@@ -6,7 +6,7 @@
 //! signature, about half the work per signature in a batch of 32 or more.
 //!
 //! What a batch accepts, every signature in it passes on its own as well, with the guarantees
-//! `verify_strict` gives ([`windvane_shared::dsse`] relies on them): the key is strong (checked at
+//! `verify_strict` gives ([`windvane_shared::crypto::dsse`] relies on them): the key is strong (checked at
 //! enrolment), `s` is canonical (refused by the batch itself), `R` is canonically encoded and not of small
 //! order (checked here before a signature may join a batch). The one thing a batch does not rule out is a
 //! signature whose `R` carries a torsion component: only the key's holder can make one (it still needs the
@@ -186,7 +186,7 @@ mod tests {
     use super::*;
 
     fn key(n: u8) -> SigningKey {
-        windvane_shared::keys::signing_key_from_seed([n; 32])
+        windvane_shared::crypto::keys::signing_key_from_seed([n; 32])
     }
 
     fn check(signer: &SigningKey, verifier: &SigningKey, message: &[u8]) -> Check {

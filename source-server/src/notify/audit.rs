@@ -11,7 +11,7 @@ use jiff::Timestamp;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
-use windvane_shared::heartbeat::DriftRecord;
+use windvane_shared::wire::heartbeat::DriftRecord;
 
 /// Where the lines go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,7 +149,7 @@ async fn post(client: &reqwest::Client, url: &str, text: String) -> crate::Resul
 
 #[cfg(test)]
 mod tests {
-    use windvane_shared::heartbeat::{BreakGlassRecord, DriftAction};
+    use windvane_shared::wire::heartbeat::{BreakGlassRecord, DriftAction};
 
     use super::*;
 

@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 
 use jiff::Timestamp;
 use serde::Serialize;
-use windvane_shared::fleet_api::DriftEntry;
-use windvane_shared::heartbeat::DriftAction;
+use windvane_shared::wire::fleet_api::DriftEntry;
+use windvane_shared::wire::heartbeat::DriftAction;
 
 /// One open break-glass change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -25,7 +25,7 @@ pub struct OpenBreakGlass {
 }
 
 /// `group/Kind namespace/name` of a record's object.
-fn object_name(r: &windvane_shared::heartbeat::DriftRecord) -> String {
+fn object_name(r: &windvane_shared::wire::heartbeat::DriftRecord) -> String {
     let group = if r.group.is_empty() {
         String::new()
     } else {
@@ -77,7 +77,7 @@ pub fn open(entries: &[DriftEntry], now: Timestamp) -> Vec<OpenBreakGlass> {
 
 #[cfg(test)]
 mod tests {
-    use windvane_shared::heartbeat::{BreakGlassRecord, DriftRecord};
+    use windvane_shared::wire::heartbeat::{BreakGlassRecord, DriftRecord};
 
     use super::*;
 

@@ -39,7 +39,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
-use windvane_shared::heartbeat::DriftRecord;
+use windvane_shared::wire::heartbeat::DriftRecord;
 
 use crate::db::{Database, Db, EpisodeClaim, NewDelivery, VerifiedHeartbeat, episode_key};
 use crate::fleet::metrics::Metrics;
@@ -200,9 +200,12 @@ impl Config {
         let value = match serde_json::from_str::<serde_json::Value>(text) {
             Ok(value) => value,
             Err(_) => {
-                let limits = windvane_shared::yaml::YamlLimits::default();
-                let mut documents =
-                    windvane_shared::yaml::documents_to_json(text, "notifications config", limits)?;
+                let limits = windvane_shared::text::yaml::YamlLimits::default();
+                let mut documents = windvane_shared::text::yaml::documents_to_json(
+                    text,
+                    "notifications config",
+                    limits,
+                )?;
                 if documents.len() != 1 {
                     return Err(Error::NotificationDocuments {
                         found: documents.len(),
@@ -307,7 +310,7 @@ impl Event {
     /// The event of an accepted heartbeat.
     pub fn from_heartbeat(
         hb: &VerifiedHeartbeat,
-        previous: Option<windvane_shared::status::SyncState>,
+        previous: Option<windvane_shared::wire::status::SyncState>,
     ) -> Event {
         let h = &hb.heartbeat;
         Event {
@@ -479,7 +482,7 @@ impl Tracker {
         record: &DriftRecord,
         expiring: bool,
     ) -> Option<Notification> {
-        use windvane_shared::heartbeat::DriftAction;
+        use windvane_shared::wire::heartbeat::DriftAction;
         let names = record.break_glass.as_ref()?;
         let phase = match record.action {
             DriftAction::Held if expiring => "expiring",
@@ -778,8 +781,10 @@ async fn scan_events(
                 let age = verdict.heartbeat_age.unwrap_or_default();
                 format!(
                     "no heartbeat for {} (grace {}); last reported {}",
-                    windvane_shared::duration::format_duration(Duration::from_secs(age.as_secs())),
-                    windvane_shared::duration::format_duration(verdict.grace),
+                    windvane_shared::text::duration::format_duration(Duration::from_secs(
+                        age.as_secs()
+                    )),
+                    windvane_shared::text::duration::format_duration(verdict.grace),
                     verdict.last_reported.map_or("nothing", |s| s.as_str())
                 )
             });
@@ -833,7 +838,7 @@ async fn expiring_break_glass(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use windvane_shared::heartbeat::DriftAction;
+    use windvane_shared::wire::heartbeat::DriftAction;
 
     fn event(state: ClusterState, serial: u64) -> Event {
         Event {
@@ -1032,7 +1037,7 @@ mod tests {
 
     #[test]
     fn break_glass_notifies_on_open_before_expiry_and_on_revert() {
-        use windvane_shared::heartbeat::BreakGlassRecord;
+        use windvane_shared::wire::heartbeat::BreakGlassRecord;
         let mut record = drift("apps", "Deployment", &["/spec/template"]);
         record.action = DriftAction::Held;
         record.break_glass = Some(BreakGlassRecord {
@@ -1076,7 +1081,7 @@ mod tests {
 
     #[test]
     fn a_break_glass_change_a_release_took_in_notifies_that_it_is_over() {
-        use windvane_shared::heartbeat::BreakGlassRecord;
+        use windvane_shared::wire::heartbeat::BreakGlassRecord;
         let mut record = drift("apps", "Deployment", &["/spec/template"]);
         record.action = DriftAction::TakenIn;
         record.break_glass = Some(BreakGlassRecord {

@@ -95,7 +95,7 @@ pub fn event(notification: &Notification, routing_key: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use jiff::Timestamp;
-    use windvane_shared::heartbeat::{DriftAction, DriftRecord};
+    use windvane_shared::wire::heartbeat::{DriftAction, DriftRecord};
 
     use super::*;
     use crate::db::EpisodeClaim;

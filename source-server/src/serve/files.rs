@@ -22,7 +22,7 @@ use bytes::Bytes;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use hyper::header::HeaderValue;
-use windvane_shared::digest::sha256_hex;
+use windvane_shared::crypto::digest::sha256_hex;
 
 use windvane_store::{BUNDLES_DIR, CHANNELS_DIR};
 
@@ -34,7 +34,7 @@ pub enum FileKind {
 }
 
 /// Largest file the server serves from the store (a bundle's default cap).
-pub const MAX_FILE_BYTES: u64 = windvane_shared::release::DEFAULT_MAX_BUNDLE_BYTES;
+pub const MAX_FILE_BYTES: u64 = windvane_shared::format::release::DEFAULT_MAX_BUNDLE_BYTES;
 /// When the cached bodies exceed this, the cache starts over.
 const MAX_CACHE_BYTES: u64 = 512 * 1024 * 1024;
 /// How long a cached file is served without looking at the disk again. Agents poll every 30 s, so a publish
@@ -97,7 +97,8 @@ impl CachedFile {
     /// The serial a pointer names, parsed from its (unverified) payload; the page shows it as "latest".
     pub fn serial(&self) -> Option<u64> {
         *self.serial.get_or_init(|| {
-            let envelope = windvane_shared::dsse::Envelope::from_json_slice(&self.body).ok()?;
+            let envelope =
+                windvane_shared::crypto::dsse::Envelope::from_json_slice(&self.body).ok()?;
             let payload = envelope.payload_bytes().ok()?;
             let value: serde_json::Value = serde_json::from_slice(&payload).ok()?;
             value.get("serial")?.as_u64()
@@ -179,7 +180,9 @@ impl FileCache {
     /// The approvals of a channel's release (revalidated like a pointer).
     pub fn approval(&self, channel: &str, serial: u64) -> Result<Arc<CachedFile>, FileError> {
         self.get(
-            PathBuf::from(windvane_shared::approval::approval_path(channel, serial)),
+            PathBuf::from(windvane_shared::decide::approval::approval_path(
+                channel, serial,
+            )),
             FileKind::Pointer,
             None,
             Instant::now(),

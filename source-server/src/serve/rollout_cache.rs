@@ -7,7 +7,7 @@
 //!
 //! An entry is built from the channel's pointer (its ETag, from the file cache, is part of the key: a publish,
 //! halt or resume is seen at once) and the database's clusters; [`Built`] carries the view (for the page),
-//! the full JSON and the summary JSON ([`windvane_shared::rollout::summary`], what agents ask for). A view
+//! the full JSON and the summary JSON ([`windvane_shared::decide::rollout::summary`], what agents ask for). A view
 //! at most [`FRESH_FOR`] old can only delay a wave: an agent opens no wave before its signed time, and a
 //! cluster a stale view does not yet show done holds the gate a little longer.
 
@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hyper::header::HeaderValue;
-use windvane_shared::digest::sha256_hex;
-use windvane_shared::rollout::{RolloutView, SUMMARY_LISTED, summary};
+use windvane_shared::crypto::digest::sha256_hex;
+use windvane_shared::decide::rollout::{RolloutView, SUMMARY_LISTED, summary};
 
 /// How long a built view is served before the next request builds it again. A waiting agent reads every
 /// `min(poll, 5 s)`, so this adds at most a second to a wave's opening.

@@ -282,20 +282,20 @@ impl Settings {
         sections.sort();
         sections.dedup();
         let idle_window = match &args.idle_window {
-            Some(text) => windvane_shared::duration::parse_duration(text)
+            Some(text) => windvane_shared::text::duration::parse_duration(text)
                 .with_context(|| format!("--idle-window {text}"))?,
             None if args.quick => Duration::from_secs(60),
             None => Duration::from_secs(300),
         };
         // The simulated agents' poll interval (convergence; long-poll's baseline without it).
         let interval = match &args.poll_interval {
-            Some(text) => windvane_shared::duration::parse_duration(text)
+            Some(text) => windvane_shared::text::duration::parse_duration(text)
                 .with_context(|| format!("--poll-interval {text}"))?,
             None if args.quick => Duration::from_secs(10),
             None => Duration::from_secs(30),
         };
         let wave_soak = match &args.wave_soak {
-            Some(text) => windvane_shared::duration::parse_duration(text)
+            Some(text) => windvane_shared::text::duration::parse_duration(text)
                 .with_context(|| format!("--wave-soak {text}"))?,
             None if args.smoke => Duration::from_secs(2),
             None if args.quick => Duration::from_secs(10),
@@ -408,26 +408,6 @@ fn progress(message: &str) {
     );
 }
 
-/// Set by `tests/loopback-only` inside the namespace it makes.
-const LOOPBACK_ONLY_ENV: &str = "WINDVANE_LOOPBACK_ONLY";
-
-/// Runs this same command again inside a network namespace that holds only loopback (`tests/loopback-only`),
-/// so that nothing the bench starts (servers, agents, control planes, load generators) can send traffic off
-/// the machine. Returns only if that could not be started.
-fn run_in_loopback_namespace() -> ExitCode {
-    use std::os::unix::process::CommandExt;
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("loopback-only");
-    let error = std::process::Command::new(&script)
-        .arg(std::env::current_exe().unwrap_or_else(|_| "bench".into()))
-        .args(std::env::args_os().skip(1))
-        .exec();
-    eprintln!(
-        "error: running the bench in a loopback-only network namespace through {}: {error}",
-        script.display()
-    );
-    ExitCode::from(2)
-}
-
 fn main() -> ExitCode {
     started();
     let args = Args::parse();
@@ -450,8 +430,8 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    if std::env::var_os(LOOPBACK_ONLY_ENV).is_none_or(|v| v != "1") {
-        return run_in_loopback_namespace();
+    if !windvane_tests::process::in_loopback_namespace() {
+        return windvane_tests::process::reexec_in_loopback_namespace("bench");
     }
     let settings = match Settings::from_args(&args) {
         Ok(settings) => settings,
@@ -1411,7 +1391,7 @@ fn idle_rows(window: &idle::IdleWindow, backstop: &idle::BackstopPass, results: 
              default, measured on a restarted agent with a {} interval — {} requests ({}; {} dry runs) in \
              {:.1} s. The restart itself re-applied {} objects (requests: {})",
             window.agent.describe(),
-            windvane_shared::duration::format_duration(idle::DEFAULT_BACKSTOP_INTERVAL),
+            windvane_shared::text::duration::format_duration(idle::DEFAULT_BACKSTOP_INTERVAL),
             idle::MEASURED_BACKSTOP_INTERVAL,
             backstop.pass.get(RequestClass::Write)
                 + backstop.pass.get(RequestClass::Read)

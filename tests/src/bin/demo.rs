@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! ./demo                                   # builds what it needs, then runs this
-//! target/release/demo [--clusters 12] [--no-wait] [--keep] [--listen 127.0.0.1:8080]
+//! target/release/demo [--clusters 12] [--no-wait] [--keep] [--listen 127.0.0.1:8080] [--real-node]
 //! ```
 //!
 //! The binaries (`windvane`, `windvane-agent`, `windvane-server`) are taken from the demo's own directory
@@ -72,6 +72,12 @@ struct Args {
     /// How long a cluster may stay silent (or cut off) before the server shows it Unknown.
     #[arg(long, env = "WINDVANE_DEMO_UNKNOWN_AFTER", default_value = "10s")]
     unknown_after: String,
+    /// Run the quiet prod cluster (prod-us, the pod scene's) on a real node: its pods are real containers
+    /// (containerd, runc, a kubelet), so the deleted pod is really recreated and really runs. Needs root and
+    /// runs the whole demo in a network namespace of its own that holds only loopback (tests/loopback-only),
+    /// because a real node's pods get a network of their own; the fleet page is then served inside it.
+    #[arg(long, env = "WINDVANE_DEMO_REAL_NODE")]
+    real_node: bool,
     /// The longest the demo waits for any one outcome before it gives up.
     #[arg(long, env = "WINDVANE_DEMO_STEP_TIMEOUT", default_value = "3m", value_parser = duration)]
     step_timeout: Duration,
@@ -90,11 +96,14 @@ impl std::fmt::Display for Interrupted {
 impl std::error::Error for Interrupted {}
 
 fn duration(text: &str) -> Result<Duration, String> {
-    windvane_shared::duration::parse_duration(text).map_err(|e| e.to_string())
+    windvane_shared::text::duration::parse_duration(text).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.real_node && !windvane_tests::process::in_loopback_namespace() {
+        return windvane_tests::process::reexec_in_loopback_namespace("demo");
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WINDVANE_LOG")
@@ -162,6 +171,7 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
         step_timeout: args.step_timeout,
         keep: args.keep,
         roster: Roster::new(args.clusters),
+        real_node: args.real_node,
     })
 }
 
@@ -174,12 +184,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "Windvane demo: a source server, a fleet of real Kubernetes control planes with their agents, and the \
          example fleet `acme`.\nCtrl-C stops everything at any time."
     );
+    // One listener for Ctrl-C from the start to the end: it records a SIGINT from the moment it exists. A
+    // fresh `ctrl_c()` after the story would miss one sent between the story's end and its first poll — the
+    // signal would be swallowed (the handler is installed) and the demo would wait forever; a loaded machine
+    // showed it after "Press Ctrl-C".
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("listening for Ctrl-C")?;
     // The story runs until it ends or Ctrl-C; either way everything is stopped below.
     let told = tokio::select! {
         told = story::tell(&mut demo) => told,
-        _ = tokio::signal::ctrl_c() => Err(Interrupted.into()),
+        _ = interrupt.recv() => Err(Interrupted.into()),
     };
-    let waited = match &told {
+    let waited: anyhow::Result<()> = match &told {
         Ok(()) => {
             let url = demo.server().map(|s| s.url.clone()).unwrap_or_default();
             demo.say.step("The story is told");
@@ -187,6 +203,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 "Done in {}. The fleet page: {url}/  (it refreshes itself)",
                 seconds(demo.say.elapsed())
             ));
+            if args.real_node {
+                demo.say.detail(&format!(
+                    "(--real-node: the page is served inside the demo's own network namespace; e.g. \
+                     nsenter --net=/proc/{}/ns/net curl -s {url}/api/v1/fleet)",
+                    std::process::id()
+                ));
+            }
             demo.say.detail(&format!(
                 "JSON: {url}/api/v1/fleet · drift log: {url}/api/v1/drift · a cluster: {url}/clusters/prod-eu"
             ));
@@ -200,7 +223,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 demo.say.say(
                     "Press Ctrl-C to stop everything (the clusters, their agents, the server).",
                 );
-                tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")
+                interrupt.recv().await;
+                Ok(())
             }
         }
         Err(_) => Ok(()),

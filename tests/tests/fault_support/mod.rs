@@ -15,9 +15,9 @@ use anyhow::Context;
 use ed25519_dalek::SigningKey;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use windvane_shared::bundle::{Bundle, BundleLimits};
-use windvane_shared::keys::signing_key_from_seed;
-use windvane_shared::release::{BundleRef, ReleasePointer};
+use windvane_shared::crypto::keys::signing_key_from_seed;
+use windvane_shared::format::bundle::{Bundle, BundleLimits};
+use windvane_shared::format::release::{BundleRef, ReleasePointer};
 use windvane_tests::fleet::{AGENT_NAMESPACE, FleetTree};
 use windvane_tests::localkube::LocalKube;
 
@@ -100,7 +100,8 @@ use windvane_tests::poll::wait_for;
 /// The names (`Kind ns/name`) in the inventory the agent persisted in its state Secrets, read with the agent's
 /// own state code.
 pub async fn inventory(kube: &LocalKube) -> anyhow::Result<BTreeSet<String>> {
-    let store = windvane_agent::state::StateStore::new(kube.client(), AGENT_NAMESPACE, "windvane");
+    let store =
+        windvane_agent::kube::state::StateStore::new(kube.client(), AGENT_NAMESPACE, "windvane");
     let inventory = store.load_inventory().await?;
     Ok(inventory
         .entries
@@ -162,7 +163,7 @@ pub fn release_key(seed: u8) -> SigningKey {
 
 /// The bundle `windvane publish` would build from `tree`.
 pub fn bundle_of(tree: &FleetTree) -> anyhow::Result<Bundle> {
-    Ok(windvane_shared::source::load_fleet_dir(
+    Ok(windvane_publisher::source::load_fleet_dir(
         tree.path(),
         BundleLimits::default(),
     )?)
@@ -181,7 +182,7 @@ pub fn sign_by_hand(
     allow_empty: bool,
 ) -> anyhow::Result<ReleasePointer> {
     let bytes = bundle.to_json_bytes();
-    let sha256 = windvane_shared::digest::sha256_hex(&bytes);
+    let sha256 = windvane_shared::crypto::digest::sha256_hex(&bytes);
     std::fs::write(store.join(windvane_store::bundle_path(&sha256)), &bytes)?;
     let pointer = ReleasePointer {
         fleet: bundle.fleet.clone(),

@@ -210,7 +210,7 @@ impl Identity {
     pub async fn client(&self) -> anyhow::Result<kube::Client> {
         let file = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
         let config = kube::Config::from_custom_kubeconfig(file, &Default::default()).await?;
-        Ok(windvane_agent::kube_client::client(config)?)
+        Ok(windvane_agent::kube::client::client(config)?)
     }
 
     /// This identity's requests so far, by class.

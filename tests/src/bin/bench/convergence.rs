@@ -2,7 +2,7 @@
 //! has every cluster's acknowledgement of the new serial.
 //!
 //! The agents are tasks in this process, no cluster behind them. Each does what the agent does with the
-//! source and the server (`agent/src/engine.rs`, `source.rs`, `reporter.rs`), through the same shared code:
+//! source and the server (`agent/src/engine/`, `fetch/source.rs`, `report/heartbeat.rs`), through the same shared code:
 //! enrols with the registration token and its own Ed25519 key; polls the channel pointer with
 //! `If-None-Match` every poll interval with the agent's ±20 % jitter; verifies a changed pointer
 //! (`release::verify_pointer`, rollback and equivocation included), fetches and verifies the bundle
@@ -33,18 +33,18 @@ use ed25519_dalek::SigningKey;
 use hyper::body::Bytes;
 use jiff::Timestamp;
 use tokio::sync::watch;
-use windvane_agent::wave::{self, GateObservation, GatePlan};
-use windvane_shared::bundle::BundleLimits;
-use windvane_shared::desired::{all_or_first_error, cluster_share};
-use windvane_shared::dsse;
-use windvane_shared::heartbeat::{HEARTBEAT_PAYLOAD_TYPE, Heartbeat, SourceReport};
-use windvane_shared::keys::TrustedKeys;
-use windvane_shared::release::{
+use windvane_agent::gates::wave::{self, GateObservation, GatePlan, Unreachable};
+use windvane_shared::crypto::dsse;
+use windvane_shared::crypto::keys::TrustedKeys;
+use windvane_shared::decide::desired::{all_or_first_error, cluster_share};
+use windvane_shared::decide::render::ClusterIdentity;
+use windvane_shared::decide::rollout::{self, RolloutView, WaveDecision};
+use windvane_shared::format::bundle::BundleLimits;
+use windvane_shared::format::release::{
     DEFAULT_MAX_BUNDLE_BYTES, PointerExpectations, ReleasePointer, verify_bundle, verify_pointer,
 };
-use windvane_shared::render::ClusterIdentity;
-use windvane_shared::rollout::{self, RolloutView, WaveDecision};
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::heartbeat::{HEARTBEAT_PAYLOAD_TYPE, Heartbeat, SourceReport};
+use windvane_shared::wire::status::SyncState;
 use windvane_source_server::db::Database as _;
 use windvane_source_server::db::sqlite::SqliteDb;
 use windvane_tests::fleet::{FleetTree, Publisher};
@@ -194,7 +194,7 @@ struct Shared {
     counters: Counters,
     moments: Moments,
     /// How often a held agent's wave gate reads the rollout view: `min(poll, 5 s)`, as the agent's
-    /// (`GATE_READ_EVERY` in `agent/src/engine/pending.rs`).
+    /// (`GATE_READ_EVERY` in `agent/src/gates/pending.rs`).
     gate_every: Duration,
 }
 
@@ -642,7 +642,7 @@ struct SimAgent {
     held: Option<Held>,
 }
 
-/// A release held for its wave, as the agent holds it (`agent/src/engine/pending.rs`): the agent's own
+/// A release held for its wave, as the agent holds it (`agent/src/gates/pending.rs`): the agent's own
 /// [`GatePlan`] decides, with the rollout view the gate last read (and its ETag, for `If-None-Match`).
 struct Held {
     pointer: ReleasePointer,
@@ -894,7 +894,7 @@ impl SimAgent {
         self.unreported = true;
     }
 
-    /// The held release's gate, as the agent's (`agent/src/wave.rs`): the agent's own decision
+    /// The held release's gate, as the agent's (`agent/src/gates/wave.rs`): the agent's own decision
     /// ([`wave::judge`]) on the rollout view it reads from the server (`?summary=1`, revalidated with its
     /// ETag) when the plan needs it. Takes the release when the wave opens; otherwise, when to look again.
     async fn gate(&mut self) -> Option<Duration> {
@@ -931,11 +931,17 @@ impl SimAgent {
             Some(answer) if answer.status == 200 => {
                 match serde_json::from_slice::<RolloutView>(&answer.body) {
                     Ok(view) => (answer.etag, Ok(view)),
-                    Err(error) => (None, Err(format!("not a rollout view: {error}"))),
+                    Err(error) => (
+                        None,
+                        Err(Unreachable(format!("not a rollout view: {error}"))),
+                    ),
                 }
             }
-            Some(answer) => (None, Err(format!("HTTP {}", answer.status))),
-            None => (None, Err("the server did not answer".to_owned())),
+            Some(answer) => (None, Err(Unreachable(format!("HTTP {}", answer.status)))),
+            None => (
+                None,
+                Err(Unreachable("the server did not answer".to_owned())),
+            ),
         };
         if seen.1.is_err() {
             counters.errors.fetch_add(1, Ordering::Relaxed);

@@ -24,7 +24,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 use tokio::sync::mpsc;
-use windvane_shared::desired::FLEET_LABEL;
+use windvane_shared::decide::desired::FLEET_LABEL;
 use windvane_tests::localkube::LocalKube;
 
 use crate::workload;

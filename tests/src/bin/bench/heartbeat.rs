@@ -25,12 +25,12 @@ use base64::Engine as _;
 use ed25519_dalek::SigningKey;
 use hyper::body::Bytes;
 use jiff::Timestamp;
-use windvane_shared::dsse::{self, Envelope};
-use windvane_shared::heartbeat::{
+use windvane_shared::crypto::dsse::{self, Envelope};
+use windvane_shared::crypto::keys::{signing_key_from_seed, verifying_key_to_pem};
+use windvane_shared::wire::heartbeat::{
     AppReport, EnrollRequest, HEARTBEAT_PAYLOAD_TYPE, Heartbeat, SourceReport,
 };
-use windvane_shared::keys::{signing_key_from_seed, verifying_key_to_pem};
-use windvane_shared::status::SyncState;
+use windvane_shared::wire::status::SyncState;
 use windvane_source_server::db::Database as _;
 use windvane_source_server::db::sqlite::SqliteDb;
 use windvane_tests::process::{ChildProcess, free_port};

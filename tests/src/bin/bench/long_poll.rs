@@ -2,7 +2,7 @@
 //! publish, then the clock runs until every agent has the new pointer and its verified bundle.
 //!
 //! The agents are tasks in this process, no cluster behind them. Each does what the agent does with a store
-//! that holds polls (`agent/src/source.rs`, `fetcher.rs`): on one keep-alive connection, used only for the
+//! that holds polls (`agent/src/fetch/source.rs`, `fetcher.rs`): on one keep-alive connection, used only for the
 //! source, a `GET` of the pointer with `If-None-Match` (its last ETag) and `Prefer: wait=60`; on a `200` it
 //! verifies the pointer (`release::verify_pointer`, rollback and equivocation included) and, when it names a
 //! new bundle, fetches it on the same connection and verifies it (`verify_bundle`); then it polls again at
@@ -35,9 +35,9 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use tokio::sync::{Semaphore, watch};
-use windvane_shared::bundle::BundleLimits;
-use windvane_shared::keys::TrustedKeys;
-use windvane_shared::release::{
+use windvane_shared::crypto::keys::TrustedKeys;
+use windvane_shared::format::bundle::BundleLimits;
+use windvane_shared::format::release::{
     DEFAULT_MAX_BUNDLE_BYTES, PointerExpectations, ReleasePointer, verify_bundle, verify_pointer,
 };
 use windvane_tests::fleet::Publisher;
@@ -163,7 +163,7 @@ impl Shared {
     /// Whether an answer's (not yet verified) pointer names the measured serial: only to time its arrival;
     /// nothing is trusted from it.
     fn measured_serial_in(&self, envelope: &[u8]) -> bool {
-        let payload = windvane_shared::dsse::Envelope::from_json_slice(envelope)
+        let payload = windvane_shared::crypto::dsse::Envelope::from_json_slice(envelope)
             .ok()
             .and_then(|e| e.payload_bytes().ok());
         payload

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use jiff::{SignedDuration, Timestamp};
-use windvane_shared::keys::signing_key_from_seed;
-use windvane_shared::release::{BundleRef, ReleasePointer};
+use windvane_shared::crypto::keys::signing_key_from_seed;
+use windvane_shared::format::release::{BundleRef, ReleasePointer};
 
 use crate::report::{Goal, Row, Unit};
 use crate::server::{Conn, CpuSplit, Nginx, ServerProcess};

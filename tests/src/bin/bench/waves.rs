@@ -3,11 +3,11 @@
 //! waves — a canary (1 % of the fleet by the stable hash; more in tiny runs so that it is not empty), 40 %,
 //! and the rest — each with a short soak and `gate: healthy`.
 //!
-//! Each simulated agent does what the agent does with such a release (`agent/src/engine/pending.rs`,
+//! Each simulated agent does what the agent does with such a release (`agent/src/gates/pending.rs`,
 //! `wave.rs`), through the agent's own code: on the verified pointer it computes its wave with
-//! [`windvane_agent::wave::GatePlan::of`] (the shared `rollout::wave_of`), holds the release, and from its
+//! [`windvane_agent::gates::wave::GatePlan::of`] (the shared `rollout::wave_of`), holds the release, and from its
 //! wave's signed time on reads `GET /api/v1/rollouts/stable?summary=1` every `min(poll, 5 s)` with
-//! `If-None-Match`, deciding with [`windvane_agent::wave::judge`] (the shared `rollout::decide`); once open
+//! `If-None-Match`, deciding with [`windvane_agent::gates::wave::judge`] (the shared `rollout::decide`); once open
 //! it takes the release and reports at once. Simplification, stated: the gate's reads share the agent's one
 //! keep-alive connection with its polls and heartbeats, and carry no token (the bench's server has no read
 //! token; the agent sends the registration token).
@@ -22,7 +22,9 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use windvane_shared::rollout::{self, Rollout};
+use windvane_shared::decide::rollout;
+
+use windvane_shared::spec::rollout::Rollout;
 use windvane_tests::fleet::FleetTree;
 
 use crate::convergence::{self, Convergence, JITTER, Published, format_count};
@@ -54,7 +56,7 @@ fn canary_percent(agents: usize) -> u32 {
 pub fn fleet_tree(version: u32, s: Settings) -> anyhow::Result<FleetTree> {
     let tree = convergence::fleet_tree(version)?;
     let mut fleet = std::fs::read_to_string(tree.path().join("fleet.yaml"))?;
-    let soak = windvane_shared::duration::format_duration(s.soak);
+    let soak = windvane_shared::text::duration::format_duration(s.soak);
     let _ = write!(
         fleet,
         "rollout:\n  waves:\n    - name: canary\n      percent: {}\n      soak: {soak}\n      gate: healthy\n    \

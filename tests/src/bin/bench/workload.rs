@@ -9,10 +9,10 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use windvane_shared::bundle::BundleLimits;
-use windvane_shared::desired::cluster_share_into;
-use windvane_shared::render::ClusterIdentity;
-use windvane_shared::source::load_fleet_dir;
+use windvane_publisher::source::load_fleet_dir;
+use windvane_shared::decide::desired::cluster_share_into;
+use windvane_shared::decide::render::ClusterIdentity;
+use windvane_shared::format::bundle::BundleLimits;
 use windvane_tests::fleet::FleetTree;
 
 /// Namespaces of the large release.
@@ -321,8 +321,14 @@ mod tests {
         assert_eq!(config_map["metadata"]["namespace"], "bare7-00");
         assert_eq!(config_map["data"]["cluster"], CLUSTER);
         let labels = &config_map["metadata"]["labels"];
-        assert_eq!(labels[windvane_shared::desired::FLEET_LABEL], BARE_FLEET);
-        assert_eq!(labels[windvane_shared::desired::APP_LABEL], "team-00");
+        assert_eq!(
+            labels[windvane_shared::decide::desired::FLEET_LABEL],
+            BARE_FLEET
+        );
+        assert_eq!(
+            labels[windvane_shared::decide::desired::APP_LABEL],
+            "team-00"
+        );
         Ok(())
     }
 

@@ -41,6 +41,8 @@ pub struct Settings {
     pub keep: bool,
     /// The fleet: the initial clusters and the one that joins.
     pub roster: Roster,
+    /// The quiet prod cluster (the pod scene's) runs real containers (`localkube --real-node`).
+    pub real_node: bool,
 }
 
 /// The channel and fleet the story uses (the example fleet is `acme`).
@@ -189,11 +191,17 @@ impl Demo {
             self.settings.poll_interval.clone(),
         );
         let logs = self.path("logs");
+        // The quiet prod cluster runs on a real node with --real-node.
+        let real_node = self
+            .settings
+            .real_node
+            .then(|| self.settings.roster.quiet());
         let starts = members.iter().map(|member| {
             let (name, labels) = (member.name(), member.labels());
             let log = logs.join(format!("agent-{name}.log"));
             let (program, token, key) = (program.clone(), token.clone(), key.clone());
             let (heartbeat, poll) = (heartbeat.clone(), poll.clone());
+            let real = real_node == Some(*member);
             let member = *member;
             async move {
                 let proxy = Proxy::start(target)
@@ -211,9 +219,12 @@ impl Demo {
                     format!("region={}", member.region),
                 ];
                 options.poll_interval = poll;
-                let kube = LocalKube::start()
-                    .await
-                    .with_context(|| format!("starting localkube for {name} ({labels})"))?;
+                let kube = if real {
+                    LocalKube::start_real_node().await
+                } else {
+                    LocalKube::start().await
+                }
+                .with_context(|| format!("starting localkube for {name} ({labels})"))?;
                 let cluster = Cluster::start_on(kube, options, program, log)
                     .await
                     .with_context(|| format!("starting the agent of {name}"))?;

@@ -119,6 +119,9 @@ pub async fn pod_deleted(demo: &Demo) -> anyhow::Result<()> {
         kube.node_name(),
         seconds(deleted.elapsed())
     ));
+    if demo.settings.real_node {
+        demo.say.say(&really_runs(&new)?);
+    }
     let heartbeats = two_heartbeats_later(demo, member).await?;
     let after = Deeds::read(demo, &name).await?;
     anyhow::ensure!(
@@ -151,6 +154,33 @@ async fn api_pods(kube: &LocalKube) -> anyhow::Result<Vec<Pod>> {
 }
 
 /// Whether a pod runs on `node` and is not being deleted.
+/// On a real node: the new pod's container as the kubelet reports it — containerd's id, when it started —
+/// which only a container that really runs has.
+fn really_runs(pod: &Pod) -> anyhow::Result<String> {
+    let container = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .context("the new pod has no container status")?;
+    let id = container.container_id.as_deref().unwrap_or_default();
+    anyhow::ensure!(
+        id.starts_with("containerd://"),
+        "the new pod's container id {id:?} is not containerd's: is the node real?"
+    );
+    let started = container
+        .state
+        .as_ref()
+        .and_then(|s| s.running.as_ref())
+        .and_then(|r| r.started_at.as_ref())
+        .map_or("?".to_owned(), |t| t.0.to_string());
+    Ok(format!(
+        "a real container: {}… started at {started} by the kubelet through containerd, {} restarts",
+        &id[..id.len().min(25)],
+        container.restart_count
+    ))
+}
+
 fn running_on(pod: &Pod, node: &str) -> bool {
     pod.metadata.deletion_timestamp.is_none()
         && pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)

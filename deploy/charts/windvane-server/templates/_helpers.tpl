@@ -1,0 +1,1 @@
+../../windvane-agent/templates/_helpers.tpl
