@@ -199,16 +199,16 @@ impl ProcessEngines {
             spec.release_name.clone(),
             chart.display().to_string(),
         ]);
-        Ok(self.run(&helm, &args)?)
+        self.run(&helm, &args)
     }
 
     fn build_overlay(&self, directory: &Path) -> Result<String> {
         let kustomize = self.kustomize()?;
         crate::kustomize_check::check_tree(directory, &self.root, self.kustomize_remote)?;
-        Ok(self.run(
+        self.run(
             &kustomize,
             &["build".into(), "--".into(), directory.display().to_string()],
-        )?)
+        )
     }
 }
 
