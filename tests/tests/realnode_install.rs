@@ -13,7 +13,9 @@
 //!   managed object not rewritten;
 //! - removed (`kubectl delete -k`), the agent is installed again from its Helm chart as the README tells
 //!   (`helm install --wait` with an existing Secret for the token, narrow RBAC), as a second cluster of the
-//!   fleet: helm returns once the pod is Ready, and the server sees that cluster Synced too.
+//!   fleet: helm returns once the pod is Ready, and the server sees that cluster Synced too;
+//! - the server installed again from its Helm chart, in a namespace of its own with its tokens from an existing
+//!   Secret: helm returns once its pod is Ready, and it serves the same signed pointer.
 //!
 //! One cluster for all of it: a real node costs about half a minute to start. Needs what
 //! `localkube_real_node.rs` needs, plus `deploy/images/build.sh --binaries target/debug agent server`.
@@ -189,15 +191,27 @@ fn helm_install(kube: &LocalKube, scratch: &Path, server: &str, key: &Path) -> R
             {"name": "KUBERNETES_SERVICE_PORT", "value": api_server_port(kube)?},
         ],
     });
-    let values_file = scratch.join("values.yaml");
-    std::fs::write(&values_file, serde_json::to_string_pretty(&values)?)?;
-    let chart = workspace_dir().join("deploy/charts/windvane-agent");
+    helm_install_chart(kube, scratch, "windvane-agent", namespace, &values)?;
+    Ok(namespace.to_owned())
+}
+
+/// `helm install --wait` of the chart `deploy/charts/NAME` into `namespace` with `values`, as the README tells.
+fn helm_install_chart(
+    kube: &LocalKube,
+    scratch: &Path,
+    name: &str,
+    namespace: &str,
+    values: &Value,
+) -> Result<()> {
+    let values_file = scratch.join(format!("{name}-values.yaml"));
+    std::fs::write(&values_file, serde_json::to_string_pretty(values)?)?;
+    let chart = workspace_dir().join("deploy/charts").join(name);
     let helm_home = scratch.join("helm");
     let mut helm = std::process::Command::new(tool("helm")?);
     helm.env("HELM_CACHE_HOME", helm_home.join("cache"))
         .env("HELM_CONFIG_HOME", helm_home.join("config"))
         .env("HELM_DATA_HOME", helm_home.join("data"))
-        .args(["install", "windvane-agent"])
+        .args(["install", name])
         .arg(&chart)
         .args([
             "--namespace",
@@ -212,18 +226,103 @@ fn helm_install(kube: &LocalKube, scratch: &Path, server: &str, key: &Path) -> R
         .arg(&values_file);
     let started = Instant::now();
     let output = helm.output().context("running helm")?;
-    ensure!(
-        output.status.success(),
-        "helm install --wait: {}\n{}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    if !output.status.success() {
+        // What an operator would look at next: the pods, claims and their events.
+        let pods = kubectl(kube, &["-n", namespace, "get", "pods,pvc", "-o", "wide"]);
+        let described = kubectl(kube, &["-n", namespace, "describe", "pods"]);
+        anyhow::bail!(
+            "helm install --wait {name}: {}\n{}{}\n{pods:?}\n{described:?}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
     println!(
-        "helm install --wait returned in {:.1} s",
+        "helm install --wait {name} returned in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    Ok(namespace.to_owned())
+    Ok(())
+}
+
+/// Installs the server chart as the README tells, beside the kustomize-installed server (the chart puts
+/// everything in the release's namespace): the namespace and the tokens' Secret first, volumes for its two
+/// claims (the test cluster has no storage provisioner, as for the overlay), then `helm install --wait`;
+/// returns the new server's base URL (its pod's address).
+async fn helm_install_server(kube: &LocalKube, scratch: &Path, store: &Path) -> Result<String> {
+    let namespace = "windvane-server-helm";
+    kubectl(kube, &["create", "namespace", namespace])?;
+    let tokens = scratch.join("helm-tokens");
+    std::fs::create_dir_all(&tokens)?;
+    std::fs::write(tokens.join("registration-token"), REGISTRATION_TOKEN)?;
+    std::fs::write(tokens.join("read-token"), READ_TOKEN)?;
+    let from_dir = format!("--from-file={}", tokens.display());
+    kubectl(
+        kube,
+        &[
+            "-n",
+            namespace,
+            "create",
+            "secret",
+            "generic",
+            "server-tokens",
+            &from_dir,
+        ],
+    )?;
+    // The admin token too: the chart's default Secret holds the example's placeholder, which the server
+    // refuses at start (as it should).
+    let admin = scratch.join("helm-admin-token");
+    std::fs::write(&admin, ADMIN_TOKEN)?;
+    let from_file = format!("--from-file=admin-token={}", admin.display());
+    kubectl(
+        kube,
+        &[
+            "-n",
+            namespace,
+            "create",
+            "secret",
+            "generic",
+            "server-admin",
+            &from_file,
+        ],
+    )?;
+    let data = scratch.join("helm-server-data");
+    std::fs::create_dir_all(&data)?;
+    chown(&data, Some(65532), Some(65532))?;
+    let volumes: Vec<Value> = [("data", &data, "2Gi"), ("store", &store.to_path_buf(), "1Gi")]
+        .into_iter()
+        .map(|(claim, path, size)| {
+            json!({"apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": format!("helm-windvane-server-{claim}")},
+                "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                    "claimRef": {"namespace": namespace, "name": format!("windvane-server-{claim}")},
+                    "hostPath": {"path": path.display().to_string(), "type": "Directory"}}})
+        })
+        .collect();
+    let volumes_file = scratch.join("helm-volumes.json");
+    std::fs::write(
+        &volumes_file,
+        serde_json::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": volumes}))?,
+    )?;
+    kubectl(kube, &["apply", "-f", &volumes_file.display().to_string()])?;
+    let values = json!({
+        "tokens": {"existingSecret": "server-tokens", "adminExistingSecret": "server-admin"},
+        "image": {"repository": "windvane-server", "tag": "local"},
+        "resources": {"limits": {"memory": "256Mi"}, "requests": {"memory": "64Mi"}},
+    });
+    helm_install_chart(kube, scratch, "windvane-server", namespace, &values)?;
+    let pod = ready_pod(
+        kube,
+        namespace,
+        "app.kubernetes.io/name=windvane-server",
+        WAIT,
+    )
+    .await?;
+    let ip = pod
+        .status
+        .and_then(|s| s.pod_ip)
+        .context("the Helm-installed server's pod has no IP")?;
+    Ok(format!("http://{ip}:8080"))
 }
 
 /// The server's view of the cluster once `check` holds.
@@ -435,5 +534,24 @@ async fn the_operators_install_runs_syncs_heals_reports_and_survives_its_pod_bei
     )
     .await?;
     println!("Helm-installed agent Synced: {}", memory.describe());
+
+    // The server from its Helm chart, in a namespace of its own, with the tokens from an existing Secret: helm
+    // returns once its pod is Ready, and it serves the same store and its API (the read token required).
+    let helm_server = helm_install_server(&kube, scratch.path(), &publisher.store()).await?;
+    let (status, body) = get(&format!("{helm_server}/channels/stable.json")).await?;
+    ensure!(
+        status == 200,
+        "the Helm-installed server serves the store: {status} {body}"
+    );
+    let served: Value = serde_json::from_str(&body)?;
+    let published: Value = serde_json::from_slice(&std::fs::read(
+        publisher.store().join("channels/stable.json"),
+    )?)?;
+    assert_eq!(served, published, "the same signed pointer");
+    let (status, _) = get(&format!("{helm_server}/readyz")).await?;
+    ensure!(
+        status == 200,
+        "the Helm-installed server is ready: {status}"
+    );
     Ok(())
 }
