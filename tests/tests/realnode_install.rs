@@ -155,25 +155,41 @@ async fn install_agent(
     Ok((dir, pod))
 }
 
+/// `kubectl create secret generic NAME` in `namespace` with one key per `(key, value)`, as an operator makes
+/// one from files (written under `scratch/NAME/`).
+fn create_secret(
+    kube: &LocalKube,
+    scratch: &Path,
+    namespace: &str,
+    name: &str,
+    data: &[(&str, &str)],
+) -> Result<()> {
+    let dir = scratch.join(name);
+    std::fs::create_dir_all(&dir)?;
+    for (key, value) in data {
+        std::fs::write(dir.join(key), value)?;
+    }
+    let from_dir = format!("--from-file={}", dir.display());
+    kubectl(
+        kube,
+        &[
+            "-n", namespace, "create", "secret", "generic", name, &from_dir,
+        ],
+    )?;
+    Ok(())
+}
+
 /// Installs the agent chart as the README tells: the namespace and the registration token's Secret first,
 /// then `helm install --wait` with this cluster's values, which returns once every replica is Ready.
 fn helm_install(kube: &LocalKube, scratch: &Path, server: &str, key: &Path) -> Result<String> {
     let namespace = "windvane";
     kubectl(kube, &["create", "namespace", namespace])?;
-    let token = scratch.join("registration-token");
-    std::fs::write(&token, REGISTRATION_TOKEN)?;
-    let from_file = format!("--from-file=token={}", token.display());
-    kubectl(
+    create_secret(
         kube,
-        &[
-            "-n",
-            namespace,
-            "create",
-            "secret",
-            "generic",
-            "windvane-registration",
-            &from_file,
-        ],
+        scratch,
+        namespace,
+        "windvane-registration",
+        &[("token", REGISTRATION_TOKEN)],
     )?;
     let values = json!({
         "cluster": {"name": "realnode-helm", "labels": {"env": "test"}},
@@ -251,39 +267,24 @@ fn helm_install_chart(
 async fn helm_install_server(kube: &LocalKube, scratch: &Path, store: &Path) -> Result<String> {
     let namespace = "windvane-server-helm";
     kubectl(kube, &["create", "namespace", namespace])?;
-    let tokens = scratch.join("helm-tokens");
-    std::fs::create_dir_all(&tokens)?;
-    std::fs::write(tokens.join("registration-token"), REGISTRATION_TOKEN)?;
-    std::fs::write(tokens.join("read-token"), READ_TOKEN)?;
-    let from_dir = format!("--from-file={}", tokens.display());
-    kubectl(
+    create_secret(
         kube,
+        scratch,
+        namespace,
+        "server-tokens",
         &[
-            "-n",
-            namespace,
-            "create",
-            "secret",
-            "generic",
-            "server-tokens",
-            &from_dir,
+            ("registration-token", REGISTRATION_TOKEN),
+            ("read-token", READ_TOKEN),
         ],
     )?;
     // The admin token too: the chart's default Secret holds the example's placeholder, which the server
     // refuses at start (as it should).
-    let admin = scratch.join("helm-admin-token");
-    std::fs::write(&admin, ADMIN_TOKEN)?;
-    let from_file = format!("--from-file=admin-token={}", admin.display());
-    kubectl(
+    create_secret(
         kube,
-        &[
-            "-n",
-            namespace,
-            "create",
-            "secret",
-            "generic",
-            "server-admin",
-            &from_file,
-        ],
+        scratch,
+        namespace,
+        "server-admin",
+        &[("admin-token", ADMIN_TOKEN)],
     )?;
     let data = scratch.join("helm-server-data");
     std::fs::create_dir_all(&data)?;
